@@ -1,0 +1,1 @@
+"""The ``gradlab`` command (typer). Sub-command modules import heavy libraries lazily."""

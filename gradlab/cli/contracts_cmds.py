@@ -1,0 +1,114 @@
+"""``gradlab validate``, ``gradlab goals list``, ``gradlab recipe show``.
+
+These commands must not import torch or prefect: they answer in well under 2 s.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from gradlab.cli.output import console, err_console, fail, print_json
+from gradlab.errors import ConfigError, NotFound
+
+goals_app = typer.Typer(help="Browse goals.", no_args_is_help=True)
+recipe_app = typer.Typer(help="Inspect recipes.", no_args_is_help=True)
+
+SetOption = Annotated[
+    list[str] | None,
+    typer.Option("--set", help="Override a recipe key: dotted.key=value (YAML scalar). Repeatable."),
+]
+
+
+def _experiments():
+    from gradlab.contracts import Experiments
+
+    try:
+        return Experiments()
+    except NotFound as e:
+        fail(str(e))
+
+
+def validate(json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False) -> None:
+    """Compose and validate every goal, recipe, preset and the catalog."""
+    experiments = _experiments()
+    report = experiments.validate_all()
+    if json_out:
+        print_json({"goals": report.goals, "recipes": report.recipes, "presets": report.presets,
+                    "errors": [p.as_json() for p in report.problems]})
+    else:
+        for problem in report.problems:
+            err_console.print(escape(problem.render()), highlight=False)
+        status = "[green]ok[/]" if report.ok else f"[red]{len(report.problems)} problem(s)[/]"
+        console.print(f"{report.goals} goals, {report.recipes} recipes, {report.presets} presets: {status}")
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+@goals_app.command("list")
+def goals_list(json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False) -> None:
+    """List goals: id, title, project, provider, env id, evaluation mode, recipes."""
+    experiments = _experiments()
+    rows, problems = [], []
+    try:
+        catalog = experiments.catalog
+    except ConfigError as e:
+        fail(str(e))
+    for goal_id in experiments.goal_ids():
+        try:
+            goal = experiments.load_goal(goal_id)
+        except ConfigError as e:
+            problems += e.problems
+            continue
+        rows.append({
+            "goal_id": goal_id, "title": goal.title, "project": catalog.project_of(goal_id),
+            "provider": goal.train.environment.provider, "env_id": goal.train.environment.env_id,
+            "evaluation_mode": goal.evaluation_mode, "recipes": experiments.recipe_ids(goal_id),
+        })
+    if json_out:
+        print_json(rows)
+    else:
+        table = Table("goal", "title", "project", "provider", "env id", "mode", "recipes")
+        for r in rows:
+            table.add_row(r["goal_id"], r["title"], r["project"] or "-", r["provider"], r["env_id"],
+                          r["evaluation_mode"], ", ".join(r["recipes"]))
+        console.print(table)
+    for problem in problems:
+        err_console.print(escape(problem.render()), highlight=False)
+    if problems:
+        raise typer.Exit(1)
+
+
+@recipe_app.command("show")
+def recipe_show(
+    ref: Annotated[str, typer.Argument(help="GOAL/RECIPE")],
+    overrides: SetOption = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
+) -> None:
+    """Show the fully composed, validated contract of GOAL/RECIPE and its hashes."""
+    resolved = resolve_or_exit(ref, overrides)
+    if json_out:
+        print_json(resolved.as_json())
+        return
+    import yaml
+
+    console.print(f"[bold]{resolved.ref}[/]")
+    for name, value in resolved.hashes.as_dict().items():
+        console.print(f"  {name}: {value}")
+    console.print(escape(yaml.safe_dump(resolved.contract(), sort_keys=False)), highlight=False)
+
+
+def resolve_or_exit(ref: str, overrides: list[str] | None):
+    """Resolve GOAL/RECIPE or print every problem and exit 1."""
+    experiments = _experiments()
+    try:
+        return experiments.resolve(ref, overrides or [])
+    except ConfigError as e:
+        for problem in e.problems:
+            err_console.print(escape(problem.render()), highlight=False)
+        raise typer.Exit(1) from None
+    except NotFound as e:
+        fail(str(e))

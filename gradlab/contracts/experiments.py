@@ -1,0 +1,366 @@
+"""The experiments tree: finding, composing, validating and hashing goals and recipes.
+
+Layout (relative to the experiments root)::
+
+    goals/_catalog.yaml                  projects → goals
+    goals/<goal_id>/_goal.yaml           one goal
+    goals/<goal_id>/recipes/<id>.yaml    its recipes
+    goals/_*.yaml                        shared fragments named by ``defaults:``
+    recipes/_presets/<name>.yaml         recipe presets named by ``defaults:``
+
+The root is, in order: ``$GRADLAB_EXPERIMENTS``; an ``experiments/`` folder with ``goals/`` in the
+current directory or a parent; the checkout this package was imported from; the copy bundled in
+the wheel.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from gradlab.contracts.catalog import Catalog
+from gradlab.contracts.compose import (
+    Composition,
+    compose_file,
+    merge,
+    parse_override,
+    render_templates,
+    secret_problems,
+    set_path,
+    validation_problems,
+)
+from gradlab.contracts.environment import EnvironmentSpec
+from gradlab.contracts.goal import COSMETIC_GOAL_FIELDS, Goal
+from gradlab.contracts.hashing import sha256_json
+from gradlab.contracts.recipe import COSMETIC_RECIPE_FIELDS, Recipe
+from gradlab.contracts.yamlfile import YamlDocument, load_yaml
+from gradlab.errors import ConfigError, ConfigProblem, NotFound
+
+GOAL_FILE = "_goal.yaml"
+CATALOG_FILE = "_catalog.yaml"
+
+
+def find_experiments_root(start: Path | None = None) -> Path:
+    """Locate the experiments root (see the module docstring for the order)."""
+    env = os.environ.get("GRADLAB_EXPERIMENTS")
+    if env:
+        return Path(env).expanduser().resolve()
+    here = (start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        candidate = folder / "experiments"
+        if (candidate / "goals").is_dir():
+            return candidate
+    package = Path(__file__).resolve().parents[1]
+    checkout = package.parent / "experiments"
+    if (checkout / "goals").is_dir():
+        return checkout
+    bundled = package / "_bundled" / "experiments"
+    if (bundled / "goals").is_dir():
+        return bundled
+    raise NotFound("no experiments folder found: set GRADLAB_EXPERIMENTS or run inside a gradlab checkout")
+
+
+@dataclass(frozen=True)
+class Hashes:
+    goal_contract_sha256: str
+    recipe_sha256: str
+    environment_sha256: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {
+            "goal_contract_sha256": self.goal_contract_sha256,
+            "recipe_sha256": self.recipe_sha256,
+            "environment_sha256": self.environment_sha256,
+        }
+
+
+@dataclass(frozen=True)
+class ResolvedRecipe:
+    """A goal and one of its recipes, composed, validated, with overrides applied and hashed.
+
+    ``environment`` is the effective training environment (the goal's with the recipe's and the
+    overrides' changes); the evaluation environment is ``goal.eval_environment(environment)``.
+    """
+
+    goal: Goal
+    recipe: Recipe
+    environment: EnvironmentSpec
+    overrides: tuple[str, ...]
+    hashes: Hashes
+    goal_file: str
+    recipe_file: str
+
+    @property
+    def ref(self) -> str:
+        return f"{self.goal.goal_id}/{self.recipe.recipe_id}"
+
+    @property
+    def checkpoint_freq(self) -> int:
+        return self.recipe.train.checkpoint_freq or self.goal.train.checkpoint_freq
+
+    @property
+    def eval_environment(self) -> EnvironmentSpec:
+        return self.goal.eval_environment(self.environment)
+
+    def contract(self) -> dict[str, Any]:
+        """The composed contract as JSON: goal, recipe, effective environments, overrides."""
+        return {
+            "goal": self.goal.model_dump(mode="json"),
+            "recipe": self.recipe.model_dump(mode="json"),
+            "environment": self.environment.model_dump(mode="json"),
+            "eval_environment": self.eval_environment.model_dump(mode="json"),
+            "overrides": list(self.overrides),
+        }
+
+    def as_json(self) -> dict[str, Any]:
+        return {"goal_id": self.goal.goal_id, "recipe_id": self.recipe.recipe_id, **self.hashes.as_dict(),
+                "contract": self.contract()}
+
+
+@dataclass
+class ValidationReport:
+    goals: int = 0
+    recipes: int = 0
+    presets: int = 0
+    problems: list[ConfigProblem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+class Experiments:
+    """Read access to one experiments tree."""
+
+    def __init__(self, root: Path | None = None):
+        self.root = (root or find_experiments_root()).resolve()
+        self.goals_dir = self.root / "goals"
+        self.presets_dir = self.root / "recipes" / "_presets"
+        self._display_root = self.root.parent
+
+    # -- discovery -------------------------------------------------------------------------
+    def goal_ids(self) -> list[str]:
+        if not self.goals_dir.is_dir():
+            return []
+        return sorted(p.name for p in self.goals_dir.iterdir() if (p / GOAL_FILE).is_file())
+
+    def recipe_ids(self, goal_id: str) -> list[str]:
+        folder = self.goals_dir / goal_id / "recipes"
+        if not folder.is_dir():
+            return []
+        return sorted(p.stem for p in folder.glob("*.yaml") if not p.name.startswith("_"))
+
+    def preset_names(self) -> list[str]:
+        if not self.presets_dir.is_dir():
+            return []
+        return sorted(p.stem for p in self.presets_dir.glob("*.yaml"))
+
+    # -- goals -----------------------------------------------------------------------------
+    def _compose(self, path: Path) -> Composition:
+        return compose_file(path, presets_dir=self.presets_dir, display_root=self._display_root)
+
+    def goal_path(self, goal_id: str) -> Path:
+        path = self.goals_dir / goal_id / GOAL_FILE
+        if not path.is_file():
+            known = self.goal_ids()
+            import difflib
+
+            hint = difflib.get_close_matches(goal_id, known, n=1)
+            raise NotFound(f"unknown goal '{goal_id}'" + (f" (did you mean {hint[0]}?)" if hint else f"; known goals: {', '.join(known)}"))
+        return path
+
+    def load_goal(self, goal_id: str) -> Goal:
+        """Compose, render and validate one goal.
+
+        Raises:
+            NotFound: no such goal. ConfigError: every problem of the goal's files.
+        """
+        goal, _comp = self._load_goal(goal_id)
+        return goal
+
+    def _load_goal(self, goal_id: str) -> tuple[Goal, Composition]:
+        comp = self._compose(self.goal_path(goal_id))
+        data = dict(comp.data)
+        problems: list[ConfigProblem] = []
+        if data.setdefault("goal_id", goal_id) != goal_id:
+            problems.append(comp.problem(("goal_id",), f"expected '{goal_id}' (the folder name), found {data['goal_id']!r}"))
+        env_id = _get(data, ("train", "environment", "env_id"))
+        context = {"goal_id": goal_id, **({"env_id": env_id} if isinstance(env_id, str) else {})}
+        data, template_problems = render_templates(data, context, comp)
+        problems += template_problems + secret_problems(data, comp)
+        try:
+            goal = Goal.model_validate(data)
+        except ValidationError as e:
+            problems += validation_problems(e, Goal, comp)
+            raise ConfigError(problems) from None
+        if problems:
+            raise ConfigError(problems)
+        return goal, comp
+
+    # -- recipes ---------------------------------------------------------------------------
+    def resolve(self, ref: str, overrides: list[str] | tuple[str, ...] = ()) -> ResolvedRecipe:
+        """Compose and validate ``GOAL/RECIPE`` with ``--set`` overrides applied, and hash it.
+
+        Raises:
+            NotFound: unknown goal or recipe. ConfigError: every problem found, each with file,
+            key path, expected and found.
+        """
+        goal_id, sep, recipe_id = ref.partition("/")
+        if not sep or not goal_id or not recipe_id:
+            raise ConfigError(f"expected GOAL/RECIPE, found {ref!r}")
+        goal, goal_comp = self._load_goal(goal_id)
+        path = self.goals_dir / goal_id / "recipes" / f"{recipe_id}.yaml"
+        if not path.is_file():
+            import difflib
+
+            known = self.recipe_ids(goal_id)
+            hint = difflib.get_close_matches(recipe_id, known, n=1)
+            raise NotFound(f"goal '{goal_id}' has no recipe '{recipe_id}'" + (f" (did you mean {hint[0]}?)" if hint else f"; its recipes: {', '.join(known) or 'none'}"))
+        comp = self._compose(path)
+        problems: list[ConfigProblem] = []
+        data = dict(comp.data)
+        if data.setdefault("recipe_id", recipe_id) != recipe_id:
+            problems.append(comp.problem(("recipe_id",), f"expected '{recipe_id}' (the file name), found {data['recipe_id']!r}"))
+        # Overrides: a pseudo-layer named --set, so problems in them are blamed on the command line.
+        set_doc = YamlDocument(file="--set", data={})
+        for text in overrides:
+            try:
+                key, value = parse_override(text)
+            except ConfigError as e:
+                problems += e.problems
+                continue
+            if key[0] == "eval":
+                problems.append(ConfigProblem(file="--set", key_path=".".join(key), message="evaluation settings belong to the goal's protocol and cannot be overridden"))
+                continue
+            set_path(set_doc.data, key, value)
+            for n in range(1, len(key) + 1):
+                set_doc.positions[key[:n]] = (0, 0)
+        if set_doc.data:
+            data = merge([data, set_doc.data], "--set")
+            comp.layers.append(set_doc)
+        context = {"goal_id": goal_id, "recipe_id": recipe_id, "env_id": goal.train.environment.env_id}
+        data, template_problems = render_templates(data, context, comp)
+        problems += template_problems + secret_problems(data, comp)
+        try:
+            recipe = Recipe.model_validate(data)
+        except ValidationError as e:
+            problems += validation_problems(e, Recipe, comp)
+            raise ConfigError(_positions_for_set(problems)) from None
+        environment = None
+        env_data = goal.train.environment.model_dump(mode="json")
+        changes = recipe.train.environment.model_dump(mode="json", exclude_none=True)
+        merged_env = merge([env_data, changes], comp.layers[-1].file) if changes else env_data
+        try:
+            environment = EnvironmentSpec.model_validate(merged_env)
+        except ValidationError as e:
+            problems += validation_problems(e, EnvironmentSpec, comp, prefix=("train", "environment"))
+        if problems:
+            raise ConfigError(_positions_for_set(problems))
+        assert environment is not None
+        hashes = Hashes(
+            goal_contract_sha256=goal_contract_sha256(goal),
+            recipe_sha256=recipe_sha256(recipe),
+            environment_sha256=environment_sha256(environment),
+        )
+        return ResolvedRecipe(
+            goal=goal, recipe=recipe, environment=environment, overrides=tuple(overrides), hashes=hashes,
+            goal_file=goal_comp.layers[-1].file, recipe_file=comp.layers[0].file if comp.layers else str(path),
+        )
+
+    # -- catalog ---------------------------------------------------------------------------
+    @cached_property
+    def catalog(self) -> Catalog:
+        path = self.goals_dir / CATALOG_FILE
+        if not path.is_file():
+            return Catalog()
+        doc = load_yaml(path, str(path.relative_to(self._display_root)))
+        try:
+            return Catalog.model_validate(doc.data)
+        except ValidationError as e:
+            raise ConfigError(validation_problems(e, Catalog, Composition(doc.data, [doc]))) from None
+
+    # -- everything --------------------------------------------------------------------------
+    def validate_all(self) -> ValidationReport:
+        """Compose and validate every goal, recipe, preset and the catalog; collect every problem."""
+        report = ValidationReport()
+        goal_ids = self.goal_ids()
+        for goal_id in goal_ids:
+            report.goals += 1
+            try:
+                self.load_goal(goal_id)
+            except ConfigError as e:
+                report.problems += e.problems
+                continue
+            for recipe_id in self.recipe_ids(goal_id):
+                report.recipes += 1
+                try:
+                    self.resolve(f"{goal_id}/{recipe_id}")
+                except ConfigError as e:
+                    report.problems += e.problems
+        for name in self.preset_names():
+            report.presets += 1
+            report.problems += self._preset_problems(self.presets_dir / f"{name}.yaml")
+        try:
+            catalog = self.catalog
+        except ConfigError as e:
+            report.problems += e.problems
+        else:
+            catalog_file = str((self.goals_dir / CATALOG_FILE).relative_to(self._display_root))
+            seen: dict[str, str] = {}
+            for project, entry in catalog.projects.items():
+                for gid in entry.goals:
+                    if gid not in goal_ids:
+                        report.problems.append(ConfigProblem(catalog_file, f"projects.{project}.goals", f"expected a goal folder, found no goal '{gid}'"))
+                    if gid in seen:
+                        report.problems.append(ConfigProblem(catalog_file, f"projects.{project}.goals", f"goal '{gid}' is already in project '{seen[gid]}'"))
+                    seen[gid] = project
+            for gid in goal_ids:
+                if gid not in seen:
+                    report.problems.append(ConfigProblem(catalog_file, "projects", f"goal '{gid}' belongs to no project"))
+        return report
+
+    def _preset_problems(self, path: Path) -> list[ConfigProblem]:
+        """A preset is a partial recipe: every key it has must be valid; missing keys are fine."""
+        try:
+            comp = self._compose(path)
+        except ConfigError as e:
+            return e.problems
+        data = {"recipe_id": "preset", **comp.data}
+        try:
+            Recipe.model_validate(data)
+        except ValidationError as e:
+            return [p for p in validation_problems(e, Recipe, comp) if p.message != "missing required key"]
+        return []
+
+
+def goal_contract_sha256(goal: Goal) -> str:
+    """sha256 of the composed, rendered goal without cosmetic fields (title, description, tags)."""
+    return sha256_json(goal.model_dump(mode="json", exclude=COSMETIC_GOAL_FIELDS))
+
+
+def recipe_sha256(recipe: Recipe) -> str:
+    """sha256 of the composed recipe with overrides applied, without its description."""
+    return sha256_json(recipe.model_dump(mode="json", exclude=COSMETIC_RECIPE_FIELDS))
+
+
+def environment_sha256(environment: EnvironmentSpec) -> str:
+    """sha256 of the environment's semantic fields (not lane count, vectorisation or threads)."""
+    return sha256_json(environment.semantic())
+
+
+def _positions_for_set(problems: list[ConfigProblem]) -> list[ConfigProblem]:
+    # The --set pseudo-layer has no real line numbers.
+    return [ConfigProblem(p.file, p.key_path, p.message) if p.file == "--set" else p for p in problems]
+
+
+def _get(data: Any, path: tuple[str, ...]) -> Any:
+    for part in path:
+        if not isinstance(data, dict):
+            return None
+        data = data.get(part)
+    return data

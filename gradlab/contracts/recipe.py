@@ -1,0 +1,130 @@
+"""The recipe contract: backend, model, hyperparameters and budget.
+
+Backend configs use stable-baselines3's argument names (``n_steps``, ``batch_size``, ``gamma``,
+``gae_lambda``, ``clip_range``, ``ent_coef``...) so a recipe reads like the library it runs on.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, model_validator
+
+from gradlab.contracts.base import Contract, validate_nested
+
+
+class LinearSchedule(Contract):
+    """Linear from ``initial`` at step 0 to ``final`` at the end of the budget (SB3's progress)."""
+
+    kind: Literal["linear"] = "linear"
+    initial: float
+    final: float = 0.0
+
+
+Schedule = float | LinearSchedule
+
+
+class PolicyModel(Contract):
+    """The policy network. ``extractor: auto`` picks the Nature CNN (Mnih et al. 2015) for image
+    observations and a flat MLP otherwise."""
+
+    extractor: Literal["auto", "mlp", "nature_cnn"] = "auto"
+    net_arch: list[int] | dict[Literal["pi", "vf"], list[int]] = Field(default_factory=lambda: [64, 64])
+    activation: Literal["tanh", "relu"] = "tanh"
+    ortho_init: bool = True
+    features_dim: int = Field(default=512, ge=1, description="Nature CNN output width.")
+    share_features_extractor: bool = True
+
+
+class PPOConfig(Contract):
+    """stable-baselines3 PPO arguments (Schulman et al. 2017); defaults are SB3's."""
+
+    learning_rate: Schedule = 3e-4
+    n_steps: int = Field(default=2048, ge=1)
+    batch_size: int = Field(default=64, ge=1)
+    n_epochs: int = Field(default=10, ge=1)
+    gamma: float = Field(default=0.99, ge=0.0, le=1.0)
+    gae_lambda: float = Field(default=0.95, ge=0.0, le=1.0)
+    clip_range: Schedule = 0.2
+    clip_range_vf: float | None = None
+    normalize_advantage: bool = True
+    ent_coef: Schedule = 0.0
+    vf_coef: float = Field(default=0.5, ge=0.0)
+    max_grad_norm: float = Field(default=0.5, gt=0.0)
+    target_kl: float | None = None
+
+
+class A2CConfig(Contract):
+    """stable-baselines3 A2C arguments (Mnih et al. 2016); defaults are SB3's."""
+
+    learning_rate: Schedule = 7e-4
+    n_steps: int = Field(default=5, ge=1)
+    gamma: float = Field(default=0.99, ge=0.0, le=1.0)
+    gae_lambda: float = Field(default=1.0, ge=0.0, le=1.0)
+    ent_coef: Schedule = 0.0
+    vf_coef: float = Field(default=0.5, ge=0.0)
+    max_grad_norm: float = Field(default=0.5, gt=0.0)
+    rms_prop_eps: float = Field(default=1e-5, gt=0.0)
+    use_rms_prop: bool = True
+    normalize_advantage: bool = False
+
+
+BACKEND_CONFIGS: dict[str, type[Contract]] = {"sb3.ppo": PPOConfig, "sb3.a2c": A2CConfig}
+
+
+class Backend(Contract):
+    id: Literal["sb3.ppo", "sb3.a2c"]
+    config: dict[str, Any] = Field(default_factory=dict, description="Validated by the backend's own model.")
+
+    @model_validator(mode="after")
+    def _check_config(self) -> Backend:
+        normalised = validate_nested(BACKEND_CONFIGS[self.id], self.config, ("config",))
+        object.__setattr__(self, "config", normalised)
+        return self
+
+    def typed_config(self) -> PPOConfig | A2CConfig:
+        return BACKEND_CONFIGS[self.id].model_validate(self.config)  # type: ignore[return-value]
+
+
+class EnvironmentOverrides(Contract):
+    """Changes a recipe makes to the goal's training environment (mirrored into evaluation)."""
+
+    n_envs: int | None = Field(default=None, ge=1, le=1024)
+    vectorization: Literal["auto", "sync", "async", "native"] | None = None
+    num_threads: int | None = Field(default=None, ge=1)
+    provider_args: dict[str, Any] | None = None
+    preprocessing: dict[str, Any] | None = None
+
+
+class Normalize(Contract):
+    """Running mean/std normalisation (SB3's VecNormalize); its statistics are saved with checkpoints."""
+
+    observation: bool = False
+    reward: bool = False
+    clip_observation: float = Field(default=10.0, gt=0.0)
+
+
+class RecipeTrain(Contract):
+    timesteps: Annotated[int, Field(ge=1, description="Env steps in the training budget.")]
+    policy_model: PolicyModel = Field(default_factory=PolicyModel)
+    backend: Backend
+    environment: EnvironmentOverrides = Field(default_factory=EnvironmentOverrides)
+    normalize: Normalize = Field(default_factory=Normalize)
+    checkpoint_freq: int | None = Field(default=None, ge=1, description="Overrides the goal's checkpoint_freq.")
+    torch_threads: int = Field(default=1, ge=1, description="torch intra-op threads in the learner.")
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+
+class Logging(Contract):
+    wandb_mode: Literal["disabled", "offline", "online"] = "offline"
+    wandb_project: str = "gradlab"
+
+
+class Recipe(Contract):
+    recipe_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+    description: str = ""
+    train: RecipeTrain
+    logging: Logging = Field(default_factory=Logging)
+
+
+COSMETIC_RECIPE_FIELDS = {"description"}

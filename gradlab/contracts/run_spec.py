@@ -1,0 +1,76 @@
+"""The resolved run spec: everything a learner or evaluator needs, written once per run.
+
+A run spec is the JSON file the supervisor hands to ``python -m gradlab.learn --spec``. It holds
+the composed contracts themselves (not references to YAML files), so a run is reproducible even
+after ``experiments/`` changes.
+"""
+
+from __future__ import annotations
+
+import secrets
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import Field
+
+from gradlab.contracts.base import Contract
+from gradlab.contracts.environment import EnvironmentSpec
+from gradlab.contracts.experiments import ResolvedRecipe
+from gradlab.contracts.goal import MAX_RUN_SEED, Goal
+from gradlab.contracts.recipe import Recipe
+
+
+def new_run_id(now: datetime | None = None) -> str:
+    """``gradlab-<utc yyyymmddThhmmss>-<8 hex>`` (DESIGN.md section 1)."""
+    now = now or datetime.now(UTC)
+    return f"gradlab-{now.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(4)}"
+
+
+class RunSpec(Contract):
+    run_id: str
+    goal_id: str
+    recipe_id: str
+    seed: int = Field(ge=0, le=MAX_RUN_SEED)
+    overrides: list[str] = Field(default_factory=list)
+    goal: Goal
+    recipe: Recipe
+    environment: EnvironmentSpec = Field(description="Effective training environment.")
+    eval_environment: EnvironmentSpec = Field(description="Effective evaluation environment.")
+    checkpoint_freq: int = Field(ge=1, description="Env steps between periodic checkpoints.")
+    goal_contract_sha256: str
+    recipe_sha256: str
+    environment_sha256: str
+    created_at: str
+
+    @property
+    def display_name(self) -> str:
+        """``<goal>__<recipe>__s<seed>__<8 hex>`` (DESIGN.md section 1)."""
+        return f"{self.goal_id}__{self.recipe_id}__s{self.seed}__{self.run_id[-8:]}"
+
+    @property
+    def hashes(self) -> dict[str, str]:
+        return {
+            "goal_contract_sha256": self.goal_contract_sha256,
+            "recipe_sha256": self.recipe_sha256,
+            "environment_sha256": self.environment_sha256,
+        }
+
+    @classmethod
+    def from_resolved(cls, resolved: ResolvedRecipe, *, seed: int, run_id: str | None = None) -> RunSpec:
+        return cls(
+            run_id=run_id or new_run_id(),
+            goal_id=resolved.goal.goal_id,
+            recipe_id=resolved.recipe.recipe_id,
+            seed=seed,
+            overrides=list(resolved.overrides),
+            goal=resolved.goal,
+            recipe=resolved.recipe,
+            environment=resolved.environment,
+            eval_environment=resolved.eval_environment,
+            checkpoint_freq=resolved.checkpoint_freq,
+            created_at=datetime.now(UTC).isoformat(),
+            **resolved.hashes.as_dict(),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")

@@ -1,0 +1,125 @@
+"""The task program contract: signals → events → termination → reward.
+
+The behaviour lives in :mod:`gradlab.envs.task`; these models only describe it. Semantics:
+
+* a **signal** is a named scalar read each step from the provider's ``info`` dict, from RAM where
+  the provider exposes it, or from a provider flag (``terminated``/``truncated``/``lives``...);
+* an **event** is a boolean computed from one signal each step: ``equals`` (signal == value),
+  ``equals_for`` (signal == value for ``steps`` consecutive steps), ``increase``/``decrease``
+  (signal changed against the previous step), ``unchanged_for`` (same value for ``steps`` steps);
+* **termination**: any ``success`` or ``failure`` event terminates the episode; any ``timeout``
+  event, or reaching ``max_episode_steps``, truncates it. When several fire in one step,
+  ``outcome_precedence`` decides the outcome; a step that is both terminal and truncated is
+  terminal. A provider's own termination maps to ``native_terminated`` and its own time limit is
+  a truncation with reason ``native_time_limit``;
+* **reward**: ``native``, ``events`` or ``native_plus_events``; then multiplied by ``reward_scale``,
+  then clipped by ``reward_clip`` (``true`` = [-1, 1]).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from gradlab.contracts.base import Contract
+
+Outcome = Literal["success", "failure", "timeout", "ended"]
+
+
+class Signal(Contract):
+    source: Literal["info", "ram", "flag"] = Field(
+        description="Where the value is read: the step's info dict, a RAM byte, or a provider flag."
+    )
+    key: str | None = Field(default=None, description="info key (source: info) or flag name (source: flag).")
+    address: int | None = Field(default=None, ge=0, description="RAM byte address (source: ram).")
+
+    @model_validator(mode="after")
+    def _check_source(self) -> Signal:
+        if self.source in ("info", "flag") and not self.key:
+            raise ValueError(f"source '{self.source}' needs 'key'")
+        if self.source == "ram" and self.address is None:
+            raise ValueError("source 'ram' needs 'address'")
+        return self
+
+
+class Event(Contract):
+    signal: str = Field(description="Name of the signal the event reads.")
+    op: Literal["equals", "equals_for", "increase", "decrease", "unchanged_for"]
+    value: float | int | bool | str | None = Field(default=None, description="Value for equals/equals_for.")
+    steps: int | None = Field(default=None, ge=1, description="Consecutive steps for equals_for/unchanged_for.")
+
+    @model_validator(mode="after")
+    def _check_op(self) -> Event:
+        if self.op in ("equals", "equals_for") and self.value is None:
+            raise ValueError(f"op '{self.op}' needs 'value'")
+        if self.op in ("equals_for", "unchanged_for") and self.steps is None:
+            raise ValueError(f"op '{self.op}' needs 'steps'")
+        return self
+
+
+class Termination(Contract):
+    success: list[str] = Field(default_factory=list, description="Events that end the episode as a success.")
+    failure: list[str] = Field(default_factory=list, description="Events that end the episode as a failure.")
+    timeout: list[str] = Field(default_factory=list, description="Events that truncate the episode.")
+    max_episode_steps: int | None = Field(default=None, ge=1, description="Truncate after this many steps.")
+    native_terminated: Outcome = Field(
+        default="ended", description="Outcome recorded when the provider itself terminates the episode."
+    )
+    outcome_precedence: list[Literal["success", "failure", "timeout"]] = Field(
+        default_factory=lambda: ["failure", "success", "timeout"],
+        description="Which outcome wins when several fire in the same step.",
+    )
+
+    @model_validator(mode="after")
+    def _check_precedence(self) -> Termination:
+        if sorted(self.outcome_precedence) != ["failure", "success", "timeout"]:
+            raise ValueError("outcome_precedence must list success, failure and timeout once each")
+        return self
+
+
+class Reward(Contract):
+    source: Literal["native", "events", "native_plus_events"] = "native"
+    events: dict[str, float] = Field(default_factory=dict, description="Reward added when an event fires.")
+    reward_scale: float = Field(default=1.0, description="Multiplier applied after summing, before clipping.")
+    reward_clip: bool | tuple[float, float] = Field(
+        default=False, description="false, true for [-1, 1], or [low, high]."
+    )
+
+    @model_validator(mode="after")
+    def _check_clip(self) -> Reward:
+        if isinstance(self.reward_clip, tuple) and self.reward_clip[0] > self.reward_clip[1]:
+            raise ValueError(f"reward_clip low {self.reward_clip[0]} is above high {self.reward_clip[1]}")
+        if self.source == "native" and self.events:
+            raise ValueError("reward.events given but reward.source is 'native'")
+        return self
+
+
+class TaskProgram(Contract):
+    signals: dict[str, Signal] = Field(default_factory=dict)
+    events: dict[str, Event] = Field(default_factory=dict)
+    termination: Termination = Field(default_factory=Termination)
+    reward: Reward = Field(default_factory=Reward)
+    progress: list[str] = Field(
+        default_factory=list, description="Signals whose last value is recorded with every finished episode."
+    )
+
+    @model_validator(mode="after")
+    def _check_names(self) -> TaskProgram:
+        problems = []
+        for name, event in self.events.items():
+            if event.signal not in self.signals:
+                problems.append(f"event '{name}' reads unknown signal '{event.signal}'")
+        for kind in ("success", "failure", "timeout"):
+            for name in getattr(self.termination, kind):
+                if name not in self.events:
+                    problems.append(f"termination.{kind} names unknown event '{name}'")
+        for name in self.reward.events:
+            if name not in self.events:
+                problems.append(f"reward.events names unknown event '{name}'")
+        for name in self.progress:
+            if name not in self.signals:
+                problems.append(f"progress names unknown signal '{name}'")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
