@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from gradlab.cli import contracts_cmds
+from gradlab.cli import benchmark_cmds, contracts_cmds
 
 app = typer.Typer(
     name="gradlab",
@@ -17,6 +17,8 @@ app = typer.Typer(
 app.command("validate")(contracts_cmds.validate)
 app.add_typer(contracts_cmds.goals_app, name="goals")
 app.add_typer(contracts_cmds.recipe_app, name="recipe")
+app.add_typer(benchmark_cmds.benchmark_app, name="benchmark")
+# Further command groups are registered below, one line each.
 
 
 def main() -> None:
