@@ -142,6 +142,7 @@ class Experiments:
         self.goals_dir = self.root / "goals"
         self.presets_dir = self.root / "recipes" / "_presets"
         self._display_root = self.root.parent
+        self._goal_cache: dict[str, tuple[Goal, Composition]] = {}
 
     # -- discovery -------------------------------------------------------------------------
     def goal_ids(self) -> list[str]:
@@ -184,6 +185,11 @@ class Experiments:
         return goal
 
     def _load_goal(self, goal_id: str) -> tuple[Goal, Composition]:
+        if goal_id not in self._goal_cache:
+            self._goal_cache[goal_id] = self._load_goal_uncached(goal_id)
+        return self._goal_cache[goal_id]
+
+    def _load_goal_uncached(self, goal_id: str) -> tuple[Goal, Composition]:
         comp = self._compose(self.goal_path(goal_id))
         data = dict(comp.data)
         problems: list[ConfigProblem] = []

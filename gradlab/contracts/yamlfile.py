@@ -16,6 +16,9 @@ from gradlab.errors import ConfigProblem
 
 KeyPath = tuple[str, ...]
 
+# libyaml's parser when PyYAML was built with it (it is in the manylinux wheels).
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
 
 @dataclass
 class YamlDocument:
@@ -62,9 +65,10 @@ def parse_yaml(text: str, file: str) -> YamlDocument:
     """
     from gradlab.errors import ConfigError
 
+    loader = _Loader(text)
     try:
-        data = yaml.safe_load(text)
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        node = loader.get_single_node()
+        data = loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
         reason = getattr(e, "problem", None) or str(e)
@@ -79,6 +83,8 @@ def parse_yaml(text: str, file: str) -> YamlDocument:
                 )
             ]
         ) from None
+    finally:
+        loader.dispose()
     if data is None:
         data = {}
     if not isinstance(data, dict):

@@ -1,0 +1,101 @@
+"""`gradlab validate`, `goals list`, `recipe show` as a user runs them: real subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def gradlab(*args: str, env: dict[str, str] | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gradlab.cli.app", *args], capture_output=True, text=True,
+                          cwd=cwd, env={**os.environ, **(env or {})}, timeout=120)
+
+
+def test_help_lists_every_command_with_help() -> None:
+    out = gradlab("--help")
+    assert out.returncode == 0
+    for command in ("validate", "goals", "recipe", "benchmark"):
+        assert command in out.stdout
+
+
+def test_validate_json_counts_everything() -> None:
+    out = gradlab("validate", "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc == {"goals": 10, "recipes": 11, "presets": 2, "errors": []}
+
+
+def test_validate_lists_every_problem_and_exits_1(experiments_copy: Path) -> None:
+    recipes = experiments_copy / "goals" / "CartPole-v1" / "recipes"
+    (recipes / "bad.yaml").write_text("train:\n  timesteps: many\n  backend: {id: sb3.ppo, config: {n_stepz: 1}}\n")
+    (recipes / "broken.yaml").write_text("train: [\n")
+    out = gradlab("validate", "--json")
+    assert out.returncode == 1
+    doc = json.loads(out.stdout)
+    files = sorted({e["file"] for e in doc["errors"]})
+    assert files == ["experiments/goals/CartPole-v1/recipes/bad.yaml", "experiments/goals/CartPole-v1/recipes/broken.yaml"]
+    keys = sorted(e["key_path"] for e in doc["errors"])
+    assert keys == ["", "train.backend.config.n_stepz", "train.timesteps"]
+    broken = next(e for e in doc["errors"] if e["file"].endswith("broken.yaml"))
+    assert broken["line"] == 2 and broken["message"].startswith("invalid YAML")
+    human = gradlab("validate")
+    assert human.returncode == 1
+    assert "bad.yaml:3:" in human.stderr and "did you mean n_steps?" in human.stderr
+
+
+def test_goals_list_json_has_the_documented_keys() -> None:
+    out = gradlab("goals", "list", "--json")
+    assert out.returncode == 0, out.stderr
+    rows = {r["goal_id"]: r for r in json.loads(out.stdout)}
+    assert set(rows["CartPole-v1"]) == {"goal_id", "title", "project", "provider", "env_id", "evaluation_mode", "recipes"}
+    assert rows["CartPole-v1"]["recipes"] == ["a2c", "ppo"]
+    assert rows["CartPole-v1"]["project"] == "classic-control"
+    assert rows["Breakout-Atari2600-v0"]["provider"] == "ale"
+    assert rows["gradlab__bandit"]["project"] == "smoke"
+
+
+def test_recipe_show_json_and_set() -> None:
+    plain = json.loads(gradlab("recipe", "show", "CartPole-v1/ppo", "--json").stdout)
+    assert set(plain) == {"goal_id", "recipe_id", "goal_contract_sha256", "recipe_sha256", "environment_sha256", "contract"}
+    assert plain["contract"]["recipe"]["train"]["backend"]["config"]["n_steps"] == 32
+    changed = gradlab("recipe", "show", "CartPole-v1/ppo", "--set", "train.backend.config.n_steps=64", "--json")
+    doc = json.loads(changed.stdout)
+    assert doc["contract"]["recipe"]["train"]["backend"]["config"]["n_steps"] == 64
+    assert doc["recipe_sha256"] != plain["recipe_sha256"]
+    assert doc["contract"]["overrides"] == ["train.backend.config.n_steps=64"]
+
+
+def test_recipe_show_bad_set_exits_1_with_key_path() -> None:
+    out = gradlab("recipe", "show", "CartPole-v1/ppo", "--set", "train.backend.config.n_steps=abc")
+    assert out.returncode == 1
+    assert "--set: train.backend.config.n_steps: expected a valid integer" in out.stderr
+    assert out.stdout == ""
+    unknown = gradlab("recipe", "show", "CartPole-v2/ppo")
+    assert unknown.returncode == 1 and "did you mean CartPole-v1" in unknown.stderr
+
+
+@pytest.mark.parametrize("args", [["validate"], ["goals", "list"], ["recipe", "show", "CartPole-v1/ppo"]])
+def test_cheap_commands_import_neither_torch_nor_prefect_and_are_fast(args: list[str]) -> None:
+    probe = (
+        "import sys, runpy\n"
+        f"sys.argv = ['gradlab', *{args!r}]\n"
+        "try:\n    runpy.run_module('gradlab.cli.app', run_name='__main__')\n"
+        "except SystemExit as e:\n    code = e.code\nelse:\n    code = 0\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'prefect', 'stable_baselines3', 'wandb'))\n"
+        "print('HEAVY=' + ','.join(heavy), file=sys.stderr)\n"
+        "sys.exit(code)\n"
+    )
+    start = time.monotonic()
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, timeout=60)
+    elapsed = time.monotonic() - start
+    assert out.returncode == 0, out.stderr
+    assert "HEAVY=\n" in out.stderr, out.stderr[-500:]
+    assert elapsed < 2.0, f"{args} took {elapsed:.2f} s"

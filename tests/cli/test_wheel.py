@@ -1,0 +1,46 @@
+"""The built wheel works from outside the checkout, with the bundled experiments."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_wheel_installs_and_validates_outside_the_checkout(tmp_path: Path) -> None:
+    uv = shutil.which("uv")
+    if uv is None:
+        pytest.fail("uv is required to build and install the wheel (pip install uv)")
+    dist = tmp_path / "dist"
+    subprocess.run([uv, "build", "--wheel", "--out-dir", str(dist)], cwd=REPO, check=True, capture_output=True, timeout=300)
+    wheel = next(dist.glob("gradlab-*.whl"))
+    requirements = tmp_path / "requirements.txt"
+    exported = subprocess.run([uv, "export", "--frozen", "--no-hashes", "--no-dev", "--no-emit-project"], cwd=REPO,
+                              check=True, capture_output=True, text=True, timeout=120)
+    requirements.write_text(exported.stdout)
+    venv = tmp_path / "venv"
+    subprocess.run([uv, "venv", "--quiet", str(venv)], check=True, capture_output=True, timeout=120)
+    python = venv / "bin" / "python"
+    subprocess.run([uv, "pip", "install", "--quiet", "--python", str(python), "-r", str(requirements), str(wheel)],
+                   check=True, capture_output=True, timeout=600)
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("GRADLAB_EXPERIMENTS", "VIRTUAL_ENV", "PYTHONPATH")}
+    gradlab = str(venv / "bin" / "gradlab")
+    validate = subprocess.run([gradlab, "validate", "--json"], cwd=outside, env=env, capture_output=True, text=True, timeout=120)
+    assert validate.returncode == 0, validate.stderr
+    assert json.loads(validate.stdout)["goals"] == 10
+    goals = subprocess.run([gradlab, "goals", "list", "--json"], cwd=outside, env=env, capture_output=True, text=True, timeout=120)
+    assert goals.returncode == 0, goals.stderr
+    assert "CartPole-v1" in {row["goal_id"] for row in json.loads(goals.stdout)}
+    where = subprocess.run([str(python), "-c", "import gradlab, flows, tasks; print(gradlab.__file__)"], cwd=outside, env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert where.returncode == 0, where.stderr
+    assert str(venv) in where.stdout  # the installed copy, not the checkout

@@ -1,0 +1,35 @@
+"""Shared fixtures: every test gets its own GRADLAB_HOME so nothing touches the user's data."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("WANDB_SILENT", "true")
+
+
+@pytest.fixture(autouse=True)
+def gradlab_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = tmp_path_factory.mktemp("gradlab_home")
+    monkeypatch.setenv("GRADLAB_HOME", str(home))
+    monkeypatch.setenv("GRADLAB_CONFIG", str(home / "config.toml"))
+    monkeypatch.setenv("WANDB_DIR", str(home / "wandb"))
+    for var in ("GRADLAB_CONTROL_STORE_URL", "GRADLAB_EVAL_STORE_URL", "GRADLAB_MODEL_STORE_URL"):
+        monkeypatch.delenv(var, raising=False)
+    return home
+
+
+@pytest.fixture
+def experiments_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A writable copy of the checked-in experiments tree, selected through GRADLAB_EXPERIMENTS."""
+    dst = tmp_path / "experiments"
+    shutil.copytree(REPO / "experiments", dst)
+    monkeypatch.setenv("GRADLAB_EXPERIMENTS", str(dst))
+    return dst

@@ -1,0 +1,156 @@
+"""Composition, validation and error reporting of goals and recipes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gradlab.contracts import Experiments
+from gradlab.errors import ConfigError, NotFound
+
+
+def test_checked_in_experiments_are_valid() -> None:
+    report = Experiments().validate_all()
+    assert [p.render() for p in report.problems] == []
+    assert report.goals == 10
+    assert report.recipes == 11
+    assert report.presets == 2
+
+
+def test_preset_and_fragment_are_merged_with_lists_replaced() -> None:
+    resolved = Experiments().resolve("Breakout-Atari2600-v0/ppo")
+    config = resolved.recipe.train.backend.config
+    assert resolved.recipe.train.backend.id == "sb3.ppo"
+    assert config["n_steps"] == 128 and config["batch_size"] == 256  # from the preset
+    assert resolved.recipe.train.timesteps == 10_000_000  # from the recipe itself
+    assert resolved.recipe.train.policy_model.net_arch == []  # list replaced, not merged with [64, 64]
+    assert resolved.environment.preprocessing["frame_skip"] == 4  # from the shared _atari.yaml fragment
+    assert resolved.environment.env_id == "Breakout"
+    assert resolved.recipe.description == "rl-zoo3's Atari PPO on Breakout."  # {{ env_id }} rendered
+
+
+def test_self_position_decides_who_wins(experiments_copy: Path) -> None:
+    recipes = experiments_copy / "goals" / "Breakout-Atari2600-v0" / "recipes"
+    (recipes / "late.yaml").write_text(
+        "defaults: [_self_, sb3_ppo_atari]\ntrain:\n  timesteps: 100\n  backend:\n    id: sb3.ppo\n"
+        "    config: {n_steps: 7}\n"
+    )
+    resolved = Experiments().resolve("Breakout-Atari2600-v0/late")
+    assert resolved.recipe.train.backend.config["n_steps"] == 128  # the preset comes after _self_
+
+
+def test_defaults_cycle_is_an_error(experiments_copy: Path) -> None:
+    presets = experiments_copy / "recipes" / "_presets"
+    (presets / "a.yaml").write_text("defaults: [b]\n")
+    (presets / "b.yaml").write_text("defaults: [a]\n")
+    report = Experiments().validate_all()
+    messages = [p.render() for p in report.problems]
+    assert any("cycle in defaults" in m and "a.yaml -> " in m for m in messages), messages
+
+
+def _problems(experiments_copy: Path, text: str, overrides: tuple[str, ...] = ()) -> list[str]:
+    path = experiments_copy / "goals" / "CartPole-v1" / "recipes" / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        Experiments().resolve("CartPole-v1/bad", list(overrides))
+    return [p.render() for p in info.value.problems]
+
+
+GOOD = "train:\n  timesteps: 1000\n  backend:\n    id: sb3.ppo\n    config:\n      n_steps: 32\n"
+
+
+def test_unknown_key_names_file_line_key_and_suggestion(experiments_copy: Path) -> None:
+    problems = _problems(experiments_copy, GOOD.replace("n_steps: 32", "n_stepz: 32"))
+    assert problems == [
+        "experiments/goals/CartPole-v1/recipes/bad.yaml:6:7: train.backend.config.n_stepz: unknown key (did you mean n_steps?)"
+    ]
+
+
+def test_wrong_type_names_expected_and_found(experiments_copy: Path) -> None:
+    problems = _problems(experiments_copy, GOOD.replace("n_steps: 32", "n_steps: lots"))
+    assert len(problems) == 1
+    assert problems[0].startswith("experiments/goals/CartPole-v1/recipes/bad.yaml:6:7: train.backend.config.n_steps: expected")
+    assert "integer" in problems[0] and "found 'lots'" in problems[0]
+
+
+def test_all_problems_of_a_file_are_reported_together(experiments_copy: Path) -> None:
+    text = GOOD.replace("n_steps: 32", "n_stepz: 32\n      gamma: high") + "  policy_modle: {}\nlogging: {wandb_mode: loud}\n"
+    problems = _problems(experiments_copy, text)
+    joined = "\n".join(problems)
+    assert "train.backend.config.n_stepz: unknown key (did you mean n_steps?)" in joined
+    assert "train.backend.config.gamma: expected" in joined
+    assert "train.policy_modle: unknown key (did you mean policy_model?)" in joined
+    assert "logging.wandb_mode: expected" in joined and "found 'loud'" in joined
+
+
+def test_broken_yaml_reports_line_and_column(experiments_copy: Path) -> None:
+    problems = _problems(experiments_copy, "train:\n  timesteps: [1\n")
+    assert len(problems) == 1
+    assert problems[0].startswith("experiments/goals/CartPole-v1/recipes/bad.yaml:3:1: invalid YAML:")
+
+
+def test_bad_set_value_and_unknown_set_key(experiments_copy: Path) -> None:
+    problems = _problems(experiments_copy, GOOD, ("train.backend.config.n_steps=abc", "train.timestepz=5"))
+    assert "--set: train.backend.config.n_steps: expected a valid integer, unable to parse string as an integer; found 'abc'" in problems
+    assert "--set: train.timestepz: unknown key (did you mean timesteps?)" in problems
+
+
+def test_set_without_equals_and_eval_override_are_refused() -> None:
+    with pytest.raises(ConfigError) as info:
+        Experiments().resolve("CartPole-v1/ppo", ["train.timesteps", "eval.episodes=3"])
+    rendered = [p.render() for p in info.value.problems]
+    assert "--set: train.timesteps: expected KEY=VALUE with a dotted key, found 'train.timesteps'" in rendered
+    assert "--set: eval.episodes: evaluation settings belong to the goal's protocol and cannot be overridden" in rendered
+
+
+def test_training_environment_override_is_mirrored_into_evaluation() -> None:
+    resolved = Experiments().resolve("Breakout-Atari2600-v0/ppo", ["train.environment.preprocessing.frame_skip=5"])
+    assert resolved.environment.preprocessing["frame_skip"] == 5
+    assert resolved.eval_environment.preprocessing["frame_skip"] == 5
+    assert resolved.eval_environment.n_envs == resolved.goal.eval.n_envs
+
+
+def test_bad_preprocessing_override_names_full_key_path() -> None:
+    with pytest.raises(ConfigError) as info:
+        Experiments().resolve("Breakout-Atari2600-v0/ppo", ["train.environment.preprocessing.frame_skipp=2"])
+    assert [p.render() for p in info.value.problems] == [
+        "--set: train.environment.preprocessing.frame_skipp: unknown key (did you mean frame_skip?)"
+    ]
+
+
+def test_undefined_template_name_is_an_error(experiments_copy: Path) -> None:
+    problems = _problems(experiments_copy, "description: 'run {{ run_name }}'\n" + GOOD)
+    assert len(problems) == 1
+    assert "description: undefined template name 'run_name'" in problems[0]
+
+
+def test_secret_like_key_is_refused(experiments_copy: Path) -> None:
+    goal = experiments_copy / "goals" / "CartPole-v1" / "_goal.yaml"
+    goal.write_text(goal.read_text().replace("    env_id: CartPole-v1\n", "    env_id: CartPole-v1\n    provider_args: {api_key: abc}\n"))
+    report = Experiments().validate_all()
+    assert any("train.environment.provider_args.api_key: secret-like key refused" in p.render() for p in report.problems)
+
+
+def test_goal_id_must_match_folder(experiments_copy: Path) -> None:
+    goal = experiments_copy / "goals" / "CartPole-v1" / "_goal.yaml"
+    goal.write_text("goal_id: Other\n" + goal.read_text())
+    with pytest.raises(ConfigError) as info:
+        Experiments().load_goal("CartPole-v1")
+    assert "goal_id: expected 'CartPole-v1' (the folder name), found 'Other'" in info.value.problems[0].render()
+
+
+def test_unknown_goal_and_recipe_suggest_names() -> None:
+    with pytest.raises(NotFound, match="did you mean CartPole-v1"):
+        Experiments().resolve("CartPole-v2/ppo")
+    with pytest.raises(NotFound, match="did you mean ppo"):
+        Experiments().resolve("CartPole-v1/ppp")
+
+
+def test_catalog_must_cover_every_goal_once(experiments_copy: Path) -> None:
+    catalog = experiments_copy / "goals" / "_catalog.yaml"
+    catalog.write_text(catalog.read_text().replace("goals: [gradlab__bandit]", "goals: [gradlab__bandit, Nope]").replace(
+        "goals: [Airstriker-Genesis-v0]", "goals: []"))
+    messages = [p.render() for p in Experiments().validate_all().problems]
+    assert "experiments/goals/_catalog.yaml: projects.smoke.goals: expected a goal folder, found no goal 'Nope'" in messages
+    assert "experiments/goals/_catalog.yaml: projects: goal 'Airstriker-Genesis-v0' belongs to no project" in messages
