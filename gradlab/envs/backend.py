@@ -1,0 +1,166 @@
+"""What a provider implements: a :class:`Provider` that describes environments and builds a
+:class:`LaneBackend` of N lanes that step without autoreset.
+
+A lane backend never resets a lane on its own: when a lane's episode ends, the vector env
+(:mod:`gradlab.envs.vector`) asks it to reset exactly those lanes, right away, so no reset-step
+transition ever exists. Single-environment providers build their lanes from a
+:data:`LaneFactory` and get in-process (:class:`gradlab.envs.lanes.SyncLanes`) or subprocess
+(:class:`gradlab.envs.lanes.AsyncLanes`) stepping for free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from gradlab.contracts.environment import EnvironmentSpec
+
+
+@dataclass(frozen=True)
+class EnvInfo:
+    """What ``gradlab env inspect`` prints about one environment.
+
+    Attributes:
+        provider, env_id: the environment's name.
+        observation_space, action_space: ``str()`` of the single-lane gymnasium spaces.
+        obs_shape, obs_dtype: the single-lane observation shape and numpy dtype name.
+        n_actions: for discrete action spaces, else None.
+        action_meanings: one label per discrete action (may be empty when unknown).
+        render_shape: (H, W, 3) of ``render()`` frames, or None when rendering is unsupported.
+        native_max_steps: the provider's own time limit in policy steps, or None.
+        version: the provider package's version.
+        extra: provider-specific facts (native flags, RAM size...).
+    """
+
+    provider: str
+    env_id: str
+    observation_space: str
+    action_space: str
+    obs_shape: tuple[int, ...]
+    obs_dtype: str
+    n_actions: int | None
+    action_meanings: list[str]
+    render_shape: tuple[int, int, int] | None
+    native_max_steps: int | None
+    version: str | None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "provider": self.provider, "env_id": self.env_id, "observation_space": self.observation_space,
+            "action_space": self.action_space, "obs_shape": list(self.obs_shape), "obs_dtype": self.obs_dtype,
+            "n_actions": self.n_actions, "action_meanings": list(self.action_meanings),
+            "render_shape": list(self.render_shape) if self.render_shape else None,
+            "native_max_steps": self.native_max_steps, "version": self.version, "extra": dict(self.extra),
+        }
+
+
+class LaneBackend:
+    """N lanes that step together and never autoreset.
+
+    Attributes:
+        num_envs: N.
+        single_observation_space, single_action_space: gymnasium spaces of one lane.
+        flags: names of extra provider flags :meth:`flag_values` can return (besides the
+            ``terminated``, ``truncated`` and ``reward`` every backend has).
+        has_ram: whether :meth:`ram` works.
+    """
+
+    num_envs: int
+    single_observation_space: Any
+    single_action_space: Any
+    flags: tuple[str, ...] = ()
+    has_ram: bool = False
+
+    def reset_lanes(self, lanes: Sequence[int], seeds: Sequence[int | None]) -> tuple[list[np.ndarray], list[dict]]:
+        """Reset ``lanes`` (ascending) with ``seeds`` (None = continue the lane's RNG).
+
+        Returns:
+            (first observation per lane, reset info per lane), in the order of ``lanes``.
+        """
+        raise NotImplementedError
+
+    def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[dict]]:
+        """Step every lane once.
+
+        Args:
+            actions: (N, *action_shape) actions.
+
+        Returns:
+            (obs (N, *obs_shape), native reward (N,) float, terminated (N,) bool, truncated (N,) bool,
+            infos: N dicts). A lane that ended must be reset with :meth:`reset_lanes` before the
+            next step.
+        """
+        raise NotImplementedError
+
+    def flag_values(self, name: str) -> np.ndarray:
+        """(N,) values of provider flag ``name`` after the last step."""
+        raise KeyError(name)
+
+    def ram(self) -> np.ndarray:
+        """(N, ram_size) uint8 RAM of every lane (only when ``has_ram``)."""
+        raise NotImplementedError
+
+    def render(self) -> list[np.ndarray]:
+        """One RGB frame (H, W, 3) uint8 per lane."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        return None
+
+
+class Provider:
+    """An environment family (``gradlab``, ``gymnasium``, ``ale``, ``vizdoom``, ``retro``...).
+
+    Subclasses set ``name`` and ``package`` (the distribution whose version they report) and
+    implement :meth:`env_ids`, :meth:`describe` and :meth:`make_backend`.
+    """
+
+    name: str = ""
+    package: str | None = None
+    #: Vectorisation used for ``vectorization: auto``: "sync", "async" or "native".
+    default_vectorization: str = "sync"
+
+    def version(self) -> str | None:
+        if not self.package:
+            from gradlab import __version__
+
+            return __version__
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return version(self.package)
+        except PackageNotFoundError:
+            return None
+
+    def availability(self) -> tuple[bool, str]:
+        """(available here, reason when not)."""
+        return (self.version() is not None, "" if self.version() is not None else f"{self.package} is not installed")
+
+    def env_ids(self) -> list[str]:
+        raise NotImplementedError
+
+    def describe(self, spec: EnvironmentSpec) -> EnvInfo:
+        """Spaces, action meanings, render shape and native limit of ``spec``'s environment."""
+        raise NotImplementedError
+
+    def make_backend(self, spec: EnvironmentSpec, *, render_mode: str | None) -> LaneBackend:
+        """Build ``spec.n_envs`` lanes of ``spec``'s environment (preprocessing applied)."""
+        raise NotImplementedError
+
+    def semantic_args(self, spec: EnvironmentSpec) -> dict[str, Any]:
+        """Provider conventions recorded in ``environment_sha256`` beyond the spec (none by default)."""
+        return {}
+
+
+def seed32(seed: int) -> int:
+    """Map a gradlab seed (up to 2**31 + 2**30 for evaluation) into [0, 2**31 - 1) for emulators
+    that take 32-bit seeds, without folding evaluation seeds onto training ones.
+
+    Uses ``numpy.random.SeedSequence(seed).generate_state(1)`` masked to 31 bits: deterministic,
+    and distinct seeds collide only by chance (probability ~2**-31 per pair).
+    """
+    return int(np.random.SeedSequence(int(seed)).generate_state(1, dtype=np.uint32)[0] & 0x7FFFFFFF)

@@ -1,0 +1,139 @@
+"""Preflight: build an environment exactly as training will, step random actions, check it.
+
+Permanent errors (a missing ROM, a bad provider argument, a signal the provider cannot read, an
+observation that does not fit its declared space) are found here, before compute is spent.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from gradlab.contracts.environment import EnvironmentSpec
+from gradlab.errors import GradlabError
+
+
+@dataclass
+class PreflightReport:
+    """What ``gradlab env preflight`` prints.
+
+    Attributes:
+        ok: every check passed.
+        checks: ``[{"name", "ok", "detail"}]`` in the order run.
+        obs_shape, obs_dtype: the per-lane observation seen (None when the env did not build).
+        n_envs, steps: lanes and vector steps taken.
+        episodes: episodes finished; ``outcomes`` counts them by outcome, ``reasons`` by reason.
+        steps_per_s: lane steps per second of wall time, random actions included.
+    """
+
+    target: str
+    provider: str
+    env_id: str
+    ok: bool = True
+    checks: list[dict[str, Any]] = field(default_factory=list)
+    obs_shape: list[int] | None = None
+    obs_dtype: str | None = None
+    action_space: str | None = None
+    n_envs: int = 0
+    steps: int = 0
+    episodes: int = 0
+    outcomes: dict[str, int] = field(default_factory=dict)
+    reasons: dict[str, int] = field(default_factory=dict)
+    steps_per_s: float | None = None
+
+    def check(self, name: str, ok: bool, detail: str = "") -> bool:
+        self.checks.append({"name": name, "ok": bool(ok), "detail": detail})
+        self.ok = self.ok and bool(ok)
+        return bool(ok)
+
+    def as_json(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in ("target", "provider", "env_id", "ok", "checks", "obs_shape", "obs_dtype",
+                                               "action_space", "n_envs", "steps", "episodes", "outcomes", "reasons",
+                                               "steps_per_s")}
+
+
+def random_actions(space: Any, n: int, rng: np.random.Generator) -> np.ndarray:
+    """(n, *action_shape) uniformly random valid actions drawn from ``rng``."""
+    from gymnasium.spaces import Box, Discrete, MultiBinary, MultiDiscrete
+
+    if isinstance(space, Discrete):
+        return space.start + rng.integers(0, space.n, size=n)
+    if isinstance(space, MultiDiscrete):
+        return space.start + rng.integers(0, space.nvec, size=(n, *space.nvec.shape))
+    if isinstance(space, MultiBinary):
+        return rng.integers(0, 2, size=(n, *space.shape)).astype(space.dtype)
+    if isinstance(space, Box):
+        low = np.where(np.isfinite(space.low), space.low, -1.0)
+        high = np.where(np.isfinite(space.high), space.high, 1.0)
+        return rng.uniform(low, high, size=(n, *space.shape)).astype(space.dtype)
+    raise TypeError(f"unsupported action space {space}")
+
+
+def preflight(spec: EnvironmentSpec, *, steps: int = 200, seed: int = 0, target: str = "") -> PreflightReport:
+    """Build ``spec`` as training does and step ``steps`` vector steps of random actions.
+
+    Checks: the env builds; observations (reset, every step, every final observation) have the
+    declared shape and dtype and lie in the declared space; rewards are finite; no lane is both
+    terminated and truncated; every finished episode has an outcome and a length >= 1.
+
+    Returns:
+        The report (``ok`` False when a check failed; never raises for an env problem).
+    """
+    from gradlab.envs.vector import make_vector_env
+
+    rep = PreflightReport(target=target or f"{spec.provider}:{spec.env_id}", provider=spec.provider,
+                          env_id=spec.env_id, n_envs=spec.n_envs)
+    try:
+        venv = make_vector_env(spec, seed=seed)
+    except (GradlabError, ImportError, OSError) as e:
+        rep.check("build", False, f"{type(e).__name__}: {e}")
+        return rep
+    rng = np.random.default_rng(seed)
+    try:
+        rep.check("build", True, f"{spec.n_envs} lane(s), vectorization {spec.vectorization}")
+        space = venv.single_observation_space
+        rep.action_space = str(venv.single_action_space)
+        shape = tuple(space.shape or ())
+        obs = venv.reset()
+        rep.obs_shape, rep.obs_dtype = list(obs.shape[1:]), str(obs.dtype)
+        rep.check("reset observation", obs.shape == (venv.num_envs, *shape) and obs.dtype == space.dtype
+                  and all(space.contains(o) for o in obs),
+                  f"expected ({venv.num_envs}, {shape}) {space.dtype} in {space}, found {obs.shape} {obs.dtype}")
+        bad_obs = bad_final = bad_reward = both = 0
+        outcomes: Counter[str] = Counter()
+        reasons: Counter[str] = Counter()
+        short = 0
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            res = venv.step(random_actions(venv.single_action_space, venv.num_envs, rng))
+            if res.obs.shape != obs.shape or res.obs.dtype != obs.dtype:
+                bad_obs += 1
+            bad_reward += int(not np.all(np.isfinite(res.reward)) or not np.all(np.isfinite(res.raw_reward)))
+            both += int(np.any(res.terminated & res.truncated))
+            for o in res.final_obs.values():
+                if o.shape != shape or o.dtype != space.dtype or not space.contains(o):
+                    bad_final += 1
+            for ep in res.episodes:
+                outcomes[ep.outcome] += 1
+                reasons[ep.reason] += 1
+                short += int(ep.length < 1 or not math.isfinite(ep.return_))
+        elapsed = time.perf_counter() - t0
+        rep.steps = steps
+        rep.steps_per_s = round(steps * venv.num_envs / elapsed, 1) if elapsed > 0 else None
+        rep.episodes = sum(outcomes.values())
+        rep.outcomes, rep.reasons = dict(outcomes), dict(reasons)
+        rep.check("step observations", bad_obs == 0, f"{bad_obs} step(s) with a wrong shape or dtype")
+        rep.check("final observations", bad_final == 0, f"{bad_final} final observation(s) outside the declared space")
+        rep.check("rewards finite", bad_reward == 0, f"{bad_reward} step(s) with a non-finite reward")
+        rep.check("terminal wins over truncated", both == 0, f"{both} step(s) with both flags set")
+        rep.check("episode records", short == 0, f"{short} episode(s) with length < 1 or a non-finite return")
+    except Exception as e:  # noqa: BLE001 - a preflight reports, it does not crash
+        rep.check("stepping", False, f"{type(e).__name__}: {e}")
+    finally:
+        venv.close()
+    return rep

@@ -1,0 +1,179 @@
+"""The ``ale`` provider: Atari 2600 games through ale-py's native C++ ``AtariVectorEnv``.
+
+Conventions: env ids are plain game names (``Breakout``, ``MsPacman``; ``ms_pacman``,
+``ALE/MsPacman-v5`` are accepted too). gradlab follows the **ALE v5** convention (Machado et al.
+2018): frame skip 4 and sticky actions with probability 0.25, a 108,000-frame (27,000-step)
+native time limit, no fire-on-reset, no life-loss termination and no reward clipping inside the
+emulator. Every one of these is a field of ``preprocessing`` (``AtariPreprocessing``) or
+``provider_args.use_fire_reset``, so it is part of ``environment_sha256``; a NoFrameskip-style
+setup is ``frame_skip: 1, repeat_action_probability: 0``. Reward clipping and life loss are the
+task program's job (``reward_clip``; a ``lives`` info signal with a ``decrease`` event).
+
+``preprocessing`` → ``AtariVectorEnv``: frame_skip → frameskip, max_pool → maxpool, grayscale,
+resize (H, W) → img_height/img_width (null = the native 210×160), frame_stack → stack_num,
+repeat_action_probability, noop_max, full_action_space. Lanes run on ale-py's thread pool
+(``num_threads``; 0 = ale-py's choice).
+
+Observations are channel-first uint8: (frame_stack, H, W) for grayscale, (frame_stack × 3, H, W)
+for RGB. ``render()`` returns the newest frame of each lane's stack as (H, W, 3) RGB.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from gradlab.contracts.environment import AtariPreprocessing, EnvironmentSpec
+from gradlab.envs.backend import EnvInfo, LaneBackend, Provider, seed32
+from gradlab.envs.lanes import parse_provider_args
+from gradlab.errors import NotFound
+
+#: ALE v5 native episode limit in emulator frames (Machado et al. 2018, section 5).
+MAX_FRAMES_PER_EPISODE = 108_000
+
+
+class AleArgs(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    use_fire_reset: bool = False
+
+
+def rom_name(env_id: str) -> str:
+    """``Breakout`` → ``breakout``, ``MsPacman`` / ``ALE/MsPacman-v5`` → ``ms_pacman``."""
+    name = env_id.split("/")[-1]
+    name = re.sub(r"-v\d+$", "", name)
+    name = re.sub(r"NoFrameskip$", "", name)
+    if "_" in name or name.islower():
+        return name.lower()
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower()
+
+
+def _camel(rom: str) -> str:
+    return "".join(part.capitalize() for part in rom.split("_"))
+
+
+class AleLanes(LaneBackend):
+    """N Atari lanes in one ``AtariVectorEnv`` (NextStep autoreset, always reset explicitly)."""
+
+    def __init__(self, rom: str, n: int, pre: AtariPreprocessing, args: AleArgs, num_threads: int | None):
+        from ale_py.vector_env import AtariVectorEnv
+        from gymnasium.spaces import Box, Discrete
+
+        h, w = pre.resize if pre.resize is not None else (210, 160)
+        self.env = AtariVectorEnv(
+            rom, n, num_threads=num_threads or 0, max_num_frames_per_episode=MAX_FRAMES_PER_EPISODE,
+            repeat_action_probability=pre.repeat_action_probability, full_action_space=pre.full_action_space,
+            autoreset_mode="NextStep", img_height=h, img_width=w, grayscale=pre.grayscale,
+            stack_num=pre.frame_stack, frameskip=pre.frame_skip, maxpool=pre.max_pool, noop_max=pre.noop_max,
+            episodic_life=False, life_loss_info=False, reward_clipping=False, use_fire_reset=args.use_fire_reset,
+        )
+        self.num_envs = n
+        self._rgb = not pre.grayscale
+        self._stack = pre.frame_stack
+        self._hw = (h, w)
+        channels = pre.frame_stack * (3 if self._rgb else 1)
+        self.single_observation_space = Box(0, 255, shape=(channels, h, w), dtype=np.uint8)
+        self.action_set = list(self.env.ale.get_action_set())
+        self.single_action_space = Discrete(len(self.action_set))
+        self._last_obs: np.ndarray | None = None
+        self._all = np.ones(n, dtype=bool)
+
+    def _layout(self, obs: np.ndarray) -> np.ndarray:
+        if not self._rgb:
+            return obs
+        n = obs.shape[0]
+        return np.ascontiguousarray(obs.transpose(0, 1, 4, 2, 3)).reshape(n, self._stack * 3, *self._hw)
+
+    @staticmethod
+    def _infos(info: dict[str, Any], n: int) -> list[dict]:
+        keys = [k for k in info if k != "env_id"]
+        cols = [info[k].tolist() for k in keys]
+        return [dict(zip(keys, row, strict=True)) for row in zip(*cols, strict=True)] if keys else [{} for _ in range(n)]
+
+    def reset_lanes(self, lanes: Sequence[int], seeds: Sequence[int | None]) -> tuple[list[np.ndarray], list[dict]]:
+        mask = np.zeros(self.num_envs, dtype=bool)
+        mask[list(lanes)] = True
+        # ale-py seeds with int32; -1 = continue the lane's own RNG.
+        seed_arr = np.array([-1 if s is None else seed32(s) for s in seeds], dtype=np.int64)
+        options = None if mask.all() else {"reset_mask": mask}
+        obs, info = self.env.reset(seed=seed_arr, options=options)
+        obs = self._layout(obs)
+        infos = self._infos(info, self.num_envs)
+        if self._last_obs is None or mask.all():
+            self._last_obs = obs.copy()
+        else:
+            self._last_obs[mask] = obs[mask]
+        return [obs[lane] for lane in lanes], [infos[lane] for lane in lanes]
+
+    def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[dict]]:
+        obs, reward, term, trunc, info = self.env.step(np.asarray(actions, dtype=np.int64))
+        obs = self._layout(obs)
+        self._last_obs = obs
+        return obs, reward.astype(np.float64), term, trunc, self._infos(info, self.num_envs)
+
+    def render(self) -> list[np.ndarray]:
+        if self._last_obs is None:
+            raise RuntimeError("render() before reset()")
+        frames = []
+        for lane_obs in self._last_obs:
+            if self._rgb:
+                frames.append(np.ascontiguousarray(lane_obs[-3:].transpose(1, 2, 0)))
+            else:
+                frames.append(np.repeat(lane_obs[-1][:, :, None], 3, axis=2))
+        return frames
+
+    def close(self) -> None:
+        try:
+            self.env.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+class AleProvider(Provider):
+    name = "ale"
+    package = "ale-py"
+    default_vectorization = "native"
+
+    def env_ids(self) -> list[str]:
+        from ale_py import roms
+
+        return sorted(_camel(r) for r in roms.get_all_rom_ids())
+
+    def _rom(self, env_id: str) -> str:
+        from ale_py import roms
+
+        rom = rom_name(env_id)
+        if rom not in roms.get_all_rom_ids():
+            import difflib
+
+            hint = difflib.get_close_matches(_camel(rom), self.env_ids(), n=1)
+            raise NotFound(f"ale-py has no game '{env_id}' (ROM '{rom}')" + (f"; did you mean {hint[0]}?" if hint else ""))
+        return rom
+
+    def make_backend(self, spec: EnvironmentSpec, *, render_mode: str | None) -> LaneBackend:
+        rom = self._rom(spec.env_id)
+        args = parse_provider_args(AleArgs, spec)
+        pre = AtariPreprocessing.model_validate(spec.preprocessing)
+        return AleLanes(rom, spec.n_envs, pre, args, spec.num_threads)
+
+    def describe(self, spec: EnvironmentSpec) -> EnvInfo:
+        rom = self._rom(spec.env_id)
+        pre = AtariPreprocessing.model_validate(spec.preprocessing)
+        lanes = AleLanes(rom, 1, pre, parse_provider_args(AleArgs, spec), 1)
+        try:
+            meanings = [a.name for a in lanes.action_set]
+            obs_space, act_space = lanes.single_observation_space, lanes.single_action_space
+        finally:
+            lanes.close()
+        h, w = obs_space.shape[1:]
+        return EnvInfo(provider=self.name, env_id=spec.env_id, observation_space=str(obs_space),
+                       action_space=str(act_space), obs_shape=tuple(obs_space.shape), obs_dtype="uint8",
+                       n_actions=int(act_space.n), action_meanings=meanings, render_shape=(h, w, 3),
+                       native_max_steps=MAX_FRAMES_PER_EPISODE // pre.frame_skip, version=self.version(),
+                       extra={"rom": rom, "convention": "ALE v5 (Machado et al. 2018)"})
+
+
+provider = AleProvider()

@@ -1,0 +1,120 @@
+"""The ``gymnasium`` provider: any registered gymnasium id (classic control, toy text, Box2D...).
+
+Each lane is ``gymnasium.make(env_id, **provider_args)`` with the environment checker off and no
+reward wrappers; the env's own ``TimeLimit`` stays, so CartPole-v1's 500-step limit arrives as a
+truncation (reason ``native_time_limit``). ``preprocessing.frame_stack`` > 1 stacks observations
+with ``gymnasium.wrappers.FrameStackObservation``. Lanes run in-process by default
+(``vectorization: auto`` = sync): a CartPole step costs ~5 µs, and process-based vectorisation
+of such a step is 6–8× slower.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from gradlab.contracts.environment import EnvironmentSpec, GymnasiumPreprocessing
+from gradlab.envs.backend import EnvInfo, LaneBackend, Provider
+from gradlab.envs.lanes import build_lanes
+from gradlab.errors import ConfigError, NotFound
+
+#: Action labels for discrete classic-control envs (gymnasium's docs pages of each env).
+ACTION_MEANINGS: dict[str, list[str]] = {
+    "CartPole": ["PUSH_LEFT", "PUSH_RIGHT"],
+    "MountainCar": ["ACCELERATE_LEFT", "NONE", "ACCELERATE_RIGHT"],
+    "Acrobot": ["TORQUE_-1", "TORQUE_0", "TORQUE_+1"],
+    "LunarLander": ["NOOP", "FIRE_LEFT_ENGINE", "FIRE_MAIN_ENGINE", "FIRE_RIGHT_ENGINE"],
+    "FrozenLake": ["LEFT", "DOWN", "RIGHT", "UP"],
+    "CliffWalking": ["UP", "RIGHT", "DOWN", "LEFT"],
+    "Taxi": ["SOUTH", "NORTH", "EAST", "WEST", "PICKUP", "DROPOFF"],
+    "Blackjack": ["STICK", "HIT"],
+}
+
+
+def _make_lane(env_id: str, kwargs: dict[str, Any], frame_stack: int, *, lane: int, render_mode: str | None) -> Any:
+    import gymnasium as gym
+
+    env = gym.make(env_id, render_mode=render_mode, disable_env_checker=True, **kwargs)
+    if frame_stack > 1:
+        from gymnasium.wrappers import FrameStackObservation
+
+        env = FrameStackObservation(env, frame_stack)
+    return env
+
+
+class GymnasiumProvider(Provider):
+    name = "gymnasium"
+    package = "gymnasium"
+    default_vectorization = "sync"
+
+    def env_ids(self) -> list[str]:
+        import gymnasium as gym
+
+        return sorted(k for k, s in gym.registry.items()
+                      if isinstance(s.entry_point, str) and s.entry_point.startswith("gymnasium."))
+
+    def _check(self, spec: EnvironmentSpec) -> GymnasiumPreprocessing:
+        import gymnasium as gym
+
+        if spec.env_id not in gym.registry:
+            import difflib
+
+            hint = difflib.get_close_matches(spec.env_id, list(gym.registry), n=1)
+            raise NotFound(f"gymnasium has no environment '{spec.env_id}'" + (f" (did you mean {hint[0]}?)" if hint else ""))
+        pre = GymnasiumPreprocessing.model_validate(spec.preprocessing)
+        if pre.normalize_observation:
+            raise ConfigError(f"{spec.provider}:{spec.env_id}: preprocessing.normalize_observation: expected false "
+                              "(running statistics are learner state: use the backend's observation normalisation)")
+        return pre
+
+    def _factory(self, spec: EnvironmentSpec) -> Any:
+        pre = self._check(spec)
+        return functools.partial(_make_lane, spec.env_id, dict(spec.provider_args), pre.frame_stack)
+
+    def _probe(self, factory: Any, env_id: str) -> Any:
+        try:
+            return factory(lane=0, render_mode=None)
+        except ConfigError:
+            raise
+        except TypeError as e:  # an unknown keyword in provider_args
+            raise ConfigError(f"gymnasium:{env_id}: provider_args: {e}") from None
+        except Exception as e:
+            if type(e).__name__ == "DependencyNotInstalled":
+                raise ConfigError(f"gymnasium:{env_id}: {e}") from None
+            raise
+
+    def make_backend(self, spec: EnvironmentSpec, *, render_mode: str | None) -> LaneBackend:
+        factory = self._factory(spec)
+        self._probe(factory, spec.env_id).close()
+        return build_lanes(factory, spec, default="sync", render_mode=render_mode, name=spec.env_id)
+
+    def describe(self, spec: EnvironmentSpec) -> EnvInfo:
+        from gymnasium.spaces import Discrete
+
+        factory = self._factory(spec)
+        env = self._probe(factory, spec.env_id)
+        try:
+            obs_space, act_space = env.observation_space, env.action_space
+            native_max = env.spec.max_episode_steps if env.spec is not None else None
+        finally:
+            env.close()
+        n_actions = int(act_space.n) if isinstance(act_space, Discrete) else None
+        family = spec.env_id.split("-")[0].split("/")[-1]
+        meanings = ACTION_MEANINGS.get(family, [str(i) for i in range(n_actions)] if n_actions else [])
+        render_shape = None
+        try:
+            renv = factory(lane=0, render_mode="rgb_array")
+            renv.reset(seed=0)
+            frame = renv.render()
+            renv.close()
+            if frame is not None:
+                render_shape = tuple(int(x) for x in frame.shape)
+        except Exception:  # noqa: BLE001 - rendering is optional (pygame may be missing)
+            render_shape = None
+        return EnvInfo(provider=self.name, env_id=spec.env_id, observation_space=str(obs_space),
+                       action_space=str(act_space), obs_shape=tuple(obs_space.shape or ()),
+                       obs_dtype=str(obs_space.dtype), n_actions=n_actions, action_meanings=meanings,
+                       render_shape=render_shape, native_max_steps=native_max, version=self.version())
+
+
+provider = GymnasiumProvider()

@@ -1,0 +1,180 @@
+"""The ``retro`` provider: stable-retro games, headless, one emulator per worker process.
+
+Env ids are stable-retro game names (``Airstriker-Genesis-v0``, bundled with its ROM; any other
+game needs ``gradlab rom import PATH``, see :mod:`gradlab.envs.roms`; a missing ROM is a
+``ConfigError`` saying how to import it). Rendering is never opened on a display: the observation
+is the emulator's screen and ``render()`` returns the last raw screen.
+
+One policy step repeats the action for ``preprocessing.frame_skip`` emulator frames (summing the
+native reward, stopping early when the episode ends); the last frame is converted
+(``grayscale``: BT.601 luma), resized and stacked channel-first (:class:`gradlab.envs.frames.FrameStack`).
+``preprocessing.state`` picks the start state, ``use_restricted_actions`` the action space
+(``discrete``: Discrete over the game's valid button combos). ``info`` holds the integration's
+variables (``lives``, ``score``...); RAM signals read ``get_ram()``.
+
+stable-retro allows one emulator per process, so lanes always run in worker processes, one each.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any
+
+import numpy as np
+
+from gradlab.contracts.environment import EnvironmentSpec, RetroPreprocessing
+from gradlab.envs.backend import EnvInfo, LaneBackend, Provider
+from gradlab.envs.frames import FrameStack
+from gradlab.envs.lanes import AsyncLanes
+from gradlab.errors import ConfigError, NotFound
+
+
+def _integrations(roms_dir: str) -> Any:
+    """Register ``roms_dir`` (created if missing) as stable-retro's custom integration path.
+
+    Paths registered earlier in this process that no longer exist are dropped first: stable-retro
+    lists every registered folder and fails on a missing one.
+    """
+    from stable_retro.data import Integrations
+
+    os.makedirs(roms_dir, exist_ok=True)
+    Integrations._init()
+    Integrations.CUSTOM_PATHS[:] = [p for p in Integrations.CUSTOM_PATHS if os.path.isdir(p)]
+    if roms_dir not in Integrations.CUSTOM_PATHS:
+        Integrations.add_custom_path(roms_dir)
+    return Integrations.ALL
+
+
+class RetroLane:
+    """One stable-retro emulator with frame skip and image preprocessing (see the module docstring)."""
+
+    def __init__(self, game: str, pre: RetroPreprocessing, roms_dir: str, *, lane: int = 0,
+                 render_mode: str | None = None):
+        import stable_retro as retro
+        from gymnasium.spaces import Box
+
+        acts = {"discrete": retro.Actions.DISCRETE, "multi_discrete": retro.Actions.MULTI_DISCRETE,
+                "filtered": retro.Actions.FILTERED}[pre.use_restricted_actions]
+        self.env = retro.make(game, state=pre.state or retro.State.DEFAULT, use_restricted_actions=acts,
+                              inttype=_integrations(roms_dir), render_mode=None)
+        self.render_mode = render_mode
+        self.frame_skip = pre.frame_skip
+        raw_shape = tuple(self.env.observation_space.shape)
+        self.frames = FrameStack(grayscale=pre.grayscale, resize=pre.resize, stack=pre.frame_stack, in_shape=raw_shape)
+        self.observation_space = Box(0, 255, shape=self.frames.shape, dtype=np.uint8)
+        self.action_space = self.env.action_space
+        self._raw: np.ndarray | None = None
+
+    def reset(self, *, seed: int | None = None, options: Any = None) -> tuple[np.ndarray, dict]:
+        obs, info = self.env.reset(seed=seed)
+        self._raw = obs
+        return self.frames.reset(obs), dict(info)
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
+        total = 0.0
+        terminated = truncated = False
+        info: dict = {}
+        obs = self._raw
+        for _ in range(self.frame_skip):
+            obs, reward, terminated, truncated, info = self.env.step(action)
+            total += float(reward)
+            if terminated or truncated:
+                break
+        self._raw = obs
+        return self.frames.push(obs), total, bool(terminated), bool(truncated), dict(info)
+
+    def get_ram(self) -> np.ndarray:
+        return np.asarray(self.env.unwrapped.get_ram(), dtype=np.uint8)
+
+    def action_meanings(self) -> list[str]:
+        from gymnasium.spaces import Discrete
+
+        if not isinstance(self.action_space, Discrete):
+            return list(self.env.unwrapped.buttons)
+        out = []
+        for i in range(int(self.action_space.n)):
+            buttons = [b for b in self.env.unwrapped.get_action_meaning(i) if b]
+            out.append("+".join(buttons) or "NOOP")
+        return out
+
+    def render(self) -> np.ndarray:
+        if self._raw is None:
+            raise RuntimeError("render() before reset()")
+        return np.asarray(self._raw)
+
+    def close(self) -> None:
+        self.env.close()
+
+
+def _make_lane(game: str, pre: RetroPreprocessing, roms_dir: str, *, lane: int, render_mode: str | None) -> RetroLane:
+    return RetroLane(game, pre, roms_dir, lane=lane, render_mode=render_mode)
+
+
+class RetroProvider(Provider):
+    name = "retro"
+    package = "stable-retro"
+    default_vectorization = "async"
+
+    def env_ids(self) -> list[str]:
+        from stable_retro.data import Integrations, list_games
+
+        return sorted(list_games(Integrations.ALL))
+
+    def _check(self, spec: EnvironmentSpec) -> tuple[RetroPreprocessing, str]:
+        from stable_retro.data import get_file_path, get_romfile_path
+
+        from gradlab.envs.roms import missing_rom_error, rom_cache_dir, verify_imported
+
+        if spec.provider_args:
+            raise ConfigError(f"retro:{spec.env_id}: provider_args: expected none, found {sorted(spec.provider_args)}")
+        pre = RetroPreprocessing.model_validate(spec.preprocessing)
+        roms_dir = str(rom_cache_dir())
+        inttype = _integrations(roms_dir)
+        if not get_file_path(spec.env_id, "rom.sha", inttype):
+            import difflib
+
+            hint = difflib.get_close_matches(spec.env_id, self.env_ids(), n=1)
+            raise NotFound(f"stable-retro has no game '{spec.env_id}'" + (f" (did you mean {hint[0]}?)" if hint else ""))
+        try:
+            get_romfile_path(spec.env_id, inttype)
+        except FileNotFoundError:
+            raise missing_rom_error(spec.env_id) from None
+        verify_imported(spec.env_id)
+        return pre, roms_dir
+
+    def make_backend(self, spec: EnvironmentSpec, *, render_mode: str | None) -> LaneBackend:
+        pre, roms_dir = self._check(spec)
+        factory = functools.partial(_make_lane, spec.env_id, pre, roms_dir)
+        return AsyncLanes(factory, spec.n_envs, render_mode=render_mode, lanes_per_worker=1, name=f"retro-{spec.env_id}")
+
+    def describe(self, spec: EnvironmentSpec) -> EnvInfo:
+        pre, roms_dir = self._check(spec)
+        # A throw-away single-lane worker: this process may already hold an emulator.
+        lanes = AsyncLanes(functools.partial(_describe_lane, spec.env_id, pre, roms_dir), 1, lanes_per_worker=1,
+                           name="retro-describe")
+        try:
+            obs_space, act_space = lanes.single_observation_space, lanes.single_action_space
+            lanes._conns[0].send(("render", None))
+            meanings, raw_shape = lanes._recv(0)[0]
+        finally:
+            lanes.close()
+        return EnvInfo(provider=self.name, env_id=spec.env_id, observation_space=str(obs_space),
+                       action_space=str(act_space), obs_shape=tuple(obs_space.shape), obs_dtype="uint8",
+                       n_actions=int(getattr(act_space, "n", 0)) or None, action_meanings=meanings,
+                       render_shape=tuple(raw_shape), native_max_steps=None, version=self.version(),
+                       extra={"state": pre.state or "default", "ram_bytes": None})
+
+
+class _DescribeLane(RetroLane):
+    """A lane whose ``render()`` answers (action meanings, raw screen shape) for :meth:`describe`."""
+
+    def render(self) -> Any:
+        return (self.action_meanings(), tuple(self.env.observation_space.shape))
+
+
+def _describe_lane(game: str, pre: RetroPreprocessing, roms_dir: str, *, lane: int, render_mode: str | None) -> RetroLane:
+    return _DescribeLane(game, pre, roms_dir, lane=lane, render_mode=render_mode)
+
+
+provider = RetroProvider()

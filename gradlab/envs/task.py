@@ -1,0 +1,316 @@
+"""The task program at run time: signals → events → termination → reward, over N lanes at once.
+
+:class:`TaskRunner` is the one implementation used by training, evaluation and playback, so the
+three see the same episodes. It is vectorised over lanes with numpy; only lanes whose episode
+ends this step go through Python code.
+
+Semantics (the contract is :mod:`gradlab.contracts.task`):
+
+* Signal values are read after every step. Numeric and boolean values become float64 (a missing
+  value is NaN, which equals nothing and never increases, decreases or stays unchanged); strings
+  stay strings. The values read at reset are the baseline for the first step's ``increase``,
+  ``decrease`` and ``unchanged_for``; a signal with no value at reset has no baseline (NaN).
+* ``equals``: value == ``value`` this step. ``equals_for`` N: value == ``value`` on each of the
+  last N steps of this episode (reset values do not count); it keeps firing while it holds.
+  ``increase``/``decrease``: value > / < the previous step's value (the reset value for step 1).
+  ``unchanged_for`` N: value == previous value on each of the last N steps.
+* Termination: any ``success`` or ``failure`` event, or the provider's own termination, makes the
+  step terminal; any ``timeout`` event, reaching ``max_episode_steps``, or the provider's own time
+  limit makes it truncated. Terminal wins: ``truncated`` is never True with ``terminated``.
+  The outcome is the candidate ranked first by ``outcome_precedence`` among those that fired
+  (events in list order, then ``max_episode_steps``, then the provider's); ``ended`` (the
+  provider's termination mapped by ``native_terminated: ended``) ranks last. On a terminal step
+  the step limits (``max_episode_steps``, the provider's time limit) are not candidates, while
+  ``timeout`` events still compete by precedence (the flags stay terminal). The reason is the
+  event name, ``max_episode_steps``, ``native_terminated`` or ``native_time_limit``.
+* Reward: ``native`` = the provider's reward; ``events`` = sum of ``reward.events`` weights of the
+  events that fired; ``native_plus_events`` = both; then × ``reward_scale``, then clipped by
+  ``reward_clip`` (``true`` = [-1, 1]). So 7 × 0.5 clipped to [-1, 1] is 1.0, and to [-2, 3] 3.0.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gradlab.contracts.task import TaskProgram
+from gradlab.envs.records import EpisodeRecord
+
+#: Outcome rank for "ended" (the provider ended the episode without a mapped outcome): below all.
+_ENDED_RANK = 99
+
+
+def signal_array(values: Any, n: int) -> np.ndarray:
+    """Coerce one signal's per-lane values into an array.
+
+    Args:
+        values: sequence of length n (scalars, None for missing) or an (n,) array.
+        n: lane count.
+
+    Returns:
+        (n,) float64 (bools as 0/1, None as NaN) when every value is numeric; otherwise (n,)
+        object array.
+    """
+    arr = np.asarray(values)
+    if arr.dtype.kind in "biuf":
+        return arr.astype(np.float64, copy=False).reshape(n)
+    out = np.empty(n, dtype=np.float64)
+    try:
+        for i, v in enumerate(values):
+            out[i] = math.nan if v is None else float(v)
+        return out
+    except (TypeError, ValueError):
+        obj = np.empty(n, dtype=object)
+        for i, v in enumerate(values):
+            obj[i] = v
+        return obj
+
+
+def _equals(arr: np.ndarray, value: Any) -> np.ndarray:
+    if arr.dtype == object:
+        return np.fromiter((v == value for v in arr), dtype=bool, count=arr.shape[0])
+    if isinstance(value, str):
+        return np.zeros(arr.shape[0], dtype=bool)
+    return arr == float(value)
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    if a.dtype == object or b.dtype == object:
+        return np.fromiter((x == y and x is not None for x, y in zip(a, b, strict=True)), dtype=bool,
+                           count=a.shape[0])
+    return a == b
+
+
+def _order(a: np.ndarray, b: np.ndarray, sign: int) -> np.ndarray:
+    if a.dtype == object or b.dtype == object:
+        n = a.shape[0]
+        res = np.zeros(n, dtype=bool)
+        for i in range(n):
+            try:
+                res[i] = bool(a[i] > b[i]) if sign > 0 else bool(a[i] < b[i])
+            except TypeError:
+                res[i] = False
+        return res
+    return a > b if sign > 0 else a < b
+
+
+@dataclass
+class TaskStep:
+    """The task program's verdict for one vector step.
+
+    Attributes:
+        reward: (N,) float32 shaped reward.
+        terminated, truncated: (N,) bool; never both True in one lane.
+        fired: event name -> (N,) bool.
+        episodes: records of the episodes that ended this step, in lane order.
+    """
+
+    reward: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    fired: dict[str, np.ndarray]
+    episodes: list[EpisodeRecord]
+
+
+class TaskRunner:
+    """Run one :class:`TaskProgram` over ``n_lanes`` lanes.
+
+    Call :meth:`reset_lanes` when lanes start an episode and :meth:`step` after every vector
+    step. The runner keeps per-lane step counts, returns and event state.
+    """
+
+    def __init__(self, program: TaskProgram, n_lanes: int):
+        self.program = program
+        self.n = n_lanes
+        self.signal_names = list(program.signals)
+        self.event_names = list(program.events)
+        term = program.termination
+        self._rank = {name: i for i, name in enumerate(term.outcome_precedence)}
+        self._rank["ended"] = _ENDED_RANK
+        self._max_steps = term.max_episode_steps
+        self._native_outcome = term.native_terminated
+        rew = program.reward
+        self._use_native = rew.source in ("native", "native_plus_events")
+        self._event_rewards = [(name, float(w)) for name, w in rew.events.items()] if rew.source != "native" else []
+        self._scale = float(rew.reward_scale)
+        if rew.reward_clip is True:
+            self._clip: tuple[float, float] | None = (-1.0, 1.0)
+        elif rew.reward_clip is False:
+            self._clip = None
+        else:
+            self._clip = (float(rew.reward_clip[0]), float(rew.reward_clip[1]))
+        # Per-lane state.
+        self.steps = np.zeros(n_lanes, dtype=np.int64)
+        self._zeros = np.zeros(n_lanes, dtype=bool)
+        self.returns = np.zeros(n_lanes, dtype=np.float64)
+        self.raw_returns = np.zeros(n_lanes, dtype=np.float64)
+        self.seeds: list[int | None] = [None] * n_lanes
+        self._prev: dict[str, np.ndarray] = {s: np.full(n_lanes, np.nan) for s in self.signal_names}
+        self._last: dict[str, np.ndarray] = {s: np.full(n_lanes, np.nan) for s in self.signal_names}
+        self._count: dict[str, np.ndarray] = {e: np.zeros(n_lanes, dtype=np.int64) for e in self.event_names}
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def reset_lanes(self, lanes: np.ndarray | list[int], seeds: list[int | None],
+                    signals: dict[str, np.ndarray] | None = None) -> None:
+        """Start new episodes in ``lanes``.
+
+        Args:
+            lanes: lane indices, ascending.
+            seeds: the seed each lane's reset used (None = continued RNG), same length.
+            signals: signal name -> (len(lanes),) values read at reset (the baseline for the first
+                step's comparisons); a missing name has no baseline.
+        """
+        idx = np.asarray(lanes, dtype=np.int64)
+        self.steps[idx] = 0
+        self.returns[idx] = 0.0
+        self.raw_returns[idx] = 0.0
+        for lane, seed in zip(idx.tolist(), seeds, strict=True):
+            self.seeds[lane] = seed
+        for name in self.signal_names:
+            values = None if signals is None else signals.get(name)
+            self._prev[name] = self._set(self._prev[name], idx, values)
+            self._last[name] = self._set(self._last[name], idx, values)
+        for name in self.event_names:
+            self._count[name][idx] = 0
+
+    @staticmethod
+    def _set(target: np.ndarray, idx: np.ndarray, values: np.ndarray | None) -> np.ndarray:
+        if values is None:
+            if target.dtype == object:
+                target[idx] = None
+            else:
+                target[idx] = np.nan
+            return target
+        values = np.asarray(values)
+        if target.dtype != object and values.dtype == object:
+            target = target.astype(object)
+            target[np.isnan(target.astype(np.float64))] = None
+        target[idx] = values
+        return target
+
+    # -- stepping --------------------------------------------------------------------------
+    def step(self, raw_reward: np.ndarray, native_terminated: np.ndarray, native_truncated: np.ndarray,
+             signals: dict[str, np.ndarray]) -> TaskStep:
+        """Apply the task program to one vector step.
+
+        Args:
+            raw_reward: (N,) native reward.
+            native_terminated, native_truncated: (N,) bool, the provider's own flags.
+            signals: every program signal -> (N,) values read after this step (see
+                :func:`signal_array`).
+
+        Returns:
+            The shaped reward, the flags, the events that fired and the finished episodes. The
+            caller must then :meth:`reset_lanes` every lane that ended.
+        """
+        n = self.n
+        raw = np.asarray(raw_reward, dtype=np.float64).reshape(n)
+        nterm = np.asarray(native_terminated, dtype=bool).reshape(n)
+        ntrunc = np.asarray(native_truncated, dtype=bool).reshape(n)
+        self.steps += 1
+
+        fired: dict[str, np.ndarray] = {}
+        if self.event_names:
+            for name, event in self.program.events.items():
+                cur = signals[event.signal]
+                prev = self._prev[event.signal]
+                op = event.op
+                if op == "equals":
+                    hit = _equals(cur, event.value)
+                elif op == "equals_for":
+                    eq = _equals(cur, event.value)
+                    cnt = self._count[name]
+                    cnt[:] = np.where(eq, cnt + 1, 0)
+                    hit = cnt >= event.steps
+                elif op == "increase":
+                    hit = _order(cur, prev, +1)
+                elif op == "decrease":
+                    hit = _order(cur, prev, -1)
+                else:  # unchanged_for
+                    same = _same(cur, prev)
+                    cnt = self._count[name]
+                    cnt[:] = np.where(same, cnt + 1, 0)
+                    hit = cnt >= event.steps
+                fired[name] = hit
+        for name in self.signal_names:
+            cur = signals[name]
+            if self._prev[name].dtype != cur.dtype and cur.dtype == object:
+                self._prev[name] = self._prev[name].astype(object)
+                self._last[name] = self._last[name].astype(object)
+            self._prev[name] = cur.copy()
+            self._last[name] = self._prev[name]
+
+        term = self.program.termination
+        zeros = self._zeros
+        max_hit = self.steps >= self._max_steps if self._max_steps is not None else zeros
+        if fired:
+            terminated = self._any(term.success, fired, zeros) | self._any(term.failure, fired, zeros) | nterm
+            truncated = (self._any(term.timeout, fired, zeros) | max_hit | ntrunc) & ~terminated
+        else:  # the common case (no events): fewer array operations per step
+            terminated = nterm.copy()
+            truncated = (max_hit | ntrunc) & ~nterm
+
+        # Reward: native and/or events, then scale, then clip.
+        shaped = raw.copy() if self._use_native else np.zeros(n, dtype=np.float64)
+        for name, weight in self._event_rewards:
+            shaped += fired[name] * weight
+        if self._scale != 1.0:
+            shaped *= self._scale
+        if self._clip is not None:
+            np.clip(shaped, self._clip[0], self._clip[1], out=shaped)
+        self.returns += shaped
+        self.raw_returns += raw
+
+        episodes: list[EpisodeRecord] = []
+        ended = terminated | truncated
+        if ended.any():  # rare: Python per ended lane only
+            for lane in np.flatnonzero(ended).tolist():
+                outcome, reason = self._decide(lane, fired, bool(max_hit[lane]), bool(nterm[lane]),
+                                               bool(ntrunc[lane]))
+                episodes.append(EpisodeRecord(
+                    lane=lane, seed=self.seeds[lane], return_=float(self.returns[lane]),
+                    raw_return=float(self.raw_returns[lane]), length=int(self.steps[lane]),
+                    outcome=outcome, reason=reason, progress=self._progress(lane),
+                ))
+        return TaskStep(reward=shaped.astype(np.float32), terminated=terminated, truncated=truncated,
+                        fired=fired, episodes=episodes)
+
+    @staticmethod
+    def _any(names: list[str], fired: dict[str, np.ndarray], zeros: np.ndarray) -> np.ndarray:
+        out = zeros
+        for name in names:
+            out = out | fired[name]
+        return out
+
+    def _decide(self, lane: int, fired: dict[str, np.ndarray], max_hit: bool, nterm: bool,
+                ntrunc: bool) -> tuple[str, str]:
+        term = self.program.termination
+        candidates: list[tuple[str, str]] = []
+        for kind in ("success", "failure", "timeout"):
+            for name in getattr(term, kind):
+                if fired[name][lane]:
+                    candidates.append((kind, name))
+        terminal = nterm or any(kind != "timeout" for kind, _ in candidates)
+        if max_hit and not terminal:
+            candidates.append(("timeout", "max_episode_steps"))
+        if nterm:
+            candidates.append((self._native_outcome, "native_terminated"))
+        if ntrunc and not terminal:
+            candidates.append(("timeout", "native_time_limit"))
+        # min() keeps the first of equal rank: events in list order, then limits, then native.
+        return min(candidates, key=lambda c: self._rank[c[0]])
+
+    def _progress(self, lane: int) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for name in self.program.progress:
+            value = self._last[name][lane]
+            try:
+                f = float(value)
+            except (TypeError, ValueError):
+                continue
+            if math.isfinite(f):
+                out[name] = f
+        return out

@@ -1,0 +1,235 @@
+"""The vector env every part of gradlab steps: lanes + task program + same-step autoreset.
+
+Autoreset, explicitly: a lane backend never resets on its own. When the task program ends a
+lane's episode (terminated or truncated), :meth:`VectorEnv.step` keeps the lane's true final
+observation in ``final_obs``, resets that lane at once, and returns the new episode's first
+observation in ``obs``. So every transition a caller sees is real: no reset-step transition, no
+final observation paired with a reset observation.
+
+Lane seeds: the first reset of lane ``i`` uses ``seed * 1024 + i`` (training; below
+``EVAL_SEED_OFFSET`` since ``seed <= MAX_RUN_SEED``) or ``lane_seeds[i]`` (evaluation). Later
+episodes continue each lane's own RNG stream unless :meth:`VectorEnv.set_next_seed` names a seed.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import numpy as np
+
+from gradlab.contracts.environment import EnvironmentSpec
+from gradlab.contracts.goal import EVAL_SEED_OFFSET, MAX_RUN_SEED
+from gradlab.envs.backend import LaneBackend
+from gradlab.envs.records import StepResult
+from gradlab.envs.task import TaskRunner, signal_array
+from gradlab.errors import ConfigError, ContractViolation
+
+logger = logging.getLogger(__name__)
+
+#: Lane seed stride: training lane seed = run seed * LANE_SEED_STRIDE + lane (contract: n_envs <= 1024).
+LANE_SEED_STRIDE = 1024
+_BASE_FLAGS = ("terminated", "truncated", "reward")
+
+
+def training_lane_seeds(seed: int, n_envs: int) -> list[int]:
+    """Lane seeds of a training run: ``seed * 1024 + lane``, all below ``EVAL_SEED_OFFSET``.
+
+    Raises:
+        ConfigError: seed outside [0, MAX_RUN_SEED] or more than 1024 lanes.
+    """
+    if not 0 <= seed <= MAX_RUN_SEED:
+        raise ConfigError(f"seed: expected 0..{MAX_RUN_SEED}, found {seed}")
+    if n_envs > LANE_SEED_STRIDE:
+        raise ConfigError(f"n_envs: expected at most {LANE_SEED_STRIDE}, found {n_envs}")
+    seeds = [seed * LANE_SEED_STRIDE + lane for lane in range(n_envs)]
+    if seeds and seeds[-1] >= EVAL_SEED_OFFSET:  # pragma: no cover - guaranteed by the bounds above
+        raise ConfigError("training lane seeds would overlap evaluation seeds")
+    return seeds
+
+
+class VectorEnv:
+    """N lanes of one environment with the task program applied (see the module docstring).
+
+    Attributes:
+        num_envs: N.
+        single_observation_space, single_action_space: gymnasium spaces of one lane.
+        spec: the environment contract it was built from.
+        task: the :class:`TaskRunner` (per-lane step counts and returns).
+    """
+
+    def __init__(self, spec: EnvironmentSpec, backend: LaneBackend, lane_seeds: list[int]):
+        self.spec = spec
+        self.backend = backend
+        self.num_envs = backend.num_envs
+        self.single_observation_space = backend.single_observation_space
+        self.single_action_space = backend.single_action_space
+        if len(lane_seeds) != self.num_envs:
+            raise ContractViolation(f"lane_seeds: expected {self.num_envs} seeds, found {len(lane_seeds)}")
+        self._initial_seeds: list[int | None] = list(lane_seeds)
+        self._next_seeds: dict[int, int] = {}
+        self._started = False
+        self._closed = False
+        self.task = TaskRunner(spec.task, self.num_envs)
+        self._readers = self._compile_signals(spec)
+        self._obs_shape = tuple(self.single_observation_space.shape or ())
+        from gymnasium.spaces import Discrete
+
+        self._discrete = isinstance(self.single_action_space, Discrete)
+
+    # -- signals ---------------------------------------------------------------------------
+    def _compile_signals(self, spec: EnvironmentSpec) -> list[tuple[str, str, Any]]:
+        readers: list[tuple[str, str, Any]] = []
+        problems = []
+        for name, sig in spec.task.signals.items():
+            if sig.source == "info":
+                readers.append((name, "info", sig.key))
+            elif sig.source == "flag":
+                if sig.key not in _BASE_FLAGS and sig.key not in self.backend.flags:
+                    known = ", ".join((*_BASE_FLAGS, *self.backend.flags))
+                    problems.append(f"task.signals.{name}.key: provider '{spec.provider}' has no flag "
+                                    f"'{sig.key}' (flags: {known})")
+                readers.append((name, "flag", sig.key))
+            else:
+                if not self.backend.has_ram:
+                    problems.append(f"task.signals.{name}.source: provider '{spec.provider}' does not expose RAM "
+                                    f"for {spec.env_id}")
+                readers.append((name, "ram", int(sig.address or 0)))
+        if problems:
+            raise ConfigError("; ".join(problems))
+        return readers
+
+    def _read_signals(self, infos: list[dict], flags: dict[str, np.ndarray] | None,
+                      n: int) -> dict[str, np.ndarray]:
+        out: dict[str, np.ndarray] = {}
+        ram = None
+        for name, source, key in self._readers:
+            if source == "info":
+                out[name] = signal_array([info.get(key) for info in infos], n)
+            elif source == "flag":
+                if flags is None:
+                    out[name] = np.full(n, math.nan)
+                elif key in flags:
+                    out[name] = signal_array(flags[key], n)
+                else:
+                    out[name] = signal_array(self.backend.flag_values(key), n)
+            else:
+                if ram is None:
+                    ram = self.backend.ram()
+                out[name] = ram[:, key].astype(np.float64)
+        return out
+
+    # -- public API ------------------------------------------------------------------------
+    def set_next_seed(self, lane: int, seed: int) -> None:
+        """Make ``lane``'s next reset use ``seed`` (evaluation manifests)."""
+        if not 0 <= lane < self.num_envs:
+            raise ContractViolation(f"lane: expected 0..{self.num_envs - 1}, found {lane}")
+        self._next_seeds[lane] = int(seed)
+
+    def _seed_for(self, lane: int) -> int | None:
+        if lane in self._next_seeds:
+            return self._next_seeds.pop(lane)
+        if not self._started:
+            return self._initial_seeds[lane]
+        return None
+
+    def reset(self) -> np.ndarray:
+        """Reset every lane.
+
+        Returns:
+            (N, *obs_shape) first observations.
+        """
+        lanes = list(range(self.num_envs))
+        seeds = [self._seed_for(lane) for lane in lanes]
+        self._started = True
+        obs_list, infos = self.backend.reset_lanes(lanes, seeds)
+        obs = np.stack(obs_list)
+        sigs = self._read_signals(infos, None, self.num_envs) if self._readers else None
+        self.task.reset_lanes(lanes, seeds, sigs)
+        return obs
+
+    def step(self, actions: np.ndarray) -> StepResult:
+        """Step every lane once (see :class:`gradlab.envs.records.StepResult`).
+
+        Args:
+            actions: (N,) int for discrete action spaces, (N, *action_shape) otherwise.
+
+        Raises:
+            ContractViolation: actions of the wrong shape.
+        """
+        n = self.num_envs
+        actions = np.asarray(actions)
+        if self._discrete:
+            if actions.shape != (n,):
+                raise ContractViolation(f"actions: expected shape ({n},), found {actions.shape}")
+            if actions.dtype.kind not in "iu":
+                actions = actions.astype(np.int64)
+        obs, raw, nterm, ntrunc, infos = self.backend.step(actions)
+        raw = np.asarray(raw, dtype=np.float64)
+        flags = {"terminated": nterm, "truncated": ntrunc, "reward": raw}
+        signals = self._read_signals(infos, flags, n) if self._readers else {}
+        ts = self.task.step(raw, nterm, ntrunc, signals)
+        final_obs: dict[int, np.ndarray] = {}
+        if ts.episodes:
+            lanes = [ep.lane for ep in ts.episodes]
+            seeds = [self._seed_for(lane) for lane in lanes]
+            for lane in lanes:
+                final_obs[lane] = obs[lane].copy()
+            new_obs, reset_infos = self.backend.reset_lanes(lanes, seeds)
+            for lane, o in zip(lanes, new_obs, strict=True):
+                obs[lane] = o
+            if self._readers:
+                base = self._read_signals(reset_infos, None, len(lanes))
+                self.task.reset_lanes(lanes, seeds, base)
+            else:
+                self.task.reset_lanes(lanes, seeds, None)
+            for ep in ts.episodes:
+                info = infos[ep.lane]
+                info = dict(info) if info is not None else {}
+                info["gradlab_episode"] = ep.as_json()
+                infos[ep.lane] = info
+        return StepResult(obs=obs, reward=ts.reward, raw_reward=raw.astype(np.float32), terminated=ts.terminated,
+                          truncated=ts.truncated, final_obs=final_obs, episodes=ts.episodes, infos=infos,
+                          signals=signals)
+
+    def render(self) -> list[np.ndarray]:
+        """One RGB frame (H, W, 3) uint8 per lane (built with ``render_mode="rgb_array"``)."""
+        return [np.asarray(frame) for frame in self.backend.render()]
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.backend.close()
+
+    def __enter__(self) -> VectorEnv:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def make_vector_env(spec: EnvironmentSpec, *, seed: int, lane_seeds: list[int] | None = None,
+                    render_mode: str | None = None) -> VectorEnv:
+    """Build ``spec.n_envs`` lanes of ``spec`` with its task program, as training and evaluation do.
+
+    Args:
+        spec: the environment contract (provider, env id, preprocessing, task program, lanes).
+        seed: the run seed; lane ``i``'s first reset uses ``seed * 1024 + i``.
+        lane_seeds: explicit first-reset seed per lane (evaluation), overriding ``seed``.
+        render_mode: ``"rgb_array"`` to enable :meth:`VectorEnv.render`.
+
+    Raises:
+        NotFound: unknown provider or env id. ConfigError: a provider argument, preprocessing or
+        task signal the provider cannot honour; a missing ROM (with how to import it).
+    """
+    from gradlab.envs.registry import get_provider
+
+    provider = get_provider(spec.provider)
+    seeds = list(lane_seeds) if lane_seeds is not None else training_lane_seeds(seed, spec.n_envs)
+    backend = provider.make_backend(spec, render_mode=render_mode)
+    try:
+        return VectorEnv(spec, backend, seeds)
+    except BaseException:
+        backend.close()
+        raise
