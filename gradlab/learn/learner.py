@@ -1,0 +1,275 @@
+"""The learner process: one training run, phase by phase, with no network I/O.
+
+Order of one iteration (the one place that orders the phases)::
+
+    rollout (n_steps per lane) → update → metrics event → stop check → checkpoint (periodic or final)
+
+* ``stop_requested`` (outbox control table), SIGTERM/SIGINT and the early-stop rules are read only
+  after an update, so a checkpoint always holds a consistent model/optimizer/RNG state.
+* Periodic checkpoints: at the first rollout boundary at or past each multiple of
+  ``RunSpec.checkpoint_freq`` env steps. When the learner stops (budget, stop request, signal,
+  early stop) it writes one ``final`` checkpoint at the current step instead.
+* Every checkpoint is followed by a ``checkpoint_ready`` event; the last event is
+  ``learner_finished`` with ``final_step`` and ``stop_reason``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gradlab.checkpoints.bundle import CHECKPOINTS_DIR, verify_checkpoint, versions, write_checkpoint
+from gradlab.checkpoints.manifest import CheckpointManifest
+from gradlab.checkpoints.trust import is_trusted
+from gradlab.contracts.hashing import sha256_json
+from gradlab.contracts.run_spec import RunSpec
+from gradlab.errors import ContractViolation
+from gradlab.metrics.registry import check_names
+from gradlab.outbox import Outbox
+
+logger = logging.getLogger(__name__)
+
+OUTBOX_FILE = "outbox.sqlite"
+
+
+@dataclass(frozen=True)
+class LearnerResult:
+    """What a finished learner reports (also the ``learner_finished`` payload)."""
+
+    final_step: int
+    stop_reason: str
+    checkpoints: tuple[str, ...]
+
+    def as_json(self) -> dict[str, Any]:
+        return {"final_step": self.final_step, "stop_reason": self.stop_reason}
+
+
+class _SignalFlag:
+    """SIGTERM/SIGINT set a flag; the loop reads it at the next safe boundary."""
+
+    def __init__(self) -> None:
+        self.signal: str | None = None
+        self._old: dict[int, Any] = {}
+
+    def install(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                self._old[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread: signals stay with the caller
+                return
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signal is None:
+            logger.info("received %s: stopping after the current update", signal.Signals(signum).name)
+        self.signal = "sigterm"
+
+    def restore(self) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+def make_training_env(spec: RunSpec) -> Any:
+    """The SB3 ``VecEnv`` the learner trains on: gradlab's vector env (task program applied)."""
+    from gradlab.envs import make_vector_env
+    from gradlab.envs.sb3 import SB3VecEnv
+
+    return SB3VecEnv(make_vector_env(spec.environment, seed=spec.seed))
+
+
+def backend_config_sha256(spec: RunSpec) -> str:
+    """sha256 of the backend id and its validated config (canonical JSON)."""
+    backend = spec.recipe.train.backend
+    return sha256_json({"id": backend.id, "config": backend.config})
+
+
+class EarlyStopper:
+    """The goal's early-stop conditions over training metrics (``train.early_stop.conditions``).
+
+    threshold: met while ``metric <operator> threshold``; plateau: met when the best value has not
+    improved by ``min_delta`` in the chosen direction. A condition fires once it has been met
+    continuously for ``patience_steps`` env steps after ``warmup_steps``.
+    """
+
+    _OPS = {">=": lambda a, b: a >= b, ">": lambda a, b: a > b, "<=": lambda a, b: a <= b,
+            "<": lambda a, b: a < b, "==": lambda a, b: a == b}
+
+    def __init__(self, conditions: list[Any]):
+        self.conditions = list(conditions)
+        self._since: dict[str, int | None] = {c.name: None for c in self.conditions}
+        self._best: dict[str, tuple[float, int] | None] = {c.name: None for c in self.conditions}
+
+    def observe(self, step: int, metrics: dict[str, float]) -> str | None:
+        """Feed one metrics event; returns ``early_stop:<name>`` when a ``stop`` condition fires."""
+        for c in self.conditions:
+            value = metrics.get(c.metric)
+            if value is None or step < c.warmup_steps:
+                continue
+            if c.kind == "threshold":
+                met = self._OPS[c.operator](value, c.threshold)
+                if not met:
+                    self._since[c.name] = None
+                    continue
+                if self._since[c.name] is None:
+                    self._since[c.name] = step
+                held = step - self._since[c.name]  # type: ignore[operator]
+            else:
+                sign = 1.0 if c.direction == "maximize" else -1.0
+                best = self._best[c.name]
+                if best is None or sign * (value - best[0]) > c.min_delta:
+                    self._best[c.name] = (value, step)
+                    continue
+                held = step - best[1]
+            if held >= c.patience_steps:
+                if c.action == "stop":
+                    return f"early_stop:{c.name}"
+                logger.info("early-stop condition %s met at step %d (observe only)", c.name, step)
+        return None
+
+
+def run_learner(spec: RunSpec, run_dir: Path, *, resume_from: Path | None = None, trust_model: bool = False,
+                stop_at_step: int | None = None, env: Any | None = None) -> LearnerResult:
+    """Train one run to its budget or a stop, writing the outbox and checkpoints in ``run_dir``.
+
+    Args:
+        spec: the resolved run spec.
+        run_dir: the run directory (``outbox.sqlite`` and ``checkpoints/`` go here).
+        resume_from: a checkpoint folder to continue from (verified first). Its pickled env state is
+            used only when the checkpoint is the run's own or trusted.
+        trust_model: trust a checkpoint from outside the run's directories (``--trust-model``).
+        stop_at_step: behave as if a stop were requested once ``num_timesteps >= stop_at_step``
+            (for tests and manual runs; the stop reason is ``stop_requested``).
+        env: an SB3 VecEnv to train on instead of :func:`make_training_env` (benchmarks, tests).
+
+    Returns:
+        The final step and stop reason.
+
+    Raises:
+        IntegrityError: the resume checkpoint fails verification.
+        ContractViolation: the resume checkpoint belongs to another run configuration, or a
+            metric name is not registered.
+    """
+    import torch
+
+    from gradlab.learn.sb3 import SB3Backend
+
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    train = spec.recipe.train
+    torch.set_num_threads(train.torch_threads)
+    torch.distributions.Distribution.set_default_validate_args(False)
+    outbox = Outbox(run_dir / OUTBOX_FILE)
+    flag = _SignalFlag()
+    flag.install()
+    backend = SB3Backend(train.backend.id)
+    config_sha = backend_config_sha256(spec)
+    manifest_fields = {
+        "run_id": spec.run_id, **spec.hashes, "backend_id": backend.id,
+        "backend_config_sha256": config_sha, "versions": versions(spec.environment.provider),
+    }
+    written: list[str] = []
+    try:
+        resumed_manifest: CheckpointManifest | None = None
+        if resume_from is not None:
+            resumed_manifest = verify_checkpoint(Path(resume_from))
+            _check_resume_compatible(resumed_manifest, spec, config_sha, Path(resume_from))
+        backend.setup(spec, env if env is not None else make_training_env(spec))
+        env_restored = False
+        if resume_from is not None:
+            own = is_trusted(Path(resume_from), own_roots=[run_dir], trust_model=trust_model)
+            env_restored = backend.restore(Path(resume_from), allow_env_pickle=own)
+            logger.info("resumed from %s at step %d (lanes %s)", resume_from, backend.num_timesteps,
+                        "continue" if env_restored else "reset")
+        backend.begin(resumed=resume_from is not None)
+        step = backend.num_timesteps
+        outbox.append("learner_started", step, {"pid": os.getpid(), "step": step,
+                                                "resumed_from": str(resume_from) if resume_from else None})
+        freq = spec.checkpoint_freq
+        next_ckpt = (step // freq + 1) * freq
+        last_ckpt_step = resumed_manifest.step if resumed_manifest is not None else None
+        stopper = EarlyStopper(spec.goal.train.early_stop.conditions)
+        stop_reason: str | None = None
+        bookkeeping_s = 0.0
+        timesteps = train.timesteps
+        while backend.num_timesteps < timesteps:
+            t0 = time.perf_counter()
+            if not backend.collect():  # pragma: no cover - our callback never aborts a rollout
+                break
+            t1 = time.perf_counter()
+            update = backend.update()
+            t2 = time.perf_counter()
+            step = backend.num_timesteps
+            steps = backend.rollout.steps
+            loop_s = (t2 - t0) + bookkeeping_s
+            metrics: dict[str, float] = {
+                "train/global_step": float(step),
+                **backend.rollout_metrics(),
+                **update,
+                "train/throughput/rollout/seconds": t1 - t0,
+                "train/throughput/update/seconds": t2 - t1,
+                "train/throughput/bookkeeping/seconds": bookkeeping_s,
+                "train/throughput/loop_fps": steps / loop_s if loop_s > 0 else 0.0,
+                "train/throughput/rollout_fps": steps / (t1 - t0) if t1 > t0 else 0.0,
+                "train/throughput/env_step_fps": steps / backend.rollout.env_seconds if backend.rollout.env_seconds > 0 else 0.0,
+            }
+            metrics = {k: v for k, v in metrics.items() if math.isfinite(v)}
+            check_names(metrics)
+            outbox.append("metrics", step, {"metrics": metrics})
+            # Safe boundary: the update is complete.
+            if flag.signal:
+                stop_reason = flag.signal
+            elif (requested := outbox.stop_requested()) is not None:
+                stop_reason = "stop_requested"
+                outbox.append("stop_observed", step, {"reason": requested})
+            elif stop_at_step is not None and step >= stop_at_step:
+                stop_reason = "stop_requested"
+                outbox.append("stop_observed", step, {"reason": f"stop_at_step:{stop_at_step}"})
+            elif (early := stopper.observe(step, metrics)) is not None:
+                stop_reason = early
+                outbox.append("stop_observed", step, {"reason": early})
+            if stop_reason is not None or step >= timesteps:
+                break
+            bookkeeping_s = time.perf_counter() - t2
+            if step >= next_ckpt:
+                written.append(_checkpoint(backend, run_dir, outbox, step, "periodic", manifest_fields))
+                last_ckpt_step = step
+                next_ckpt = (step // freq + 1) * freq
+        step = backend.num_timesteps
+        if stop_reason is None:
+            stop_reason = "sigterm" if flag.signal else "budget"
+        if last_ckpt_step != step:
+            written.append(_checkpoint(backend, run_dir, outbox, step, "final", manifest_fields))
+        outbox.append("learner_finished", step, {"final_step": step, "stop_reason": stop_reason})
+        logger.info("learner finished at step %d (%s)", step, stop_reason)
+        return LearnerResult(final_step=step, stop_reason=stop_reason, checkpoints=tuple(written))
+    finally:
+        flag.restore()
+        backend.close()
+        outbox.close()
+
+
+def _checkpoint(backend: Any, run_dir: Path, outbox: Outbox, step: int, purpose: str, fields: dict) -> str:
+    t0 = time.perf_counter()
+    path, manifest = write_checkpoint(run_dir / CHECKPOINTS_DIR, step=step, write_files=backend.save,
+                                      manifest_fields={**fields, "purpose": purpose})
+    seconds = time.perf_counter() - t0
+    metrics = {"train/global_step": float(step), "train/artifact/save/seconds": seconds,
+               "train/artifact/save/size_bytes": float(manifest.size_bytes)}
+    check_names(metrics)
+    outbox.append("metrics", step, {"metrics": metrics})
+    outbox.append("checkpoint_ready", step, {"path": str(path), "step": step, "sha256": manifest.sha256,
+                                             "purpose": purpose})
+    return str(path)
+
+
+def _check_resume_compatible(manifest: CheckpointManifest, spec: RunSpec, config_sha: str, path: Path) -> None:
+    expected = {**spec.hashes, "backend_id": spec.recipe.train.backend.id, "backend_config_sha256": config_sha}
+    found = manifest.model_dump()
+    for key, value in expected.items():
+        if found[key] != value:
+            raise ContractViolation(f"{path}/manifest.json: {key} expected {value} (this run spec), found {found[key]}")

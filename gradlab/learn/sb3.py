@@ -1,0 +1,539 @@
+"""The stable-baselines3 backends: ``sb3.ppo`` and ``sb3.a2c``.
+
+One class drives both algorithms through SB3's own phases, so the learner owns the loop:
+``collect_rollouts`` (one rollout of ``n_steps`` per lane) then ``train`` (one update), with the
+learner reading its stop flag, writing metrics and checkpoints in between. Bootstrap follows SB3:
+on a truncated step (``infos[i]["TimeLimit.truncated"]``) the reward gets ``gamma * V(final obs)``
+from the true final observation; a terminated step is never bootstrapped.
+
+Resume state (``resume/`` in a checkpoint): ``state.json`` (counters, every RNG stream,
+episode windows), ``optimizer.pt`` (optimizer state dict, loaded with ``weights_only=True``),
+``vecnormalize.json`` (normalisation statistics, if any), and, when the vector env can be
+pickled, ``env_state.pkl`` + ``last_obs.npy`` so the lanes continue mid-episode exactly. The
+policy parameters come from ``policy.safetensors``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import pickle
+import random
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gradlab.checkpoints.manifest import POLICY_FILE, RESUME_DIR, WEIGHTS_FILE
+from gradlab.contracts.recipe import A2CConfig, PPOConfig, RecipeTrain
+from gradlab.contracts.run_spec import RunSpec
+from gradlab.errors import ConfigError, ContractViolation
+from gradlab.learn.schedules import schedule_fn
+
+logger = logging.getLogger(__name__)
+
+WINDOW = 100
+"""Episodes in the rolling windows of the training episode metrics."""
+
+
+@dataclass
+class EpisodeStats:
+    """Rolling training-episode statistics (saved in resume state so curves continue)."""
+
+    count: int = 0
+    returns: deque = field(default_factory=lambda: deque(maxlen=WINDOW))
+    raw_returns: deque = field(default_factory=lambda: deque(maxlen=WINDOW))
+    lengths: deque = field(default_factory=lambda: deque(maxlen=WINDOW))
+    successes: deque = field(default_factory=lambda: deque(maxlen=WINDOW))
+    outcomes: dict[str, int] = field(default_factory=lambda: {"success": 0, "failure": 0, "timeout": 0, "ended": 0})
+    reasons: dict[str, int] = field(default_factory=dict)
+
+    def add(self, record: dict[str, Any]) -> None:
+        self.count += 1
+        self.returns.append(float(record["return"]))
+        self.raw_returns.append(float(record.get("raw_return", record["return"])))
+        self.lengths.append(int(record["length"]))
+        outcome = str(record.get("outcome", "ended"))
+        self.successes.append(outcome == "success")
+        self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+        reason = str(record.get("reason") or outcome)
+        self.reasons[reason] = self.reasons.get(reason, 0) + 1
+
+    def as_json(self) -> dict[str, Any]:
+        return {"count": self.count, "returns": list(self.returns), "raw_returns": list(self.raw_returns),
+                "lengths": list(self.lengths), "successes": list(self.successes), "outcomes": dict(self.outcomes),
+                "reasons": dict(self.reasons)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> EpisodeStats:
+        s = cls(count=int(data["count"]), outcomes=dict(data["outcomes"]), reasons=dict(data["reasons"]))
+        s.returns.extend(data["returns"])
+        s.raw_returns.extend(data["raw_returns"])
+        s.lengths.extend(data["lengths"])
+        s.successes.extend(data["successes"])
+        return s
+
+    def metrics(self) -> dict[str, float]:
+        out: dict[str, float] = {"train/episode/count": float(self.count)}
+        if self.returns:
+            out["train/episode/return/shaped/mean"] = float(np.mean(self.returns))
+            out["train/episode/return/raw/mean"] = float(np.mean(self.raw_returns))
+            out["train/episode/length/mean"] = float(np.mean(self.lengths))
+            out["train/outcome/success/window_100/rate"] = float(np.mean(self.successes))
+        for outcome, n in self.outcomes.items():
+            out[f"train/outcome/{outcome}/count"] = float(n)
+        for reason, n in self.reasons.items():
+            out[f"train/episode/reason/{_segment(reason)}/count"] = float(n)
+        return out
+
+
+def _segment(text: str) -> str:
+    """A reason as one metric path segment (``/`` and spaces replaced)."""
+    return "".join(c if (c.isalnum() or c in "_.-:") else "_" for c in text) or "unknown"
+
+
+@dataclass
+class RolloutStats:
+    """Per-rollout accumulators filled by the step callback."""
+
+    steps: int = 0
+    reward_sum: float = 0.0
+    reward_sumsq: float = 0.0
+    reward_min: float = float("inf")
+    reward_max: float = float("-inf")
+    env_seconds: float = 0.0
+
+    def add_rewards(self, r: np.ndarray) -> None:
+        r = np.asarray(r, dtype=np.float64)
+        self.steps += r.size
+        self.reward_sum += float(r.sum())
+        self.reward_sumsq += float(np.dot(r, r))
+        self.reward_min = min(self.reward_min, float(r.min()))
+        self.reward_max = max(self.reward_max, float(r.max()))
+
+    def metrics(self) -> dict[str, float]:
+        if not self.steps:
+            return {}
+        mean = self.reward_sum / self.steps
+        var = max(self.reward_sumsq / self.steps - mean * mean, 0.0)
+        return {"train/reward/shaped/mean": mean, "train/reward/shaped/std": float(np.sqrt(var)),
+                "train/reward/shaped/min": self.reward_min, "train/reward/shaped/max": self.reward_max}
+
+
+def _make_callback_class() -> type:
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    class _StepCallback(BaseCallback):
+        """Collects rewards and finished episodes each env step (no `locals()` logic beyond reading)."""
+
+        def __init__(self, backend: SB3Backend):
+            super().__init__(verbose=0)
+            self.backend = backend
+
+        def _on_step(self) -> bool:
+            b = self.backend
+            rewards = self.locals["rewards"]
+            if b.vecnormalize is not None:
+                rewards = b.vecnormalize.get_original_reward()
+            b.rollout.add_rewards(rewards)
+            source = b._episode_source
+            if source is not None:
+                for ep in source.pop_episodes():
+                    b.episodes.add(ep.as_json())
+                return True
+            dones = self.locals["dones"]
+            if dones.any():
+                infos = self.locals["infos"]
+                for i in np.flatnonzero(dones):
+                    info = infos[i]
+                    rec = info.get("gradlab_episode")
+                    if rec is None and "episode" in info:
+                        ep = info["episode"]
+                        rec = {"return": ep["r"], "raw_return": ep["r"], "length": ep["l"],
+                               "outcome": "timeout" if info.get("TimeLimit.truncated") else "ended",
+                               "reason": "time_limit" if info.get("TimeLimit.truncated") else "terminated"}
+                    if rec is not None:
+                        b.episodes.add(rec)
+            return True
+
+    return _StepCallback
+
+
+def _timed_vec_env_class() -> type:
+    from stable_baselines3.common.vec_env import VecEnvWrapper
+
+    class TimedVecEnv(VecEnvWrapper):
+        """Adds the wall time spent inside the wrapped env's step to ``stats.env_seconds``."""
+
+        def __init__(self, venv: Any, backend: SB3Backend):
+            super().__init__(venv)
+            self._backend = backend
+            self._t0 = 0.0
+
+        def reset(self) -> Any:
+            return self.venv.reset()
+
+        def step_async(self, actions: np.ndarray) -> None:
+            self._t0 = time.perf_counter()
+            self.venv.step_async(actions)
+
+        def step_wait(self) -> Any:
+            out = self.venv.step_wait()
+            self._backend.rollout.env_seconds += time.perf_counter() - self._t0
+            return out
+
+    return TimedVecEnv
+
+
+def _rng_state() -> dict[str, Any]:
+    import torch
+
+    py = random.getstate()
+    np_state = np.random.get_state()
+    state = {
+        "python": [py[0], list(py[1]), py[2]],
+        "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
+        "torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode("ascii"),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["torch_cuda"] = [base64.b64encode(s.numpy().tobytes()).decode("ascii") for s in torch.cuda.get_rng_state_all()]
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    import torch
+
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    n = state["numpy"]
+    np.random.set_state((n[0], np.asarray(n[1], dtype=np.uint32), n[2], n[3], n[4]))
+    torch.set_rng_state(torch.from_numpy(np.frombuffer(base64.b64decode(state["torch"]), dtype=np.uint8).copy()))
+    if "torch_cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([
+            torch.from_numpy(np.frombuffer(base64.b64decode(s), dtype=np.uint8).copy()) for s in state["torch_cuda"]
+        ])
+
+
+def validate_backend_config(train: RecipeTrain, n_envs: int) -> PPOConfig | A2CConfig:
+    """The backend's typed config, with the checks SB3 would only make after compute starts.
+
+    Raises:
+        ConfigError: naming ``train.backend.config.<key>``, what was expected and what was found.
+    """
+    cfg = train.backend.typed_config()
+    problems = []
+    rollout = cfg.n_steps * n_envs
+    if rollout < 2:
+        problems.append(f"train.backend.config.n_steps: n_steps * n_envs must be > 1, found {cfg.n_steps} * {n_envs}")
+    if isinstance(cfg, PPOConfig):
+        if cfg.batch_size > rollout:
+            problems.append(f"train.backend.config.batch_size: expected at most n_steps * n_envs = {rollout}, "
+                            f"found {cfg.batch_size}")
+        if cfg.normalize_advantage and cfg.batch_size < 2:
+            problems.append("train.backend.config.batch_size: expected > 1 with normalize_advantage, found 1")
+    if problems:
+        raise ConfigError("\n".join(problems))
+    return cfg
+
+
+class SB3Backend:
+    """One SB3 on-policy algorithm (PPO or A2C) driven phase by phase.
+
+    Attributes:
+        id: ``sb3.ppo`` or ``sb3.a2c``. algorithm: ``ppo`` or ``a2c``.
+        model: the SB3 model (after :meth:`setup`).
+        episodes: rolling episode statistics. rollout: the current rollout's accumulators.
+    """
+
+    def __init__(self, backend_id: str):
+        if backend_id not in BACKENDS:
+            raise ConfigError(f"train.backend.id: expected one of {', '.join(BACKENDS)}, found {backend_id!r}")
+        self.id = backend_id
+        self.algorithm = BACKENDS[backend_id]
+        self.model: Any = None
+        self.vecnormalize: Any = None
+        self.episodes = EpisodeStats()
+        self.rollout = RolloutStats()
+        self._callback: Any = None
+        self._ent_fn: Any = None
+        self._env_observation_space: Any = None
+        self._transpose_image = False
+        self._last_update: dict[str, float] = {}
+        self._episode_source: Any = None
+        self.spec: RunSpec | None = None
+
+    # -- construction ------------------------------------------------------------------------
+    def setup(self, spec: RunSpec, venv: Any, *, device: str = "auto") -> None:
+        """Build the SB3 model over an SB3 ``VecEnv`` (gradlab's ``SB3VecEnv`` in the learner).
+
+        Seeds Python, NumPy and torch from ``spec.seed`` (the env's lanes are seeded by the env);
+        SB3's own ``seed=`` is not used because it would re-seed the lanes.
+
+        Raises:
+            ConfigError: an invalid backend config or a Nature CNN on non-image observations.
+        """
+        import torch
+        from stable_baselines3 import A2C, PPO
+        from stable_baselines3.common.logger import Logger
+        from stable_baselines3.common.preprocessing import is_image_space
+        from stable_baselines3.common.torch_layers import FlattenExtractor, NatureCNN
+        from stable_baselines3.common.utils import set_random_seed
+        from stable_baselines3.common.vec_env import VecNormalize
+
+        torch.distributions.Distribution.set_default_validate_args(False)
+        self.spec = spec
+        train = spec.recipe.train
+        cfg = validate_backend_config(train, venv.num_envs)
+        self._env_observation_space = venv.observation_space
+        venv = _timed_vec_env_class()(venv, self)
+        if train.normalize.observation or train.normalize.reward:
+            venv = VecNormalize(venv, norm_obs=train.normalize.observation, norm_reward=train.normalize.reward,
+                                clip_obs=train.normalize.clip_observation, gamma=cfg.gamma)
+            self.vecnormalize = venv
+        pm = train.policy_model
+        image = is_image_space(self._env_observation_space, check_channels=False)
+        extractor = pm.extractor if pm.extractor != "auto" else ("nature_cnn" if image else "mlp")
+        if extractor == "nature_cnn" and not image:
+            raise ConfigError(f"train.policy_model.extractor: nature_cnn needs image observations (uint8, 3 dims), "
+                              f"found {self._env_observation_space}")
+        policy_kwargs: dict[str, Any] = dict(
+            net_arch=pm.net_arch, activation_fn={"tanh": torch.nn.Tanh, "relu": torch.nn.ReLU}[pm.activation],
+            ortho_init=pm.ortho_init, share_features_extractor=pm.share_features_extractor,
+        )
+        if extractor == "nature_cnn":
+            policy_kwargs.update(features_extractor_class=NatureCNN, features_extractor_kwargs={"features_dim": pm.features_dim})
+        else:
+            policy_kwargs.update(features_extractor_class=FlattenExtractor)
+        if device == "auto":
+            device = train.device
+        if device == "auto":
+            device = "cuda" if (extractor == "nature_cnn" and torch.cuda.is_available()) else "cpu"
+        set_random_seed(spec.seed, using_cuda=device.startswith("cuda"))
+        self._ent_fn = schedule_fn(cfg.ent_coef)
+        common = dict(learning_rate=schedule_fn(cfg.learning_rate), n_steps=cfg.n_steps, gamma=cfg.gamma,
+                      gae_lambda=cfg.gae_lambda, ent_coef=self._ent_fn(1.0), vf_coef=cfg.vf_coef,
+                      max_grad_norm=cfg.max_grad_norm, normalize_advantage=cfg.normalize_advantage,
+                      policy_kwargs=policy_kwargs, device=device, verbose=0)
+        if isinstance(cfg, PPOConfig):
+            model = PPO("MlpPolicy", venv, batch_size=cfg.batch_size, n_epochs=cfg.n_epochs,
+                        clip_range=schedule_fn(cfg.clip_range), clip_range_vf=cfg.clip_range_vf,
+                        target_kl=cfg.target_kl, **common)
+        else:
+            model = A2C("MlpPolicy", venv, rms_prop_eps=cfg.rms_prop_eps, use_rms_prop=cfg.use_rms_prop, **common)
+        model.set_logger(Logger(folder=None, output_formats=[]))
+        from stable_baselines3.common.vec_env import VecTransposeImage
+
+        self._transpose_image = isinstance(model.env, VecTransposeImage)
+        self.model = model
+        self._callback = _make_callback_class()(self)
+        inner = self._inner_env()
+        self._episode_source = inner if hasattr(inner, "pop_episodes") else None
+
+    def begin(self, *, resumed: bool) -> None:
+        """SB3's ``_setup_learn`` for the remaining budget (resets the env unless resumed with env state)."""
+        total = self.spec.recipe.train.timesteps  # type: ignore[union-attr]
+        remaining = max(total - self.model.num_timesteps, 0)
+        if resumed:
+            self.model._setup_learn(remaining, self._callback, reset_num_timesteps=False, progress_bar=False)
+        else:
+            self.model._setup_learn(total, self._callback, reset_num_timesteps=True, progress_bar=False)
+        self._callback.on_training_start(locals(), globals())
+
+    @property
+    def num_timesteps(self) -> int:
+        return int(self.model.num_timesteps)
+
+    # -- phases ------------------------------------------------------------------------------
+    def collect(self) -> bool:
+        """One rollout of ``n_steps`` per lane into SB3's rollout buffer (advantages computed)."""
+        self.rollout = RolloutStats()
+        m = self.model
+        ok = m.collect_rollouts(m.env, self._callback, m.rollout_buffer, n_rollout_steps=m.n_steps)
+        m._update_current_progress_remaining(m.num_timesteps, m._total_timesteps)
+        return ok
+
+    def update(self) -> dict[str, float]:
+        """One update on the collected rollout; returns the algorithm metrics (registered names)."""
+        m = self.model
+        m.ent_coef = float(self._ent_fn(m._current_progress_remaining))
+        m.train()
+        values = dict(m.logger.name_to_value)
+        m.logger.dump(step=m.num_timesteps)  # clears the values (no output formats)
+        a = f"train/algorithm/{self.algorithm}"
+        mapping = {
+            "train/approx_kl": f"{a}/update/approx_kl",
+            "train/clip_fraction": f"{a}/update/clip_fraction",
+            "train/clip_range": f"{a}/update/clip_range",
+            "train/policy_gradient_loss": f"{a}/update/policy_gradient_loss",
+            "train/policy_loss": f"{a}/update/policy_gradient_loss",
+            "train/value_loss": f"{a}/update/value_loss",
+            "train/loss": f"{a}/update/loss",
+            "train/learning_rate": f"{a}/update/learning_rate",
+            "train/n_updates": f"{a}/update/count",
+            "train/explained_variance": f"{a}/value/explained_variance",
+        }
+        out = {new: float(values[old]) for old, new in mapping.items() if old in values}
+        if "train/entropy_loss" in values:
+            out[f"{a}/policy/entropy"] = -float(values["train/entropy_loss"])
+        out[f"{a}/update/entropy_coef"] = m.ent_coef
+        self._last_update = out
+        return out
+
+    def rollout_metrics(self) -> dict[str, float]:
+        return {**self.rollout.metrics(), **self.episodes.metrics()}
+
+    # -- checkpoint files --------------------------------------------------------------------
+    def save(self, folder: Path) -> None:
+        """Write ``policy.zip``, ``policy.safetensors``, ``policy_spec.json`` and ``resume/`` into ``folder``."""
+        import torch
+
+        from gradlab.checkpoints.policy import export_policy, save_policy_files
+
+        m = self.model
+        m.save(str(folder / POLICY_FILE))
+        vn = self.vecnormalize
+        tensors, pspec = export_policy(
+            m, backend_id=self.id, algorithm=self.algorithm, policy_model=self.spec.recipe.train.policy_model,  # type: ignore[union-attr]
+            env_observation_space=self._env_observation_space, transpose_image=self._transpose_image,
+            obs_rms=vn.obs_rms if (vn is not None and vn.norm_obs) else None,
+            obs_clip=vn.clip_obs if vn is not None else 10.0, obs_epsilon=vn.epsilon if vn is not None else 1e-8,
+        )
+        save_policy_files(folder, tensors, pspec)
+        resume = folder / RESUME_DIR
+        resume.mkdir()
+        torch.save(m.policy.optimizer.state_dict(), resume / "optimizer.pt")
+        if vn is not None:
+            (resume / "vecnormalize.json").write_text(json.dumps(_vecnormalize_state(vn)))
+        env_state = "reset"
+        inner = self._inner_env()
+        try:
+            blob = pickle.dumps(inner, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as e:  # not every vector env pickles (subprocess lanes, emulators)
+            logger.info("vector env state not saved (%s: %s); a resumed run resets its lanes", type(e).__name__, e)
+        else:
+            (resume / "env_state.pkl").write_bytes(blob)
+            np.save(resume / "last_obs.npy", np.asarray(m._last_obs), allow_pickle=False)
+            env_state = "saved"
+        state = {
+            "format": "gradlab.resume/1",
+            "backend_id": self.id,
+            "num_timesteps": int(m.num_timesteps),
+            "total_timesteps": int(m._total_timesteps),
+            "n_updates": int(m._n_updates),
+            "progress_remaining": float(m._current_progress_remaining),
+            "ent_coef": float(m.ent_coef),
+            "env_state": env_state,
+            "last_episode_starts": np.asarray(m._last_episode_starts, dtype=bool).tolist(),
+            "episodes": self.episodes.as_json(),
+            "rng": _rng_state(),
+        }
+        (resume / "state.json").write_text(json.dumps(state))
+
+    def _inner_env(self) -> Any:
+        """The env below SB3's and gradlab's wrappers (the gradlab ``SB3VecEnv``)."""
+        env = self.model.env
+        from stable_baselines3.common.vec_env import VecEnvWrapper
+
+        while isinstance(env, VecEnvWrapper):
+            env = env.venv
+        return env
+
+    def restore(self, checkpoint: Path, *, allow_env_pickle: bool) -> bool:
+        """Load parameters, optimizer, counters, RNG streams and statistics from a checkpoint.
+
+        Call after :meth:`setup` (same spec) and before :meth:`begin`. The vector env is replaced
+        by the pickled one only when ``allow_env_pickle`` (the checkpoint is the run's own).
+
+        Returns:
+            True when the lanes continue mid-episode from the saved env state.
+
+        Raises:
+            ContractViolation: the checkpoint is of another backend or its tensors do not fit.
+        """
+        import torch
+        from safetensors.torch import load_file
+
+        m = self.model
+        resume = Path(checkpoint) / RESUME_DIR
+        state = json.loads((resume / "state.json").read_text())
+        if state.get("backend_id") != self.id:
+            raise ContractViolation(f"{resume / 'state.json'}: backend expected {self.id}, found {state.get('backend_id')}")
+        tensors = {k: v for k, v in load_file(str(Path(checkpoint) / WEIGHTS_FILE)).items() if not k.startswith("gradlab.")}
+        try:
+            m.policy.load_state_dict(tensors, strict=True)
+        except RuntimeError as e:
+            raise ContractViolation(f"{Path(checkpoint) / WEIGHTS_FILE}: does not fit this recipe's policy: {e}") from None
+        m.policy.optimizer.load_state_dict(torch.load(resume / "optimizer.pt", map_location=m.device, weights_only=True))
+        m.num_timesteps = int(state["num_timesteps"])
+        m._n_updates = int(state["n_updates"])
+        m._current_progress_remaining = float(state["progress_remaining"])
+        m.ent_coef = float(state["ent_coef"])
+        self.episodes = EpisodeStats.from_json(state["episodes"])
+        if self.vecnormalize is not None:
+            path = resume / "vecnormalize.json"
+            if not path.is_file():
+                raise ContractViolation(f"{path}: missing, but this recipe normalises observations or rewards")
+            _load_vecnormalize_state(self.vecnormalize, json.loads(path.read_text()))
+        restored = False
+        if state.get("env_state") == "saved" and allow_env_pickle:
+            env = pickle.loads((resume / "env_state.pkl").read_bytes())
+            self._replace_inner_env(env)
+            m._last_obs = np.load(resume / "last_obs.npy", allow_pickle=False)
+            m._last_episode_starts = np.asarray(state["last_episode_starts"], dtype=bool)
+            restored = True
+        else:
+            m._last_obs = None  # begin() resets the lanes
+        _set_rng_state(state["rng"])
+        return restored
+
+    def _replace_inner_env(self, env: Any) -> None:
+        from stable_baselines3.common.vec_env import VecEnvWrapper
+
+        old = self._inner_env()
+        wrapper = self.model.env
+        while isinstance(wrapper, VecEnvWrapper) and wrapper.venv is not old:
+            wrapper = wrapper.venv
+        if not isinstance(wrapper, VecEnvWrapper):  # pragma: no cover - the timer always wraps it
+            raise ContractViolation("cannot replace the vector env: no wrapper found")
+        wrapper.venv = env
+        if self._episode_source is not None:
+            self._episode_source = env
+        try:
+            old.close()
+        except Exception as e:  # pragma: no cover
+            logger.debug("closing the replaced env failed: %s", e)
+
+    def close(self) -> None:
+        if self.model is not None and self.model.env is not None:
+            self.model.env.close()
+
+
+def _vecnormalize_state(vn: Any) -> dict[str, Any]:
+    def rms(r: Any) -> dict[str, Any]:
+        return {"mean": np.asarray(r.mean).tolist(), "var": np.asarray(r.var).tolist(), "count": float(r.count)}
+
+    return {"obs_rms": rms(vn.obs_rms), "ret_rms": rms(vn.ret_rms), "returns": np.asarray(vn.returns).tolist(),
+            "clip_obs": vn.clip_obs, "clip_reward": vn.clip_reward, "gamma": vn.gamma, "epsilon": vn.epsilon,
+            "norm_obs": vn.norm_obs, "norm_reward": vn.norm_reward}
+
+
+def _load_vecnormalize_state(vn: Any, data: dict[str, Any]) -> None:
+    for name in ("obs_rms", "ret_rms"):
+        r = getattr(vn, name)
+        r.mean = np.asarray(data[name]["mean"], dtype=np.float64)
+        r.var = np.asarray(data[name]["var"], dtype=np.float64)
+        r.count = float(data[name]["count"])
+    vn.returns = np.asarray(data["returns"], dtype=np.float64)
+
+
+BACKENDS: dict[str, str] = {"sb3.ppo": "ppo", "sb3.a2c": "a2c"}
+"""Registered backend ids → algorithm names (the ``{algorithm}`` metric segment)."""
+
+
+def registered_backends() -> list[str]:
+    """Backend ids, for tests parametrized over every backend."""
+    return list(BACKENDS)

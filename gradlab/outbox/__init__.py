@@ -1,0 +1,15 @@
+"""The SQLite WAL outbox between the learner and its supervisor (DESIGN.md section 5).
+
+The learner appends events; the supervisor reads them, writes control values (``stop_requested``)
+and records per-sink delivery high-water marks. The file lives at ``<run_dir>/outbox.sqlite``.
+
+Public names:
+    Outbox: one connection to an outbox file (one writer process and one reader process at a time).
+    Event: one stored event row.
+    event_id: the content hash that makes a replayed insert a no-op.
+    EVENT_KINDS: the event kinds the learner emits.
+"""
+
+from gradlab.outbox.store import EVENT_KINDS, Event, Outbox, event_id
+
+__all__ = ["EVENT_KINDS", "Event", "Outbox", "event_id"]

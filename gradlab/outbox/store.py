@@ -1,0 +1,266 @@
+"""The outbox file: schema, appends, reads, control values and delivery marks.
+
+Schema (DESIGN.md section 5)::
+
+    events(event_seq INTEGER PRIMARY KEY AUTOINCREMENT, event_id TEXT UNIQUE, kind, step,
+           payload JSON, created_at)
+    control(key PRIMARY KEY, value, updated_at)
+    deliveries(sink PRIMARY KEY, high_water)
+
+The database runs in WAL mode with ``synchronous=FULL``: a committed event survives a crash or a
+SIGKILL of the writer, and a reader never sees a half-written transaction. Every write is one
+transaction; ``busy_timeout`` makes a writer wait for the other process instead of failing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+import threading
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from gradlab.contracts.hashing import canonical_json, sha256_bytes
+from gradlab.errors import ContractViolation
+
+logger = logging.getLogger(__name__)
+
+EVENT_KINDS = ("learner_started", "metrics", "checkpoint_ready", "stop_observed", "learner_finished")
+"""Event kinds the learner writes (payloads: interfaces.md, "Outbox")."""
+
+STOP_KEY = "stop_requested"
+BUSY_TIMEOUT_S = 30.0
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS events(
+    event_seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    event_id TEXT NOT NULL UNIQUE,
+    kind TEXT NOT NULL,
+    step INTEGER NOT NULL,
+    payload TEXT NOT NULL,
+    created_at TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_kind ON events(kind, event_seq);
+CREATE TABLE IF NOT EXISTS control(
+    key TEXT PRIMARY KEY,
+    value TEXT,
+    updated_at TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS deliveries(
+    sink TEXT PRIMARY KEY,
+    high_water INTEGER NOT NULL
+);
+"""
+
+
+@dataclass(frozen=True)
+class Event:
+    """One row of ``events``.
+
+    Attributes:
+        event_seq: position in the outbox, 1-based, strictly increasing (W&B's step).
+        event_id: sha256 hex of the event's content (see :func:`event_id`).
+        kind: one of :data:`EVENT_KINDS` (others are stored as given).
+        step: env steps (``train/global_step``) when the event was written.
+        payload: the event's JSON object.
+        created_at: ISO-8601 UTC time of the insert.
+    """
+
+    event_seq: int
+    event_id: str
+    kind: str
+    step: int
+    payload: dict[str, Any]
+    created_at: str
+
+    def as_json(self) -> dict[str, Any]:
+        return {"event_seq": self.event_seq, "event_id": self.event_id, "kind": self.kind, "step": self.step,
+                "payload": self.payload, "created_at": self.created_at}
+
+
+def event_id(kind: str, step: int, payload: dict[str, Any]) -> str:
+    """Content hash of an event: sha256 hex of canonical JSON ``{"kind", "step", "payload"}``.
+
+    Two inserts with the same kind, step and payload have the same id, so the second is ignored.
+
+    Raises:
+        ContractViolation: the payload is not JSON-serialisable (or holds NaN/inf).
+    """
+    try:
+        return sha256_bytes(canonical_json({"kind": kind, "step": int(step), "payload": payload}))
+    except (TypeError, ValueError) as e:
+        raise ContractViolation(f"outbox event {kind!r} at step {step}: payload is not canonical JSON: {e}") from None
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat()
+
+
+class Outbox:
+    """One connection to ``outbox.sqlite``; creates the file and schema when missing.
+
+    Safe for one writer process and one reader process at a time (SQLite WAL); within a process the
+    connection is guarded by a lock, so threads may share one ``Outbox``.
+
+    Args:
+        path: the outbox file (``<run_dir>/outbox.sqlite``); its folder is created if needed.
+        readonly: open without creating or writing (a reader that must not create a file).
+
+    Raises:
+        NotFound: ``readonly`` and the file does not exist.
+    """
+
+    def __init__(self, path: Path, *, readonly: bool = False):
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        if readonly:
+            if not self.path.is_file():
+                from gradlab.errors import NotFound
+
+                raise NotFound(f"{self.path}: no outbox file")
+        else:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._conn = sqlite3.connect(str(self.path), timeout=BUSY_TIMEOUT_S, isolation_level=None,
+                                     check_same_thread=False)
+        self._conn.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
+        if not readonly:
+            mode = self._conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                logger.warning("%s: journal_mode is %s, not wal", self.path, mode)
+        self._conn.execute("PRAGMA synchronous=FULL")
+        if not readonly:
+            with self._lock:
+                self._conn.executescript(_SCHEMA)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def __enter__(self) -> Outbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- events ------------------------------------------------------------------------------
+    def append(self, kind: str, step: int, payload: dict[str, Any]) -> int | None:
+        """Insert one event in its own transaction.
+
+        Args:
+            kind: event kind (:data:`EVENT_KINDS`).
+            step: env steps at the event.
+            payload: JSON object (finite numbers only).
+
+        Returns:
+            The new ``event_seq``, or None when an event with the same content already existed.
+
+        Raises:
+            ContractViolation: the payload is not a JSON object of finite values.
+        """
+        if not isinstance(payload, dict):
+            raise ContractViolation(f"outbox event {kind!r}: payload must be a JSON object, found {type(payload).__name__}")
+        eid = event_id(kind, step, payload)
+        body = json.dumps(payload, sort_keys=True, separators=(",", ":"), allow_nan=False)
+        with self._lock:
+            # Look up and insert in one write transaction: a plain INSERT OR IGNORE would burn an
+            # AUTOINCREMENT number on the ignored row and leave a gap in event_seq.
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                if self._conn.execute("SELECT 1 FROM events WHERE event_id = ?", (eid,)).fetchone():
+                    self._conn.execute("COMMIT")
+                    return None
+                cur = self._conn.execute(
+                    "INSERT INTO events(event_id, kind, step, payload, created_at) VALUES (?, ?, ?, ?, ?)",
+                    (eid, kind, int(step), body, _now()),
+                )
+                self._conn.execute("COMMIT")
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            return int(cur.lastrowid)  # type: ignore[arg-type]
+
+    def read(self, after_seq: int = 0, limit: int = 1000, *, kind: str | None = None) -> list[Event]:
+        """Events with ``event_seq > after_seq`` in order, at most ``limit`` of them (optionally one kind)."""
+        sql = "SELECT event_seq, event_id, kind, step, payload, created_at FROM events WHERE event_seq > ?"
+        args: list[Any] = [int(after_seq)]
+        if kind is not None:
+            sql += " AND kind = ?"
+            args.append(kind)
+        sql += " ORDER BY event_seq LIMIT ?"
+        args.append(int(limit))
+        with self._lock:
+            rows = self._conn.execute(sql, args).fetchall()
+        return [Event(int(r[0]), r[1], r[2], int(r[3]), json.loads(r[4]), r[5]) for r in rows]
+
+    def last(self, kind: str) -> Event | None:
+        """The most recent event of ``kind``, or None."""
+        with self._lock:
+            r = self._conn.execute(
+                "SELECT event_seq, event_id, kind, step, payload, created_at FROM events WHERE kind = ? "
+                "ORDER BY event_seq DESC LIMIT 1", (kind,)).fetchone()
+        return None if r is None else Event(int(r[0]), r[1], r[2], int(r[3]), json.loads(r[4]), r[5])
+
+    def max_seq(self) -> int:
+        """The highest ``event_seq`` written so far (0 when empty)."""
+        with self._lock:
+            r = self._conn.execute("SELECT COALESCE(MAX(event_seq), 0) FROM events").fetchone()
+        return int(r[0])
+
+    def count(self, kind: str | None = None) -> int:
+        with self._lock:
+            if kind is None:
+                r = self._conn.execute("SELECT COUNT(*) FROM events").fetchone()
+            else:
+                r = self._conn.execute("SELECT COUNT(*) FROM events WHERE kind = ?", (kind,)).fetchone()
+        return int(r[0])
+
+    # -- control -----------------------------------------------------------------------------
+    def set_control(self, key: str, value: str | None) -> None:
+        """Upsert one control value (the supervisor's side)."""
+        with self._lock:
+            self._conn.execute(
+                "INSERT INTO control(key, value, updated_at) VALUES (?, ?, ?) "
+                "ON CONFLICT(key) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at",
+                (key, value, _now()),
+            )
+
+    def get_control(self, key: str) -> str | None:
+        with self._lock:
+            r = self._conn.execute("SELECT value FROM control WHERE key = ?", (key,)).fetchone()
+        return None if r is None else r[0]
+
+    def request_stop(self, reason: str) -> None:
+        """Ask the learner to stop at its next safe boundary; ``reason`` is recorded (non-empty)."""
+        if not reason:
+            raise ContractViolation("request_stop: reason must be a non-empty string")
+        self.set_control(STOP_KEY, reason)
+
+    def clear_stop(self) -> None:
+        """Withdraw a stop request (a new attempt that resumes in the same run directory must, or
+        its learner stops after its first update)."""
+        self.set_control(STOP_KEY, None)
+
+    def stop_requested(self) -> str | None:
+        """The stop reason if a stop was requested, else None."""
+        value = self.get_control(STOP_KEY)
+        return value or None
+
+    # -- deliveries --------------------------------------------------------------------------
+    def ack(self, sink: str, event_seq: int) -> None:
+        """Record that ``sink`` has everything up to ``event_seq``; the mark never moves back."""
+        with self._lock:
+            self._conn.execute(
+                "INSERT INTO deliveries(sink, high_water) VALUES (?, ?) "
+                "ON CONFLICT(sink) DO UPDATE SET high_water = MAX(high_water, excluded.high_water)",
+                (sink, int(event_seq)),
+            )
+
+    def high_water(self, sink: str) -> int:
+        """The highest acknowledged ``event_seq`` of ``sink`` (0 when none)."""
+        with self._lock:
+            r = self._conn.execute("SELECT high_water FROM deliveries WHERE sink = ?", (sink,)).fetchone()
+        return 0 if r is None else int(r[0])
