@@ -1,0 +1,285 @@
+"""The W&B sink: the flow's only W&B writer, idempotent by ``event_seq``, never raising into the caller.
+
+- Mode is always explicit: ``disabled`` (W&B is not imported), ``offline`` (files only, the local
+  default; no network connection at all), ``online``.
+- The W&B run id is the gradlab run id; files go under ``dir`` (``<dir>/wandb/...``).
+- Axes (``define_metric``): ``train/*`` against ``train/global_step``, ``eval/*`` against
+  ``eval/checkpoint_step``, ``orchestration/*`` against ``orchestration/event_seq``.
+- ``event_seq`` is W&B's ``step`` and is logged as ``orchestration/event_seq``. The sink keeps a
+  high-water mark (seeded from the outbox's acknowledged mark for sink ``wandb``) and skips any
+  ``event_seq`` at or below it, so a replayed delivery cannot add a point. (Offline, W&B's own
+  ``resume`` is not enforced and its internal step restarts per process: FIELD-NOTES.md; the mark
+  is ours.)
+- A failure to initialise or log (no network, no key, server error) is caught: the sink reports
+  ``status == "pending"`` with the error, ``log`` returns False, and the run is not failed; the
+  terminal receipt then says metrics are complete locally and pending remotely.
+
+:func:`read_offline_history` reads the logged rows back from an offline run's ``.wandb`` files.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import struct
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from gradlab.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+WandbMode = Literal["disabled", "offline", "online"]
+MODES = ("disabled", "offline", "online")
+
+#: (glob, step metric) pairs passed to ``define_metric``.
+AXES = (
+    ("train/*", "train/global_step"),
+    ("eval/*", "eval/checkpoint_step"),
+    ("orchestration/*", "orchestration/event_seq"),
+)
+
+
+class WandbSink:
+    """Deliver outbox metric events to one W&B run (see the module docstring).
+
+    Args:
+        run_id: the gradlab run id, used as the W&B run id.
+        mode: ``disabled`` | ``offline`` | ``online`` (never read from the environment here).
+        dir: folder for W&B's files (``<dir>/wandb/offline-run-*-<run_id>/``).
+        project: W&B project.
+        config: run config shown in W&B (the resolved spec's hashes, recipe, seed...).
+        entity, name, tags: W&B entity, display name, tags.
+        high_water: the last ``event_seq`` already delivered (the outbox's mark for sink ``wandb``).
+        init_timeout_s: seconds ``wandb.init`` may take before the sink gives up (pending).
+        finish_timeout_s: seconds :meth:`finish` waits for W&B to flush before reporting pending.
+
+    Raises:
+        ConfigError: ``mode`` is not one of the three modes. Nothing else: W&B failures are reported
+            through :attr:`status` and :attr:`error`.
+    """
+
+    def __init__(
+        self,
+        run_id: str,
+        mode: str,
+        dir: Path | str,
+        project: str,
+        config: Mapping[str, Any] | None = None,
+        *,
+        entity: str | None = None,
+        name: str | None = None,
+        tags: list[str] | None = None,
+        high_water: int = 0,
+        init_timeout_s: float = 30.0,
+        finish_timeout_s: float = 30.0,
+    ):
+        if mode not in MODES:
+            raise ConfigError(f"wandb mode: expected one of {', '.join(MODES)}, found {mode!r}")
+        self.run_id = run_id
+        self.mode: WandbMode = mode  # type: ignore[assignment]
+        self.dir = Path(dir)
+        self.finish_timeout_s = finish_timeout_s
+        self.error: str | None = None
+        self._high_water = high_water
+        self._run: Any = None
+        self._run_folder: Path | None = None
+        self._lock = threading.Lock()
+        if mode == "disabled":
+            return
+        try:
+            import wandb
+
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self._run = wandb.init(
+                id=run_id,
+                project=project,
+                entity=entity,
+                name=name or run_id,
+                tags=tags,
+                config=dict(config or {}),
+                dir=str(self.dir),
+                mode=mode,
+                resume="allow",
+                reinit="create_new",
+                settings=wandb.Settings(
+                    init_timeout=init_timeout_s,
+                    finish_timeout=finish_timeout_s,
+                    silent=True,
+                    console="off",  # stdout belongs to the CLI (`--json` prints the receipt last)
+                    x_disable_stats=True,
+                ),
+            )
+            self._run_folder = Path(self._run.dir).parent if mode == "offline" else None
+            for glob, step_metric in AXES:
+                self._run.define_metric(step_metric)
+                self._run.define_metric(glob, step_metric=step_metric)
+        except Exception as e:  # noqa: BLE001 - W&B must never fail the run
+            self._fail("init", e)
+
+    def _fail(self, op: str, exc: BaseException) -> None:
+        self.error = f"wandb {op} ({self.mode}, run {self.run_id}): {type(exc).__name__}: {exc}"
+        logger.warning("%s; metrics stay complete locally and pending for W&B", self.error)
+
+    @property
+    def status(self) -> Literal["disabled", "ok", "pending"]:
+        """``disabled``; ``ok`` (every event given to :meth:`log` was accepted); ``pending`` (W&B failed)."""
+        if self.mode == "disabled":
+            return "disabled"
+        return "pending" if self.error is not None else "ok"
+
+    @property
+    def high_water(self) -> int | None:
+        """The last ``event_seq`` delivered to W&B; None when disabled (the receipt's ``sinks.wandb``)."""
+        return None if self.mode == "disabled" else self._high_water
+
+    def log(self, event_seq: int, metrics: Mapping[str, Any]) -> bool:
+        """Log one outbox event at W&B step ``event_seq``.
+
+        Returns:
+            True when W&B accepted the point; False when skipped (``event_seq`` at or below the
+            high-water mark: a replay), disabled, or W&B has failed (``status == "pending"``).
+        """
+        with self._lock:
+            if self._run is None or self.error is not None or event_seq <= self._high_water:
+                return False
+            try:
+                self._run.log({**metrics, "orchestration/event_seq": int(event_seq)}, step=int(event_seq))
+            except Exception as e:  # noqa: BLE001 - W&B must never fail the run
+                self._fail("log", e)
+                return False
+            self._high_water = int(event_seq)
+            return True
+
+    def finish(self) -> None:
+        """Flush and close the W&B run, waiting at most ``finish_timeout_s``; never raises."""
+        with self._lock:
+            run, self._run = self._run, None
+        if run is None:
+            return
+        failure: list[BaseException] = []
+
+        def close() -> None:
+            try:
+                run.finish()
+            except BaseException as e:  # noqa: BLE001 - reported as pending
+                failure.append(e)
+
+        deadline = time.monotonic() + self.finish_timeout_s
+        thread = threading.Thread(target=close, name=f"wandb-finish-{self.run_id}", daemon=True)
+        thread.start()
+        thread.join(self.finish_timeout_s)
+        if thread.is_alive():
+            self._fail("finish", TimeoutError(f"did not finish in {self.finish_timeout_s} s"))
+        elif failure:
+            self._fail("finish", failure[0])
+        elif self._run_folder is not None and not _wait_for_exit_record(self._run_folder, deadline):
+            # wandb-core writes the transaction log after run.finish() returns: wait for its exit record
+            # so an offline run's points are on disk when the sink reports them delivered.
+            self._fail("finish", TimeoutError(f"{self._run_folder}: transaction log not flushed in time"))
+
+    def __enter__(self) -> WandbSink:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.finish()
+
+
+# -- reading offline runs back -----------------------------------------------------------------
+# W&B's transaction log (.wandb) is LevelDB-log framed: a 7-byte file header (":W&B", magic 0xBEE1,
+# version 0), then 32 KiB blocks of records, each with a 7-byte header (crc32 u32, length u16,
+# type u8: 1 full, 2 first, 3 middle, 4 last) and a protobuf ``wandb.proto.Record`` payload.
+# Source: wandb/sdk/internal/datastore.py (wandb <= 0.18), still the format written by wandb-core.
+_FILE_HEADER = b":W&B\xe1\xbe\x00"
+_BLOCK = 32768
+_RECORD_HEADER = 7
+
+
+def _records(data: bytes, where: str) -> list[bytes]:
+    if not data.startswith(_FILE_HEADER):
+        raise ValueError(f"{where}: not a W&B transaction log (header {data[:7]!r})")
+    out, pending, pos = [], b"", len(_FILE_HEADER)
+    while pos + _RECORD_HEADER <= len(data):
+        left_in_block = _BLOCK - pos % _BLOCK
+        if left_in_block < _RECORD_HEADER:
+            pos += left_in_block
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + _RECORD_HEADER])
+        pos += _RECORD_HEADER
+        if pos + length > len(data):  # a record still being written
+            break
+        chunk, pos = data[pos : pos + length], pos + length
+        if kind == 1:
+            out.append(chunk)
+        elif kind == 2:
+            pending = chunk
+        elif kind == 3:
+            pending += chunk
+        elif kind == 4:
+            out.append(pending + chunk)
+            pending = b""
+    return out
+
+
+def _record_types(path: Path) -> list[str]:
+    from wandb.proto import wandb_internal_pb2
+
+    types = []
+    for payload in _records(path.read_bytes(), str(path)):
+        record = wandb_internal_pb2.Record()
+        try:
+            record.ParseFromString(payload)
+        except Exception:  # noqa: BLE001 - a partially written record
+            break
+        types.append(record.WhichOneof("record_type"))
+    return types
+
+
+def _wait_for_exit_record(run_folder: Path, deadline: float) -> bool:
+    """Poll an offline run's ``.wandb`` file until its ``exit`` record is written (or the deadline)."""
+    while True:
+        for path in run_folder.glob("run-*.wandb"):
+            if "exit" in _record_types(path):
+                return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+
+
+def read_offline_history(dir: Path | str, run_id: str) -> list[dict[str, Any]]:
+    """Every history row logged for ``run_id`` under ``<dir>/wandb/``, across offline run folders.
+
+    Returns:
+        Rows in folder (time) then log order; each a dict metric name → value plus ``_step``.
+    """
+    import json
+
+    from wandb.proto import wandb_internal_pb2
+
+    # Folders are ``offline-run-<yyyymmdd_hhmmss>-<run_id>`` plus ``-<n>`` when several start in one second.
+    pattern = re.compile(rf"(?:offline-)?run-(\d{{8}}_\d{{6}})-{re.escape(run_id)}(?:-(\d+))?")
+    folders = []
+    for folder in Path(dir).glob("wandb/*run-*"):
+        match = pattern.fullmatch(folder.name)
+        if match and folder.is_dir():
+            folders.append(((match.group(1), int(match.group(2) or 0)), folder))
+    rows: list[dict[str, Any]] = []
+    for _, folder in sorted(folders):
+        path = folder / f"run-{run_id}.wandb"
+        if not path.exists():
+            continue
+        for payload in _records(path.read_bytes(), str(path)):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(payload)
+            if record.WhichOneof("record_type") != "history":
+                continue
+            row: dict[str, Any] = {}
+            for item in record.history.item:
+                name = item.key or "/".join(item.nested_key)
+                row[name] = json.loads(item.value_json)
+            row.setdefault("_step", record.history.step.num)
+            rows.append(row)
+    return rows

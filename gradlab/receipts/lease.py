@@ -1,0 +1,157 @@
+"""The run's writer lease: acquire, renew (heartbeat), release; compare-and-swap on ``lease.json``.
+
+One lease per run (``runs/<run_id>/lease.json`` in the control store). A live lease (not released,
+``now < expires_at``) held by another attempt refuses acquisition; an expired or released one is
+taken over with ``generation + 1``. Every write is a compare-and-swap against the etag read, so two
+acquirers racing for an expired lease produce exactly one holder.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from gradlab.errors import Conflict, NotFound
+from gradlab.receipts.io import dump_model, read_model_with_etag
+from gradlab.receipts.models import Lease, utcnow
+from gradlab.stores import ObjectStore, keys
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_LEASE_TTL_S = 60.0
+_MAX_CAS_TRIES = 50
+
+
+class LeaseHeld(Conflict):
+    """Another attempt holds a live lease on the run."""
+
+
+class LeaseLost(Conflict):
+    """The lease this process held was taken over (it had expired) or changed under it."""
+
+
+@dataclass(frozen=True)
+class HeldLease:
+    """A lease as last written by this process, with the etag needed to update it."""
+
+    lease: Lease
+    etag: str
+
+
+def read_lease(store: ObjectStore, run_id: str) -> HeldLease | None:
+    """The run's lease and its etag, or None if none was ever acquired."""
+    try:
+        lease, etag = read_model_with_etag(store, keys.lease(run_id), Lease)
+    except NotFound:
+        return None
+    return HeldLease(lease, etag)
+
+
+def _owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def acquire_lease(
+    store: ObjectStore,
+    run_id: str,
+    holder: str,
+    *,
+    ttl_s: float = DEFAULT_LEASE_TTL_S,
+    now: datetime | None = None,
+    owner: str | None = None,
+) -> HeldLease:
+    """Take the run's writer lease for ``holder`` (an attempt id) for ``ttl_s`` seconds.
+
+    Re-acquiring a lease the same holder still has live renews it (same generation).
+
+    Raises:
+        LeaseHeld: another holder's lease is live (names the holder and its expiry).
+        StoreUnavailable: the control store cannot be reached (transient).
+    """
+    for _ in range(_MAX_CAS_TRIES):
+        at = now or utcnow()
+        current = read_lease(store, run_id)
+        if current is not None and current.lease.is_live(at) and current.lease.holder != holder:
+            raise LeaseHeld(
+                f"{store.url(keys.lease(run_id))}: run {run_id} is leased by {current.lease.holder} "
+                f"({current.lease.owner}) until {current.lease.expires_at.isoformat()}; "
+                f"expected no live lease at {at.isoformat()}"
+            )
+        if current is not None and current.lease.is_live(at):
+            generation, acquired_at = current.lease.generation, current.lease.acquired_at
+        else:
+            generation = current.lease.generation + 1 if current is not None else 1
+            acquired_at = at
+        lease = Lease(
+            run_id=run_id,
+            holder=holder,
+            owner=owner or _owner(),
+            generation=generation,
+            ttl_s=ttl_s,
+            acquired_at=acquired_at,
+            heartbeat_at=at,
+            expires_at=at + timedelta(seconds=ttl_s),
+        )
+        try:
+            etag = store.put_if_match(keys.lease(run_id), dump_model(lease), current.etag if current else None)
+        except Conflict:
+            continue  # someone wrote between our read and write: re-read and decide again
+        logger.info("run %s: lease acquired by %s (generation %d)", run_id, holder, generation)
+        return HeldLease(lease, etag)
+    raise LeaseHeld(f"{store.url(keys.lease(run_id))}: lost {_MAX_CAS_TRIES} races for the lease of run {run_id}")
+
+
+def _update(store: ObjectStore, held: HeldLease, new: Lease) -> HeldLease:
+    key = keys.lease(held.lease.run_id)
+    etag = held.etag
+    for _ in range(_MAX_CAS_TRIES):
+        try:
+            return HeldLease(new, store.put_if_match(key, dump_model(new), etag))
+        except Conflict:
+            current = read_lease(store, held.lease.run_id)
+            if current is not None and current.lease == new:
+                return current  # our write landed but its answer was lost
+            if (
+                current is None
+                or current.lease.holder != held.lease.holder
+                or current.lease.generation != held.lease.generation
+                or current.lease.released
+            ):
+                found = "no lease" if current is None else (
+                    f"holder {current.lease.holder} generation {current.lease.generation}"
+                    f"{' (released)' if current.lease.released else ''}"
+                )
+                raise LeaseLost(
+                    f"{store.url(key)}: expected holder {held.lease.holder} generation "
+                    f"{held.lease.generation}, found {found}"
+                ) from None
+            etag = current.etag  # our own earlier write landed (e.g. a retried request): go on from it
+    raise LeaseLost(f"{store.url(key)}: lost {_MAX_CAS_TRIES} compare-and-swap races while holding the lease")
+
+
+def renew_lease(
+    store: ObjectStore, held: HeldLease, *, ttl_s: float | None = None, now: datetime | None = None
+) -> HeldLease:
+    """Heartbeat: extend the lease to ``now + ttl_s`` (default: the lease's own ttl).
+
+    Raises:
+        LeaseLost: the lease was taken over by another holder or released.
+    """
+    at = now or utcnow()
+    ttl = ttl_s if ttl_s is not None else held.lease.ttl_s
+    new = held.lease.model_copy(update={"heartbeat_at": at, "expires_at": at + timedelta(seconds=ttl), "ttl_s": ttl})
+    return _update(store, held, new)
+
+
+def release_lease(store: ObjectStore, held: HeldLease, *, now: datetime | None = None) -> HeldLease:
+    """Release the lease so the next attempt may start at once.
+
+    Raises:
+        LeaseLost: the lease was already taken over by another holder.
+    """
+    at = now or utcnow()
+    new = held.lease.model_copy(update={"released": True, "heartbeat_at": at, "expires_at": at})
+    return _update(store, held, new)

@@ -1,0 +1,110 @@
+"""Object stores: one interface over ``file://`` and ``s3://`` URLs, create-only and compare-and-swap.
+
+Public names:
+    open_store(url, *, endpoint_url=None) -> ObjectStore: a store for one URL.
+    open_stores(settings=None) -> Stores: the three logical stores (control, eval, model).
+    ObjectStore: the interface (``put_create_only``, ``put_if_match``, ``get``, ``get_with_etag``,
+        ``exists``, ``list``, ``put_verified``, ``url``). FileStore, S3Store: the backends.
+    keys: the key of every receipt and bundle.
+
+Shipped defaults: three ``file://`` folders under ``$GRADLAB_HOME/stores/{control,eval,model}``,
+overridable by ``GRADLAB_{CONTROL,EVAL,MODEL}_STORE_URL`` (``s3://bucket/prefix`` with
+``GRADLAB_S3_ENDPOINT_URL`` for Cloudflare R2). Errors: ``NotFound``, ``Conflict`` (create-only met
+different bytes, or compare-and-swap lost), ``StoreUnavailable`` (transient: retry only this).
+
+Key layout (``<step>`` is zero-padded to 12 digits, ``<sha16>`` the first 16 hex of the policy
+file's sha256; every object is create-only except those marked CAS)::
+
+    control store
+      runs/<run_id>/run.json                                   RunRecord
+      runs/<run_id>/spec.json                                  the resolved RunSpec JSON
+      runs/<run_id>/lease.json                                 Lease (CAS; the writer lease)
+      runs/<run_id>/attempts/<attempt_id>/attempt.json         Attempt
+      runs/<run_id>/attempts/<attempt_id>/terminal.json        TerminalReceipt
+      runs/<run_id>/publications/<step>-<sha16>.json           CheckpointPublication
+      runs/<run_id>/stop.json                                  StopRequest (first one wins)
+      runs/<run_id>/promotion.json                             Promotion (exactly one per run)
+    eval store
+      runs/<run_id>/evaluations/<intent_key>/intent.json       EvaluationIntent
+      runs/<run_id>/evaluations/<intent_key>/result.json       EvaluationRecord
+    model store
+      runs/<run_id>/checkpoints/<step>-<sha16>/<file>          checkpoint bundle files (verified)
+      runs/<run_id>/index.json                                 RunIndex (CAS): checkpoints + promotion
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from gradlab.errors import ContractViolation
+from gradlab.stores import keys
+from gradlab.stores.base import ObjectStore, sha256_hex, validate_key
+from gradlab.stores.local import FileStore
+
+if TYPE_CHECKING:
+    from gradlab.settings import Settings
+    from gradlab.stores.s3 import S3Store
+
+__all__ = [
+    "FileStore", "ObjectStore", "S3Store", "Stores", "keys", "open_store", "open_stores", "sha256_hex",
+    "validate_key",
+]
+
+
+def open_store(url: str, *, endpoint_url: str | None = None) -> ObjectStore:
+    """An object store for ``url``.
+
+    Args:
+        url: ``file:///abs/folder`` (or a plain local path) or ``s3://bucket[/prefix]``.
+        endpoint_url: S3 endpoint (``https://<account>.r2.cloudflarestorage.com`` for R2); default
+            ``GRADLAB_S3_ENDPOINT_URL`` or the ``[stores] endpoint_url`` setting, else AWS.
+
+    Raises:
+        ContractViolation: an unsupported URL scheme.
+    """
+    if url.startswith("s3://"):
+        from gradlab.stores.s3 import S3Store
+
+        if endpoint_url is None:
+            endpoint_url = os.environ.get("GRADLAB_S3_ENDPOINT_URL")
+        if endpoint_url is None:
+            from gradlab.settings import load_settings
+
+            endpoint_url = load_settings().s3_endpoint_url
+        return S3Store(url, endpoint_url=endpoint_url)
+    if url.startswith("file://") or "://" not in url:
+        return FileStore(url)
+    raise ContractViolation(f"{url}: unsupported store URL (expected file:// or s3://)")
+
+
+@dataclass(frozen=True)
+class Stores:
+    """The three logical stores of DESIGN.md section 9."""
+
+    control: ObjectStore
+    eval: ObjectStore
+    model: ObjectStore
+
+
+def open_stores(settings: Settings | None = None) -> Stores:
+    """The control, eval and model stores named by ``settings`` (default: :func:`load_settings`)."""
+    if settings is None:
+        from gradlab.settings import load_settings
+
+        settings = load_settings()
+    endpoint = settings.s3_endpoint_url
+    return Stores(
+        control=open_store(settings.control_store_url, endpoint_url=endpoint),
+        eval=open_store(settings.eval_store_url, endpoint_url=endpoint),
+        model=open_store(settings.model_store_url, endpoint_url=endpoint),
+    )
+
+
+def __getattr__(name: str):  # lazy: botocore is imported only when an s3:// store is opened
+    if name == "S3Store":
+        from gradlab.stores.s3 import S3Store
+
+        return S3Store
+    raise AttributeError(name)

@@ -1,0 +1,89 @@
+"""Object keys of every receipt and bundle, in one place (the layout is documented in ``__init__``)."""
+
+from __future__ import annotations
+
+from gradlab.errors import ContractViolation
+
+
+def _seg(value: str, what: str) -> str:
+    if not value or "/" in value or value.startswith("."):
+        raise ContractViolation(f"{what} {value!r}: expected a non-empty name without '/' or leading '.'")
+    return value
+
+
+def checkpoint_name(step: int, sha256: str) -> str:
+    """``<step:012d>-<sha16>``: the folder name of a checkpoint (steps zero-padded so names sort)."""
+    if step < 0 or len(sha256) < 16:
+        raise ContractViolation(f"checkpoint step {step} / sha256 {sha256!r}: expected step >= 0, a sha256 hex")
+    return f"{step:012d}-{sha256[:16]}"
+
+
+# -- control store ---------------------------------------------------------------------------
+def run_prefix(run_id: str) -> str:
+    return f"runs/{_seg(run_id, 'run id')}/"
+
+
+def run_record(run_id: str) -> str:
+    return run_prefix(run_id) + "run.json"
+
+
+def run_spec(run_id: str) -> str:
+    return run_prefix(run_id) + "spec.json"
+
+
+def lease(run_id: str) -> str:
+    return run_prefix(run_id) + "lease.json"
+
+
+def stop_request(run_id: str) -> str:
+    return run_prefix(run_id) + "stop.json"
+
+
+def promotion(run_id: str) -> str:
+    return run_prefix(run_id) + "promotion.json"
+
+
+def attempts_prefix(run_id: str) -> str:
+    return run_prefix(run_id) + "attempts/"
+
+
+def attempt(run_id: str, attempt_id: str) -> str:
+    return attempts_prefix(run_id) + f"{_seg(attempt_id, 'attempt id')}/attempt.json"
+
+
+def terminal(run_id: str, attempt_id: str) -> str:
+    return attempts_prefix(run_id) + f"{_seg(attempt_id, 'attempt id')}/terminal.json"
+
+
+def publications_prefix(run_id: str) -> str:
+    return run_prefix(run_id) + "publications/"
+
+
+def publication(run_id: str, step: int, sha256: str) -> str:
+    return publications_prefix(run_id) + checkpoint_name(step, sha256) + ".json"
+
+
+# -- eval store ------------------------------------------------------------------------------
+def evaluations_prefix(run_id: str) -> str:
+    return run_prefix(run_id) + "evaluations/"
+
+
+def evaluation_intent(run_id: str, intent_key: str) -> str:
+    return evaluations_prefix(run_id) + f"{_seg(intent_key, 'intent key')}/intent.json"
+
+
+def evaluation_result(run_id: str, intent_key: str) -> str:
+    return evaluations_prefix(run_id) + f"{_seg(intent_key, 'intent key')}/result.json"
+
+
+# -- model store -----------------------------------------------------------------------------
+def checkpoint_prefix(run_id: str, step: int, sha256: str) -> str:
+    return run_prefix(run_id) + f"checkpoints/{checkpoint_name(step, sha256)}/"
+
+
+def checkpoint_file(run_id: str, step: int, sha256: str, name: str) -> str:
+    return checkpoint_prefix(run_id, step, sha256) + name
+
+
+def run_index(run_id: str) -> str:
+    return run_prefix(run_id) + "index.json"

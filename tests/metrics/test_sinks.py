@@ -1,0 +1,152 @@
+"""Metric sinks: the local journal and W&B (offline, for real; online only as the unreachable case)."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import pytest
+
+from gradlab.errors import ConfigError, ContractViolation
+from gradlab.metrics.journal import Journal, JournalEntry
+from gradlab.metrics.wandb_sink import WandbSink, read_offline_history
+from tests.s3server import free_port
+
+RUN = "gradlab-20260102T030405-0123abcd"
+
+
+def _train(step: int, ret: float) -> dict:
+    return {"train/global_step": step, "train/episode/return/shaped/mean": ret}
+
+
+# -- journal -----------------------------------------------------------------------------------
+def test_journal_appends_and_skips_redelivered_event_seq(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "run" / "metrics.jsonl")
+    assert journal.high_water == 0
+    assert journal.write(1, _train(128, 10.0)) is True
+    assert journal.write(2, _train(256, 20.5)) is True
+    assert journal.write(2, _train(256, 99.0)) is False  # replay of an acknowledged event
+    assert journal.write(1, _train(128, 99.0)) is False
+    assert journal.write_many([(2, _train(256, 0)), (3, _train(384, 30.0)), (4, {"eval/checkpoint_step": 256})]) == 2
+    assert journal.high_water == 4
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 4
+    assert json.loads(lines[1]) == {"event_seq": 2, "metrics": {"train/episode/return/shaped/mean": 20.5,
+                                                                "train/global_step": 256}}
+    # A new process (re-opened journal) keeps the mark: a replay after a crash adds nothing.
+    reopened = Journal(tmp_path / "run" / "metrics.jsonl")
+    assert reopened.high_water == 4
+    assert reopened.write(3, _train(384, 1.0)) is False
+    assert reopened.read() == [
+        JournalEntry(1, _train(128, 10.0)), JournalEntry(2, _train(256, 20.5)), JournalEntry(3, _train(384, 30.0)),
+        JournalEntry(4, {"eval/checkpoint_step": 256}),
+    ]
+
+
+def test_journal_curves(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "m.jsonl")
+    journal.write(1, _train(128, 10.0))
+    journal.write(2, {"eval/checkpoint_step": 128, "eval/episode/return/mean": 500.0})
+    journal.write(3, _train(256, float("nan")))
+    journal.write(5, _train(384, 30.0))
+    assert journal.curve("train/episode/return/shaped/mean", "train/global_step") == [(128, 10.0), (384, 30.0)]
+    assert journal.curve("train/episode/return/shaped/mean") == [(1, 10.0), (5, 30.0)]
+    assert journal.curve("eval/episode/return/mean", "eval/checkpoint_step") == [(128, 500.0)]
+    assert math.isnan(journal.read()[2].metrics["train/episode/return/shaped/mean"])
+
+
+def test_journal_cuts_a_torn_last_line(tmp_path: Path) -> None:
+    path = tmp_path / "m.jsonl"
+    Journal(path).write(1, _train(128, 1.0))
+    with open(path, "ab") as f:
+        f.write(b'{"event_seq": 2, "metr')  # crash mid-append
+    journal = Journal(path)
+    assert journal.high_water == 1
+    assert journal.write(2, _train(256, 2.0)) is True
+    assert [e.event_seq for e in journal.read()] == [1, 2]
+
+
+def test_journal_refuses_a_corrupt_middle_line(tmp_path: Path) -> None:
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"event_seq": 1, "metrics": {}}\nnot json\n{"event_seq": 3, "metrics": {}}\n')
+    with pytest.raises(ContractViolation, match="m.jsonl:2"):
+        Journal(path)
+
+
+def test_two_journal_writers_share_the_mark(tmp_path: Path) -> None:
+    a, b = Journal(tmp_path / "m.jsonl"), Journal(tmp_path / "m.jsonl")
+    assert a.write(1, {"x/y": 1}) is True
+    assert b.write(1, {"x/y": 1}) is False  # b sees a's line before deciding
+    assert b.write(2, {"x/y": 2}) is True
+    assert [e.event_seq for e in a.read()] == [1, 2]
+
+
+# -- W&B ---------------------------------------------------------------------------------------
+def test_wandb_offline_replay_adds_no_point(tmp_path: Path) -> None:
+    wandb_dir = tmp_path / "run"
+    sink = WandbSink(RUN, "offline", wandb_dir, "gradlab-tests", {"seed": 0})
+    assert sink.status == "ok", sink.error
+    assert [sink.log(seq, _train(128 * seq, float(seq))) for seq in (1, 2, 3)] == [True, True, True]
+    assert sink.log(2, _train(256, 99.0)) is False  # replay
+    assert sink.log(3, _train(384, 99.0)) is False
+    assert sink.log(4, {"eval/checkpoint_step": 384, "eval/episode/return/mean": 500.0}) is True
+    assert sink.high_water == 4
+    sink.finish()
+    assert sink.status == "ok", sink.error
+
+    rows = read_offline_history(wandb_dir, RUN)
+    assert [r["orchestration/event_seq"] for r in rows] == [1, 2, 3, 4]
+    assert [r["_step"] for r in rows] == [1, 2, 3, 4]
+    assert [r.get("train/episode/return/shaped/mean") for r in rows] == [1.0, 2.0, 3.0, None]
+    assert rows[3]["eval/episode/return/mean"] == 500.0
+
+    # The supervisor restarts: the new sink starts from the outbox's acknowledged mark (4), the same
+    # W&B run id, and a full replay of events 1..5 adds only event 5.
+    again = WandbSink(RUN, "offline", wandb_dir, "gradlab-tests", {"seed": 0}, high_water=4)
+    delivered = [again.log(seq, _train(128 * seq, float(seq))) for seq in (1, 2, 3, 4, 5)]
+    again.finish()
+    assert delivered == [False, False, False, False, True]
+    rows = read_offline_history(wandb_dir, RUN)
+    assert [r["orchestration/event_seq"] for r in rows] == [1, 2, 3, 4, 5]
+    assert len(list(wandb_dir.glob(f"wandb/offline-run-*-{RUN}*"))) == 2  # W&B makes one folder per init
+
+
+def test_wandb_disabled_imports_nothing_and_reports_none(tmp_path: Path) -> None:
+    sink = WandbSink(RUN, "disabled", tmp_path, "p")
+    assert (sink.status, sink.high_water, sink.log(1, {"x/y": 1})) == ("disabled", None, False)
+    sink.finish()
+    assert not (tmp_path / "wandb").exists()
+
+
+def test_wandb_bad_mode_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="expected one of disabled, offline, online, found 'onlin'"):
+        WandbSink(RUN, "onlin", tmp_path, "p")
+
+
+def test_wandb_online_unreachable_is_pending_not_raised(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """W&B cloud is unreachable here: online with no key and a dead base URL must report pending."""
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{free_port()}")
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    started = time.monotonic()
+    sink = WandbSink(RUN, "online", tmp_path, "p", init_timeout_s=10, finish_timeout_s=5)
+    assert sink.log(1, _train(128, 1.0)) is False
+    sink.finish()
+    assert time.monotonic() - started < 30
+    assert sink.status == "pending"
+    assert sink.error.startswith(f"wandb init (online, run {RUN}): ")
+    assert sink.high_water == 0
+
+
+def test_wandb_online_with_key_but_no_network_is_pending(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a key but no reachable server, init gives up after init_timeout_s, not W&B's 90 s default."""
+    monkeypatch.setenv("WANDB_API_KEY", "0" * 40)
+    monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{free_port()}")
+    started = time.monotonic()
+    sink = WandbSink(RUN, "online", tmp_path, "p", init_timeout_s=3, finish_timeout_s=3)
+    delivered = sink.log(1, _train(128, 1.0))
+    sink.finish()
+    assert time.monotonic() - started < 20
+    assert (delivered, sink.status, sink.high_water) == (False, "pending", 0)

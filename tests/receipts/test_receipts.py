@@ -1,0 +1,313 @@
+"""Receipt rules over both store backends: leases, promotion, evaluation intents, terminal receipts."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from gradlab.errors import Conflict, ContractViolation, IntegrityError
+from gradlab.receipts import (
+    CheckpointRef,
+    EvaluationIntent,
+    IndexEntry,
+    LearnerExit,
+    LeaseHeld,
+    LeaseLost,
+    Promotion,
+    StopRequest,
+    TerminalMetrics,
+    TerminalReceipt,
+    acquire_lease,
+    begin_attempt,
+    download_checkpoint,
+    evaluation_intent_key,
+    list_attempts,
+    list_runs,
+    make_evaluation_record,
+    open_run,
+    publish_checkpoint,
+    read_index,
+    read_lease,
+    read_promotion,
+    read_run_spec,
+    read_terminal,
+    reconcile_run,
+    record_evaluation,
+    register_evaluation,
+    release_lease,
+    renew_lease,
+    request_stop,
+    run_inventory,
+    seal_terminal,
+    update_index,
+    with_checkpoint,
+    write_promotion,
+)
+from gradlab.stores import Stores, keys
+
+T0 = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+RUN = "gradlab-20260102T030405-0123abcd"
+
+
+def _race(n: int, fn) -> list[object]:
+    barrier = threading.Barrier(n)
+    results: list[object] = [None] * n
+
+    def worker(i: int) -> None:
+        barrier.wait()
+        try:
+            results[i] = fn(i)
+        except Exception as e:  # noqa: BLE001 - inspected by the test
+            results[i] = e
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+def _spec(seed: int = 0):
+    from gradlab.contracts import Experiments
+    from gradlab.contracts.run_spec import RunSpec
+
+    return RunSpec.from_resolved(Experiments().resolve("gradlab__bandit/ppo"), seed=seed, run_id=RUN)
+
+
+def _checkpoint_dir(root: Path, step: int, policy: bytes) -> Path:
+    sha = hashlib.sha256(policy).hexdigest()
+    folder = root / f"{step:012d}-{sha[:16]}"
+    (folder / "resume").mkdir(parents=True)
+    (folder / "policy.zip").write_bytes(policy)
+    (folder / "resume" / "state.bin").write_bytes(b"state-%d" % step)
+    files = {
+        name: {"sha256": hashlib.sha256((folder / name).read_bytes()).hexdigest(),
+               "size_bytes": (folder / name).stat().st_size}
+        for name in ("policy.zip", "resume/state.bin")
+    }
+    manifest = {"run_id": RUN, "step": step, "purpose": "periodic", "sha256": sha, "files": files}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    return folder
+
+
+def test_open_run_is_idempotent(stores: Stores) -> None:
+    spec = _spec()
+    first = open_run(stores, spec, now=T0)
+    again = open_run(stores, spec, now=T0 + timedelta(hours=1))
+    assert again == first and again.created_at == T0
+    assert first.display_name == f"gradlab__bandit__ppo__s0__{RUN[-8:]}"
+    assert read_run_spec(stores, RUN)["run_id"] == RUN
+    assert list_runs(stores) == [RUN]
+    with pytest.raises(Conflict):
+        open_run(stores, _spec(seed=1))
+
+
+def test_lease_refused_while_live_taken_after_expiry(stores: Stores) -> None:
+    a = acquire_lease(stores.control, RUN, "attempt-001", ttl_s=30, now=T0)
+    assert (a.lease.generation, a.lease.expires_at) == (1, T0 + timedelta(seconds=30))
+    with pytest.raises(LeaseHeld, match="leased by attempt-001"):
+        acquire_lease(stores.control, RUN, "attempt-002", ttl_s=30, now=T0 + timedelta(seconds=10))
+    a = renew_lease(stores.control, a, now=T0 + timedelta(seconds=20))
+    assert a.lease.expires_at == T0 + timedelta(seconds=50)
+    with pytest.raises(LeaseHeld):
+        acquire_lease(stores.control, RUN, "attempt-002", ttl_s=30, now=T0 + timedelta(seconds=49))
+    b = acquire_lease(stores.control, RUN, "attempt-002", ttl_s=30, now=T0 + timedelta(seconds=51))
+    assert (b.lease.holder, b.lease.generation) == ("attempt-002", 2)
+    with pytest.raises(LeaseLost, match="found holder attempt-002 generation 2"):
+        renew_lease(stores.control, a, now=T0 + timedelta(seconds=52))
+    b = release_lease(stores.control, b, now=T0 + timedelta(seconds=53))
+    assert b.lease.released and not b.lease.is_live(T0 + timedelta(seconds=53))
+    c = acquire_lease(stores.control, RUN, "attempt-003", ttl_s=30, now=T0 + timedelta(seconds=54))
+    assert c.lease.generation == 3
+    assert read_lease(stores.control, RUN).lease == c.lease
+
+
+def test_racing_acquirers_one_holder(stores: Stores) -> None:
+    acquire_lease(stores.control, RUN, "attempt-001", ttl_s=1, now=T0)
+    later = T0 + timedelta(seconds=5)
+    results = _race(6, lambda i: acquire_lease(stores.control, RUN, f"attempt-{i + 2:03d}", ttl_s=30, now=later))
+    winners = [r for r in results if not isinstance(r, Exception)]
+    assert len(winners) == 1
+    assert all(isinstance(r, LeaseHeld) for r in results if isinstance(r, Exception))
+    assert read_lease(stores.control, RUN).lease == winners[0].lease
+    assert winners[0].lease.generation == 2
+
+
+def test_begin_attempt_numbers_and_refuses_while_live(stores: Stores) -> None:
+    open_run(stores, _spec(), now=T0)
+    first, held = begin_attempt(stores, RUN, mode="fresh", ttl_s=30, now=T0)
+    assert (first.attempt_id, first.number, held.lease.holder) == ("attempt-001", 1, "attempt-001")
+    with pytest.raises(LeaseHeld):
+        begin_attempt(stores, RUN, mode="resume", ttl_s=30, now=T0 + timedelta(seconds=5))
+    ref = CheckpointRef(step=100, sha256="ab" * 32, uri="file:///x/")
+    second, _ = begin_attempt(stores, RUN, mode="resume", resume_from=ref, ttl_s=30, now=T0 + timedelta(seconds=31))
+    assert (second.attempt_id, second.previous_attempt_id, second.resume_from) == ("attempt-002", "attempt-001", ref)
+    assert [a.attempt_id for a in list_attempts(stores, RUN)] == ["attempt-001", "attempt-002"]
+
+
+def test_publish_checkpoint_verifies_uploads_and_indexes(stores: Stores, tmp_path: Path) -> None:
+    folder = _checkpoint_dir(tmp_path, 100, b"policy-bytes-100")
+    sha = hashlib.sha256(b"policy-bytes-100").hexdigest()
+    pub = publish_checkpoint(stores, run_id=RUN, attempt_id="attempt-001", checkpoint_dir=folder, now=T0)
+    prefix = f"runs/{RUN}/checkpoints/000000000100-{sha[:16]}/"
+    assert stores.model.list(prefix) == [prefix + n for n in ("manifest.json", "policy.zip", "resume/state.bin")]
+    assert stores.model.get(prefix + "policy.zip") == b"policy-bytes-100"
+    assert pub.uri == stores.model.url(prefix.rstrip("/")) + "/"
+    assert pub.files["resume/state.bin"].size_bytes == len(b"state-100")
+    index = read_index(stores.model, RUN)
+    assert (index.version, [(e.step, e.sha256) for e in index.checkpoints]) == (1, [(100, sha)])
+    # A retried publication (another attempt, later) agrees with the first and changes nothing.
+    again = publish_checkpoint(stores, run_id=RUN, attempt_id="attempt-002", checkpoint_dir=folder, now=T0 + timedelta(1))
+    assert again == pub
+    assert read_index(stores.model, RUN).version == 1
+    # A corrupted file is refused before anything is uploaded, naming the file.
+    bad = _checkpoint_dir(tmp_path / "bad", 200, b"policy-bytes-200")
+    (bad / "resume" / "state.bin").write_bytes(b"flipped")
+    with pytest.raises(IntegrityError, match="state.bin: sha256 expected"):
+        publish_checkpoint(stores, run_id=RUN, attempt_id="attempt-001", checkpoint_dir=bad)
+    with pytest.raises(ContractViolation, match="run_id: expected other-run"):
+        publish_checkpoint(stores, run_id="other-run", attempt_id="attempt-001", checkpoint_dir=folder)
+
+
+def test_index_updates_racing_lose_nothing(stores: Stores) -> None:
+    def add(i: int):
+        entry = IndexEntry(step=100 * (i + 1), sha256=f"{i:064x}", uri=f"file:///c/{i}/", purpose="periodic")
+        return update_index(stores.model, RUN, lambda index: with_checkpoint(index, entry))
+
+    _race(8, add)
+    index = read_index(stores.model, RUN)
+    assert [e.step for e in index.checkpoints] == [100, 200, 300, 400, 500, 600, 700, 800]
+    assert index.version == 8
+
+
+def test_evaluation_intent_key_is_content_hash() -> None:
+    # Canonical JSON of the four identities, sorted keys, compact: hand-written here.
+    text = '{"checkpoint_sha256":"c","episode_manifest_sha256":"m","goal_contract_sha256":"g","run_id":"r"}'
+    assert evaluation_intent_key("r", "c", "g", "m") == hashlib.sha256(text.encode()).hexdigest()
+    assert evaluation_intent_key("r", "c", "g", "m") != evaluation_intent_key("r", "c2", "g", "m")
+    with pytest.raises(ValueError, match="content key"):
+        EvaluationIntent(key="0" * 64, run_id="r", checkpoint_step=1, checkpoint_sha256="c", checkpoint_uri="u",
+                         goal_contract_sha256="g", episode_manifest_sha256="m", backend="local", created_at=T0)
+
+
+def test_retried_evaluation_never_evaluates_twice(stores: Stores) -> None:
+    ref = CheckpointRef(step=100, sha256="ab" * 32, uri="file:///c/")
+    intent = EvaluationIntent.create(run_id=RUN, checkpoint=ref, goal_contract_sha256="g" * 64,
+                                     episode_manifest_sha256="m" * 64, backend="local", now=T0)
+    stored, result = register_evaluation(stores, intent)
+    assert (stored, result) == (intent, None)
+    result_json = {"checkpoint_sha256": ref.sha256, "verdict": "accepted", "aggregates": {"eval/return_mean": 1.0}}
+    record = record_evaluation(stores, make_evaluation_record(intent, status="accepted", result=result_json,
+                                                              return_mean=1.0, now=T0))
+    # The retry (a later intent object with a new timestamp) finds the same key and its result.
+    retry = EvaluationIntent.create(run_id=RUN, checkpoint=ref, goal_contract_sha256="g" * 64,
+                                    episode_manifest_sha256="m" * 64, backend="local", now=T0 + timedelta(1))
+    stored2, found = register_evaluation(stores, retry)
+    assert stored2 == intent and found == record
+    again = record_evaluation(stores, make_evaluation_record(intent, status="accepted", result=result_json,
+                                                             return_mean=1.0, now=T0 + timedelta(1)))
+    assert again.recorded_at == T0
+    with pytest.raises(Conflict):
+        record_evaluation(stores, make_evaluation_record(intent, status="rejected", result={**result_json,
+                                                                                           "verdict": "rejected"}))
+    assert len(stores.eval.list(f"runs/{RUN}/evaluations/")) == 2
+
+
+def _promotion(step: int, attempt: str = "attempt-001", at: datetime = T0) -> Promotion:
+    return Promotion(run_id=RUN, attempt_id=attempt, checkpoint_step=step, checkpoint_sha256=f"{step:064x}",
+                     uri=f"file:///c/{step}/", evaluation_key="k" * 64, result_uri="file:///r", return_mean=1.0,
+                     promoted_at=at)
+
+
+def test_two_promoters_racing_one_promotion(stores: Stores) -> None:
+    results = _race(2, lambda i: write_promotion(stores, _promotion(100 * (i + 1), attempt=f"attempt-00{i + 1}")))
+    won = [r for r in results if isinstance(r, Promotion)]
+    lost = [r for r in results if isinstance(r, Conflict)]
+    assert len(won) == 1 and len(lost) == 1
+    assert stores.control.list(f"runs/{RUN}/promotion") == [f"runs/{RUN}/promotion.json"]
+    assert read_promotion(stores, RUN) == won[0]
+    assert read_index(stores.model, RUN).promotion == won[0].ref
+    # A second promoter that names the same checkpoint agrees and gets the first receipt back.
+    same = write_promotion(stores, _promotion(won[0].checkpoint_step, attempt="attempt-009", at=T0 + timedelta(1)))
+    assert same == won[0] and same.promoted_at == T0
+
+
+def test_first_stop_request_wins(stores: Stores) -> None:
+    first = request_stop(stores, StopRequest(run_id=RUN, reason="accepted:100", checkpoint_step=100, requested_at=T0))
+    second = request_stop(stores, StopRequest(run_id=RUN, reason="user", requested_at=T0 + timedelta(1)))
+    assert second == first and second.reason == "accepted:100"
+
+
+def _receipt(outcome: str = "succeeded", at: datetime = T0) -> TerminalReceipt:
+    return TerminalReceipt(
+        run_id=RUN, attempt_id="attempt-001", goal_id="gradlab__bandit", recipe_id="ppo", seed=0, outcome=outcome,
+        reason="accepted", final_step=200, checkpoints=[{"step": 100, "sha256": "a" * 64, "uri": "file:///c/"}],
+        evaluations=[{"checkpoint_step": 100, "status": "accepted", "result_uri": "file:///r", "return_mean": 1.0}],
+        promotion={"checkpoint_step": 100, "sha256": "a" * 64, "uri": "file:///c/"},
+        metrics=TerminalMetrics(local_high_water=7, sinks={"journal": 7, "wandb": None}), drained=True,
+        learner=LearnerExit(exit_code=0, stop_reason="stop_requested"), sealed_at=at,
+    )
+
+
+def test_terminal_receipt_shape_and_create_only(stores: Stores) -> None:
+    receipt = seal_terminal(stores, _receipt())
+    doc = json.loads(stores.control.get(keys.terminal(RUN, "attempt-001")))
+    assert set(doc) == {"run_id", "attempt_id", "goal_id", "recipe_id", "seed", "outcome", "reason", "final_step",
+                        "checkpoints", "evaluations", "promotion", "metrics", "drained", "learner", "sealed_at"}
+    assert doc["checkpoints"] == [{"step": 100, "sha256": "a" * 64, "uri": "file:///c/"}]
+    assert doc["evaluations"][0] == {"checkpoint_step": 100, "status": "accepted", "result_uri": "file:///r",
+                                     "return_mean": 1.0}
+    assert doc["metrics"] == {"local_high_water": 7, "sinks": {"journal": 7, "wandb": None}, "pending": []}
+    assert doc["learner"] == {"exit_code": 0, "stop_reason": "stop_requested"}
+    assert doc["sealed_at"] == "2026-01-02T03:04:05Z"
+    assert seal_terminal(stores, _receipt(at=T0 + timedelta(1))) == receipt  # a retried seal agrees
+    with pytest.raises(Conflict):
+        seal_terminal(stores, _receipt(outcome="failed"))
+    assert read_terminal(stores, RUN, "attempt-001") == receipt
+
+
+def test_reconcile_closes_attempts_whose_lease_expired(stores: Stores, tmp_path: Path) -> None:
+    open_run(stores, _spec(), now=T0)
+    begin_attempt(stores, RUN, mode="fresh", ttl_s=30, now=T0)
+    publish_checkpoint(stores, run_id=RUN, attempt_id="attempt-001",
+                       checkpoint_dir=_checkpoint_dir(tmp_path, 100, b"p100"), now=T0)
+    assert reconcile_run(stores, RUN, now=T0 + timedelta(seconds=10)) == []  # lease still live
+    [closed] = reconcile_run(stores, RUN, now=T0 + timedelta(seconds=31))
+    assert (closed.outcome, closed.final_step, closed.drained) == ("failed", 100, False)
+    assert closed.reason.startswith("reconciled: attempt ended without sealing")
+    assert [c.step for c in closed.checkpoints] == [100]
+    assert reconcile_run(stores, RUN, now=T0 + timedelta(seconds=40)) == []  # nothing left to close
+    checkpoints, evaluations, promotion = run_inventory(stores, RUN)
+    assert ([c.step for c in checkpoints], evaluations, promotion) == ([100], [], None)
+
+
+def test_learner_checkpoint_publishes_and_downloads_verified(stores: Stores, tmp_path: Path) -> None:
+    from gradlab.checkpoints import verify_checkpoint, write_checkpoint
+
+    def files(folder: Path) -> None:
+        (folder / "policy.zip").write_bytes(b"zip-bytes")
+        (folder / "resume").mkdir()
+        (folder / "resume" / "state.json").write_text('{"num_timesteps": 256}')
+
+    folder, manifest = write_checkpoint(
+        tmp_path / "run" / "checkpoints", step=256, write_files=files,
+        manifest_fields={"run_id": RUN, "purpose": "final", "goal_contract_sha256": "g" * 64,
+                         "recipe_sha256": "r" * 64, "environment_sha256": "e" * 64, "backend_id": "sb3.ppo",
+                         "backend_config_sha256": "b" * 64, "versions": {}},
+    )
+    pub = publish_checkpoint(stores, run_id=RUN, attempt_id="attempt-001", checkpoint_dir=folder, now=T0)
+    assert (pub.step, pub.sha256, pub.purpose) == (256, hashlib.sha256(b"zip-bytes").hexdigest(), "final")
+    assert sorted(pub.files) == ["manifest.json", "policy.zip", "resume/state.json"]
+    copy = download_checkpoint(stores, pub, tmp_path / "downloaded" / folder.name)
+    assert verify_checkpoint(copy) == manifest
+    with pytest.raises(Conflict, match="exists already"):
+        download_checkpoint(stores, pub, copy)
+    (folder / "stray.bin").write_bytes(b"x")
+    with pytest.raises(IntegrityError, match="not listed in manifest.json: stray.bin"):
+        publish_checkpoint(stores, run_id=RUN, attempt_id="attempt-001", checkpoint_dir=folder)
