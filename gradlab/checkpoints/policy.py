@@ -24,9 +24,13 @@ OBS_VAR_KEY = "gradlab.obs_rms.var"
 
 
 class SpaceSpec(BaseModel):
-    """A gymnasium space as JSON (Box, Discrete, MultiDiscrete, MultiBinary)."""
+    """A gymnasium space as JSON (Box, Discrete, MultiDiscrete, MultiBinary).
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    Infinite bounds (CartPole's velocities) are written as the JSON strings ``"Infinity"`` and
+    ``"-Infinity"``, which JSON numbers cannot hold, and read back as floats.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="strings")
 
     type: Literal["Box", "Discrete", "MultiDiscrete", "MultiBinary"]
     shape: list[int] = Field(default_factory=list)

@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import typer
 
-from gradlab.cli import benchmark_cmds, contracts_cmds
+from gradlab.cli import (
+    benchmark_cmds,
+    contracts_cmds,
+    env_cmds,
+    eval_cmds,
+    experiment_cmds,
+    pools_cmds,
+    runs_cmds,
+    server_cmds,
+    train_cmds,
+)
 
 app = typer.Typer(
     name="gradlab",
@@ -19,6 +29,14 @@ app.add_typer(contracts_cmds.goals_app, name="goals")
 app.add_typer(contracts_cmds.recipe_app, name="recipe")
 app.add_typer(benchmark_cmds.benchmark_app, name="benchmark")
 # Further command groups are registered below, one line each.
+app.command("train")(train_cmds.train)
+app.add_typer(runs_cmds.runs_app, name="runs")
+app.add_typer(server_cmds.server_app, name="server")
+app.add_typer(env_cmds.env_app, name="env")
+app.add_typer(env_cmds.rom_app, name="rom")
+app.command("eval")(eval_cmds.eval_command)
+app.add_typer(pools_cmds.pools_app, name="pools")
+app.add_typer(experiment_cmds.experiment_app, name="experiment")
 
 
 def main() -> None:

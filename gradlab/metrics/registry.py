@@ -133,7 +133,20 @@ EARLY_STOP: tuple[MetricSpec, ...] = (
 )
 """Early-stop condition metrics (gradlab.evaluation.early_stop, emitted by the learner per rollout)."""
 
-REGISTRY: tuple[MetricSpec, ...] = TRAINING + EVALUATION + EARLY_STOP
+_SUP = "per supervisor event"
+
+ORCHESTRATION: tuple[MetricSpec, ...] = (
+    MetricSpec("orchestration/event_seq", "Outbox sequence number of the delivered event (W&B's step).", "count", "every delivered event"),
+    MetricSpec("orchestration/checkpoint/publish_seconds", "Wall time from checkpoint_ready in the outbox to its verified publication.", "s", "per checkpoint"),
+    MetricSpec("orchestration/eval/seconds", "Wall time of one evaluation, from submission to a recorded result.", "s", _EVAL),
+    MetricSpec("orchestration/eval/result_to_stop_seconds", "Wall time from the first accepted result to the learner's stop request.", "s", "once per run"),
+    MetricSpec("orchestration/checkpoints/published", "Checkpoints published so far in this attempt.", "count", _SUP),
+    MetricSpec("orchestration/checkpoints/evaluated", "Checkpoints with a recorded evaluation so far in this attempt.", "count", _SUP),
+    MetricSpec("orchestration/checkpoints/accepted", "Checkpoints accepted so far in this attempt.", "count", _SUP),
+)
+"""Metrics the supervisor flow emits about the run's orchestration (owner: flows/training_run)."""
+
+REGISTRY: tuple[MetricSpec, ...] = TRAINING + EVALUATION + EARLY_STOP + ORCHESTRATION
 """Every registered metric, all parts together."""
 
 

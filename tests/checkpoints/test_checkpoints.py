@@ -145,3 +145,18 @@ def test_trust_rules_for_the_sb3_zip(trained: Path, tmp_path: Path, monkeypatch:
         load_sb3_model(outside, algorithm="ppo")
     # The weights-only path needs no trust.
     assert load_policy(outside).action_probs(np.eye(4, dtype=np.float32)).shape == (4, 4)
+
+
+def test_infinite_box_bounds_round_trip_through_the_policy_spec() -> None:
+    """CartPole's velocity bounds are infinite; the weights-only spec must keep them."""
+    import json
+
+    import gymnasium as gym
+
+    from gradlab.checkpoints.policy import SpaceSpec, space_to_spec, spec_to_space
+
+    space = gym.make("CartPole-v1").observation_space
+    text = json.dumps(space_to_spec(space).model_dump(mode="json"))
+    rebuilt = spec_to_space(SpaceSpec.model_validate(json.loads(text)))
+    assert rebuilt == space
+    assert np.isinf(rebuilt.high[1]) and rebuilt.high[1] > 0

@@ -1,0 +1,139 @@
+"""The ``training-run`` flow: one attempt of one training run, supervised end to end.
+
+The flow body only composes: resolve the spec, open the attempt (task), start or attach the
+learner (task), then hand the domain driver (:class:`gradlab.runs.driver.AttemptDriver`) the
+tasks it submits. DESIGN.md section 8 has the phases; ``gradlab/runs/driver.py`` orders them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any
+
+from prefect import flow
+from prefect.task_runners import ThreadPoolTaskRunner
+
+from gradlab.runs.supervisor import CheckpointTrack
+from tasks import run_tasks
+
+log = logging.getLogger(__name__)
+
+
+class _Done:
+    """A Prefect future seen through the ``done()/result()`` protocol the supervisor uses."""
+
+    def __init__(self, future: Any):
+        self.future = future
+
+    def done(self) -> bool:
+        return self.future.state.is_final()
+
+    def result(self) -> Any:
+        return self.future.result(raise_on_failure=True)
+
+
+def _cancel_probe() -> Any:
+    """A callable that says whether this flow run is being cancelled (Prefect state CANCELLING)."""
+    from prefect.client.orchestration import get_client
+    from prefect.context import FlowRunContext
+
+    ctx = FlowRunContext.get()
+    if ctx is None or ctx.flow_run is None:
+        return lambda: False
+    flow_run_id = ctx.flow_run.id
+
+    def cancelling() -> bool:
+        try:
+            with get_client(sync_client=True) as client:
+                state = client.read_flow_run(flow_run_id).state
+        except Exception as e:  # noqa: BLE001 - the API may be briefly unreachable; try again later
+            log.debug("cannot read flow run state: %s", e)
+            return False
+        return state is not None and (state.is_cancelling() or state.is_cancelled())
+
+    return cancelling
+
+
+@flow(name="training-run", task_runner=ThreadPoolTaskRunner(max_workers=4), persist_result=False,
+      log_prints=False)
+def training_run(
+    recipe: str | None = None,
+    seed: int = 0,
+    overrides: list[str] | None = None,
+    wandb_mode: str | None = None,
+    eval_backend: str = "local",
+    evaluate: bool = True,
+    run_id: str | None = None,
+    learner_pid: int | None = None,
+) -> dict:
+    """Train ``recipe`` (GOAL/RECIPE) with ``seed``, or retry the existing run ``run_id``.
+
+    Args:
+        recipe: ``GOAL/RECIPE`` under ``experiments/goals``.
+        seed: the run seed (lane seeds derive from it).
+        overrides: ``dotted.key=value`` recipe overrides (as ``--set``).
+        wandb_mode: ``disabled`` | ``offline`` | ``online``; default: the recipe's ``logging.wandb_mode``.
+        eval_backend: ``local`` (process pool) or ``modal``.
+        evaluate: False skips evaluation (nothing can be promoted then).
+        run_id: an existing run to retry (a new attempt), or the id a caller reserved for a new run.
+        learner_pid: a learner the caller already started for this run (``gradlab train`` does,
+            so training overlaps Prefect's start-up).
+
+    Returns:
+        The terminal receipt as JSON (DESIGN.md section 8). The run succeeded only if its
+        ``outcome`` is ``succeeded``.
+    """
+    from gradlab.metrics.wandb_sink import WandbSink
+    from gradlab.runs import operations
+    from gradlab.runs.driver import AttemptDriver
+    from gradlab.runs.process import LearnerProcess
+    from gradlab.settings import load_settings
+    from gradlab.stores import open_stores
+
+    settings = load_settings()
+    stores = open_stores(settings)
+    spec, paths = operations.prepare_spec(settings, recipe=recipe, seed=seed, overrides=overrides, run_id=run_id,
+                                          stores=stores)
+    attached = LearnerProcess.attach(learner_pid, paths) if learner_pid else None
+    try:
+        plan = run_tasks.open_run(stores, spec, paths)
+    except BaseException:
+        if attached is not None:
+            attached.stop("the attempt could not be opened", grace_s=4.0)
+        raise
+    if plan.attempt.mode == "drain":
+        learner = None
+    elif attached is not None:
+        learner = attached
+    else:
+        learner = run_tasks.start_learner(spec.run_id, paths, plan.resume_dir)
+    mode = wandb_mode or settings.wandb_mode or spec.recipe.logging.wandb_mode
+    wandb = WandbSink(spec.run_id, mode, paths.wandb_dir, settings.wandb_project or spec.recipe.logging.wandb_project,
+                      config={"spec": spec.to_json()}, entity=settings.wandb_entity, name=spec.display_name,
+                      high_water=operations.outbox_high_water(paths, "wandb"))
+    attempt_id = plan.attempt.attempt_id
+
+    def publish(track: CheckpointTrack) -> _Done:
+        return _Done(run_tasks.publish_checkpoint.submit(stores, spec.run_id, attempt_id, track.step, track.path))
+
+    def evaluate_track(track: CheckpointTrack) -> _Done:
+        directory = operations.local_checkpoint_dir(stores, paths, track.publication)
+        return _Done(run_tasks.evaluate_checkpoint.submit(stores, spec, spec.run_id, track.step, track.publication,
+                                                          directory, eval_backend))
+
+    driver = AttemptDriver(
+        spec=spec, paths=paths, stores=stores, plan=plan, learner=learner,
+        submit_publish=publish, submit_evaluate=evaluate_track,
+        record_stop=lambda reason: run_tasks.request_stop(stores, spec.run_id, attempt_id, reason),
+        promote=lambda t: run_tasks.promote(stores, spec.run_id, attempt_id, t.step, t.evaluation, t.publication),
+        seal=lambda fields: run_tasks.seal_receipt(stores, spec, spec.run_id, attempt_id, fields, paths),
+        evaluate=evaluate, wandb=wandb, cancel_requested=_cancel_probe(),
+        max_parallel_evals=max(1, (os.cpu_count() or 2) - 1),
+    )
+    started = time.monotonic()
+    receipt = driver.run()
+    log.info("run %s attempt %s: %s after %.1f s (%s)", spec.run_id, attempt_id, receipt.outcome,
+             time.monotonic() - started, receipt.reason)
+    return receipt.model_dump(mode="json")

@@ -1,0 +1,155 @@
+"""``gradlab runs list|show|retry|reconcile``: runs as the receipt store records them."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from gradlab.cli.output import console, err_console, fail, print_json
+
+runs_app = typer.Typer(help="List, inspect, retry and reconcile runs (read from the receipt store).",
+                       no_args_is_help=True)
+
+JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON document.")]
+
+
+def _stores():
+    from gradlab.stores import open_stores
+
+    try:
+        return open_stores()
+    except Exception as e:  # noqa: BLE001 - reported with the store's own message
+        fail(f"cannot open the stores: {e}")
+
+
+def run_view(stores, run_id: str) -> dict:
+    """Everything the stores hold about a run: record, attempts with receipts, inventories."""
+    from gradlab.errors import NotFound
+    from gradlab.receipts import rules
+
+    try:
+        record = rules.read_run(stores, run_id)
+    except NotFound:
+        fail(f"no run {run_id} in {stores.control.base_url}")
+    attempts = []
+    receipt = None
+    for attempt in rules.list_attempts(stores, run_id):
+        terminal = rules.read_terminal(stores, run_id, attempt.attempt_id)
+        attempts.append({"attempt_id": attempt.attempt_id, "mode": attempt.mode, "started_at": attempt.started_at.isoformat(),
+                         "outcome": terminal.outcome if terminal else None})
+        if terminal is not None:
+            receipt = terminal.model_dump(mode="json")
+    from gradlab.runs.operations import inventory
+
+    checkpoints, evaluations, promotion = inventory(stores, run_id)
+    return {
+        "run": record.model_dump(mode="json"),
+        "attempts": attempts,
+        "receipt": receipt,
+        "checkpoints": [c.model_dump(mode="json") for c in checkpoints],
+        "evaluations": [e.model_dump(mode="json") for e in evaluations],
+        "promotion": promotion.model_dump(mode="json") if promotion else None,
+    }
+
+
+@runs_app.command("list")
+def list_runs(json_out: JsonOption = False) -> None:
+    """Every run in the receipt store with its latest attempt's outcome."""
+    from gradlab.receipts import rules
+
+    stores = _stores()
+    rows = []
+    for run_id in rules.list_runs(stores):
+        record = rules.read_run(stores, run_id)
+        attempts = rules.list_attempts(stores, run_id)
+        latest = attempts[-1] if attempts else None
+        terminal = rules.read_terminal(stores, run_id, latest.attempt_id) if latest else None
+        promotion = rules.read_promotion(stores, run_id)
+        rows.append({"run_id": run_id, "goal_id": record.goal_id, "recipe_id": record.recipe_id, "seed": record.seed,
+                     "attempts": len(attempts), "outcome": terminal.outcome if terminal else ("running" if latest else None),
+                     "promoted_step": promotion.checkpoint_step if promotion else None,
+                     "created_at": record.created_at.isoformat()})
+    if json_out:
+        print_json(rows)
+        return
+    table = Table("run", "goal/recipe", "seed", "attempts", "outcome", "promoted")
+    for r in rows:
+        table.add_row(r["run_id"], f"{r['goal_id']}/{r['recipe_id']}", str(r["seed"]), str(r["attempts"]),
+                      str(r["outcome"]), str(r["promoted_step"]) if r["promoted_step"] is not None else "-")
+    console.print(table)
+
+
+@runs_app.command("show")
+def show(run_id: Annotated[str, typer.Argument(help="The run id.")], json_out: JsonOption = False) -> None:
+    """A run's receipt, checkpoints, evaluations and promotion."""
+    view = run_view(_stores(), run_id)
+    if json_out:
+        print_json(view)
+        return
+    run = view["run"]
+    console.print(f"[bold]{run['run_id']}[/] {escape(run['display_name'])}")
+    for a in view["attempts"]:
+        console.print(f"  {a['attempt_id']} ({a['mode']}): {a['outcome'] or 'no receipt yet'}")
+    if view["receipt"]:
+        console.print(f"  outcome: {view['receipt']['outcome']}: {escape(view['receipt']['reason'])}")
+    table = Table("step", "sha256", "evaluation", "return mean")
+    evals = {e["checkpoint_step"]: e for e in view["evaluations"]}
+    for c in view["checkpoints"]:
+        e = evals.get(c["step"], {})
+        rm = e.get("return_mean")
+        table.add_row(str(c["step"]), c["sha256"][:16], e.get("status", "-"), f"{rm:.2f}" if rm is not None else "-")
+    console.print(table)
+    promo = view["promotion"]
+    console.print(f"  promotion: step {promo['checkpoint_step']}" if promo else "  promotion: none")
+
+
+@runs_app.command("retry")
+def retry(
+    run_id: Annotated[str, typer.Argument(help="The run id.")],
+    wandb: Annotated[str | None, typer.Option("--wandb", help="W&B mode for this attempt.")] = None,
+    eval_backend: Annotated[str, typer.Option("--eval-backend")] = "local",
+    json_out: JsonOption = False,
+) -> None:
+    """A new attempt of RUN_ID: refused while its lease is live; drain-only if the learner had
+    finished; otherwise the learner resumes from the last published checkpoint."""
+    from gradlab.cli.train_cmds import _summary, configure_prefect, run_flow
+    from gradlab.receipts.lease import read_lease
+
+    stores = _stores()
+    view = run_view(stores, run_id)
+    held = read_lease(stores.control, run_id)
+    if held is not None and held.lease.is_live():
+        fail(f"run {run_id}: attempt {held.lease.holder} still holds the lease until {held.lease.expires_at.isoformat()} "
+             f"(owner {held.lease.owner}); retry after it ends or expires")
+    import time
+
+    started = time.monotonic()
+    configure_prefect()
+    receipt, _state = run_flow(recipe=None, seed=view["run"]["seed"], wandb_mode=wandb, eval_backend=eval_backend,
+                               run_id=run_id)
+    if receipt is None:
+        fail(f"run {run_id}: the retry sealed no receipt; see `gradlab runs show {run_id}`")
+    _summary(receipt, time.monotonic() - started)
+    if json_out:
+        print_json(receipt)
+    raise typer.Exit(0 if receipt["outcome"] == "succeeded" else 1)
+
+
+@runs_app.command("reconcile")
+def reconcile(run_id: Annotated[str, typer.Argument(help="The run id.")], json_out: JsonOption = False) -> None:
+    """Close attempts whose process ended without sealing a receipt (crash, SIGKILL) as failed."""
+    from gradlab.receipts import rules
+
+    stores = _stores()
+    run_view(stores, run_id)  # exits 1 for an unknown run
+    sealed = rules.reconcile_run(stores, run_id)
+    if json_out:
+        print_json([r.model_dump(mode="json") for r in sealed])
+        return
+    if not sealed:
+        err_console.print("nothing to reconcile: every attempt has a receipt or a live lease")
+    for r in sealed:
+        console.print(f"{r.attempt_id}: sealed {r.outcome}: {escape(r.reason)}")

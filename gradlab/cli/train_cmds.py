@@ -1,0 +1,184 @@
+"""``gradlab train GOAL/RECIPE``: one training run through the ``training-run`` Prefect flow.
+
+The learner is started at once, before Prefect is even imported, so training overlaps Prefect's
+start-up (an ephemeral API server costs 12–20 s here; a server kept up by ``gradlab server start``
+or named by ``PREFECT_API_URL`` costs ~2 s). The flow then attaches to the learner.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+
+from gradlab.cli.contracts_cmds import SetOption, resolve_or_exit
+from gradlab.cli.output import err_console, fail, print_json
+
+
+def configure_prefect() -> str:
+    """Point Prefect at a running local server when one is up; quiet its logs and telemetry.
+
+    Returns a short description of the API in use.
+    """
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")
+    if os.environ.get("PREFECT_API_URL"):
+        return os.environ["PREFECT_API_URL"]
+    from gradlab.runs.server import running_server
+    from gradlab.settings import load_settings
+
+    settings = load_settings()
+    if settings.prefect_api_url:
+        os.environ["PREFECT_API_URL"] = settings.prefect_api_url
+        return settings.prefect_api_url
+    state = running_server(settings)
+    if state is not None:
+        os.environ["PREFECT_API_URL"] = state.api_url
+        return state.api_url
+    return "ephemeral (start one with `gradlab server start` to skip this start-up next time)"
+
+
+def run_flow(**params):
+    """Call the training-run flow in this process; returns (receipt JSON or None, final Prefect state)."""
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+    from flows.training_run import training_run
+
+    # The engine joins a heartbeat thread at flow end (~1 s, FIELD-NOTES.md): off for local runs.
+    with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+        state = training_run(**params, return_state=True)
+    receipt = state.result(raise_on_failure=False) if state.is_completed() else None
+    return (receipt if isinstance(receipt, dict) else None), state
+
+
+def train(
+    ref: Annotated[str, typer.Argument(help="GOAL/RECIPE, e.g. CartPole-v1/ppo.")],
+    seed: Annotated[int, typer.Option(help="Run seed (lane seeds derive from it).")] = 0,
+    overrides: SetOption = None,
+    wandb: Annotated[str | None, typer.Option("--wandb", help="W&B mode: disabled, offline or online (default: the recipe's).")] = None,
+    eval_backend: Annotated[str, typer.Option("--eval-backend", help="Evaluation backend: local or modal.")] = "local",
+    no_eval: Annotated[bool, typer.Option("--no-eval", help="Train and publish only; nothing is promoted.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the terminal receipt as the last stdout line.")] = False,
+) -> None:
+    """Train GOAL/RECIPE as a supervised Prefect flow; exit 0 only if the terminal receipt says succeeded."""
+    if wandb is not None and wandb not in ("disabled", "offline", "online"):
+        fail(f"--wandb: expected disabled, offline or online, found {wandb!r}")
+    if eval_backend not in ("local", "modal"):
+        fail(f"--eval-backend: expected local or modal, found {eval_backend!r}")
+    from gradlab.contracts.goal import MAX_RUN_SEED
+
+    if not 0 <= seed <= MAX_RUN_SEED:
+        fail(f"--seed: expected 0..{MAX_RUN_SEED}, found {seed}")
+    started = time.monotonic()
+    resolve_or_exit(ref, overrides)  # every contract problem before any compute is spent
+    from gradlab.contracts.run_spec import new_run_id
+    from gradlab.runs import operations
+    from gradlab.runs.process import LearnerProcess
+    from gradlab.settings import load_settings
+
+    settings = load_settings()
+    spec, paths = operations.prepare_spec(settings, recipe=ref, seed=seed, overrides=list(overrides or []),
+                                          run_id=new_run_id())
+    learner = LearnerProcess.start(paths)
+    err_console.print(f"run [bold]{spec.run_id}[/] ({escape(spec.display_name)}), learner pid {learner.pid}", highlight=False)
+    api = configure_prefect()
+    err_console.print(f"Prefect API: {escape(api)}", highlight=False)
+    stop_display = threading.Event()
+    display = threading.Thread(target=_show_progress, args=(paths.outbox, spec.recipe.train.timesteps, stop_display),
+                               daemon=True)
+    display.start()
+    receipt = None
+    interrupted = False
+    try:
+        receipt, _state = run_flow(recipe=ref, seed=seed, overrides=list(overrides or []), wandb_mode=wandb,
+                                   eval_backend=eval_backend, evaluate=not no_eval, run_id=spec.run_id,
+                                   learner_pid=learner.pid)
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        stop_display.set()
+        display.join(timeout=2)
+        if learner.exit_code() is None:  # the flow never took the learner over (e.g. it failed to start)
+            learner.stop("the supervising flow ended", grace_s=10.0)
+    if receipt is None:
+        receipt = _stored_receipt(spec.run_id)
+    elapsed = time.monotonic() - started
+    if receipt is None:
+        fail(f"run {spec.run_id}: no terminal receipt was sealed{' (interrupted)' if interrupted else ''}; "
+             f"`gradlab runs reconcile {spec.run_id}` closes the attempt")
+    _summary(receipt, elapsed)
+    if json_out:
+        print_json(receipt)
+    raise typer.Exit(0 if receipt["outcome"] == "succeeded" else 1)
+
+
+def _stored_receipt(run_id: str) -> dict | None:
+    """The newest terminal receipt of the run from the receipt store, if any."""
+    from gradlab.receipts import rules
+    from gradlab.stores import open_stores
+
+    try:
+        stores = open_stores()
+        for attempt in reversed(rules.list_attempts(stores, run_id)):
+            receipt = rules.read_terminal(stores, run_id, attempt.attempt_id)
+            if receipt is not None:
+                return receipt.model_dump(mode="json")
+    except Exception as e:  # noqa: BLE001 - reported as 'no receipt'
+        err_console.print(f"cannot read the receipt store: {escape(str(e))}")
+    return None
+
+
+def _summary(receipt: dict, elapsed_s: float) -> None:
+    from rich.table import Table
+
+    colour = {"succeeded": "green", "cancelled": "yellow", "stopped": "yellow"}.get(receipt["outcome"], "red")
+    table = Table(show_header=False, box=None)
+    table.add_row("run", receipt["run_id"] + f" ({receipt['attempt_id']})")
+    table.add_row("outcome", f"[{colour}]{receipt['outcome']}[/]: {escape(receipt['reason'])}")
+    table.add_row("final step", str(receipt["final_step"]))
+    table.add_row("checkpoints", str(len(receipt["checkpoints"])))
+    evals = receipt["evaluations"]
+    table.add_row("evaluations", ", ".join(f"{e['checkpoint_step']}: {e['status']}"
+                                           + (f" ({e['return_mean']:.1f})" if e.get("return_mean") is not None else "")
+                                           for e in evals) or "none")
+    promo = receipt.get("promotion")
+    table.add_row("promotion", f"step {promo['checkpoint_step']} ({promo['sha256'][:16]})" if promo else "none")
+    metrics = receipt["metrics"]
+    pending = f"; pending remotely: {', '.join(metrics['pending'])}" if metrics.get("pending") else ""
+    table.add_row("metrics", f"{metrics['local_high_water']} events delivered locally{pending}")
+    table.add_row("wall time", f"{elapsed_s:.1f} s")
+    err_console.print(table)
+
+
+def _show_progress(outbox_path, timesteps: int, stop: threading.Event) -> None:
+    """Live progress on stderr (a rich progress bar when stderr is a terminal)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from gradlab.runs.progress import RunProgress
+
+    progress = RunProgress(outbox_path, timesteps)
+    if not err_console.is_terminal:
+        stop.wait()
+        return
+    columns = (TextColumn("[bold]training"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+               TimeRemainingColumn())
+    with Progress(*columns, console=err_console, transient=False) as bar:
+        task = bar.add_task("train", total=timesteps, info="")
+        while not stop.wait(0.5):
+            try:
+                progress.refresh()
+            except Exception:  # noqa: BLE001 - the display must never disturb the run
+                continue
+            rate = progress.steps_per_s
+            info = " ".join(filter(None, [
+                f"{rate:,.0f} steps/s" if rate else None,
+                f"return {progress.recent_return:.1f}" if progress.recent_return is not None else None,
+                f"ckpt {progress.checkpoints} pub {progress.published} eval {progress.evaluated} acc {progress.accepted}",
+                f"stop: {progress.stop}" if progress.stop else None,
+            ]))
+            bar.update(task, completed=min(progress.step, timesteps), info=info)

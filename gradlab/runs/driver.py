@@ -1,0 +1,242 @@
+"""One attempt of a training run, end to end: the order of the phases lives here.
+
+``flows/training_run.py`` hands the driver its Prefect tasks as callables; tests hand it plain
+functions. The driver loops (``tick_s`` ≤ 1 s) over the :class:`~gradlab.runs.supervisor.Supervisor`
+until the learner has exited and everything is drained, then promotes, delivers the last
+metrics and seals the terminal receipt. Cancellation (``cancel_requested()``, Ctrl-C, a
+termination signal) stops the learner within the grace period and seals ``cancelled``; every
+checkpoint already published stays published and no checkpoint is published after the cancel.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gradlab.contracts.run_spec import RunSpec
+from gradlab.errors import GradlabError
+from gradlab.outbox import Outbox
+from gradlab.receipts.lease import LeaseLost, release_lease, renew_lease
+from gradlab.receipts.models import LearnerExit, TerminalMetrics, TerminalReceipt
+from gradlab.runs.operations import AttemptPlan
+from gradlab.runs.paths import RunPaths
+from gradlab.runs.process import LearnerProcess
+from gradlab.runs.supervisor import CheckpointTrack, Future, JournalSink, Supervisor, WandbMetricSink
+from gradlab.stores import Stores
+
+log = logging.getLogger(__name__)
+
+
+class Cancelled(GradlabError):
+    """The run was cancelled (Prefect cancellation, Ctrl-C or a termination signal)."""
+
+
+@dataclass
+class AttemptDriver:
+    """Drive one attempt (see the module docstring).
+
+    Args:
+        submit_publish(track) / submit_evaluate(track): start work, return futures.
+        record_stop(reason): record the stop request in the receipt store.
+        promote(track): promote a track's accepted checkpoint (returns the Promotion).
+        seal(fields): seal the terminal receipt with these fields (returns the TerminalReceipt).
+        cancel_requested(): polled every ``cancel_poll_s``; True cancels the attempt.
+        learner: None in drain mode (the learner already finished in an earlier attempt).
+        wandb: a ``WandbSink`` or None.
+        grace_s: seconds the learner gets to stop when cancelled or failed.
+    """
+
+    spec: RunSpec
+    paths: RunPaths
+    stores: Stores
+    plan: AttemptPlan
+    learner: LearnerProcess | None
+    submit_publish: Callable[[CheckpointTrack], Future]
+    submit_evaluate: Callable[[CheckpointTrack], Future]
+    record_stop: Callable[[str], None]
+    promote: Callable[[CheckpointTrack], Any]
+    seal: Callable[[dict[str, Any]], TerminalReceipt]
+    evaluate: bool = True
+    wandb: Any = None
+    cancel_requested: Callable[[], bool] = lambda: False
+    tick_s: float = 0.5
+    cancel_poll_s: float = 2.0
+    grace_s: float = 10.0
+    max_parallel_evals: int = 1
+    supervisor: Supervisor = field(init=False)
+
+    def __post_init__(self) -> None:
+        from gradlab.receipts import rules
+
+        self.outbox = Outbox(self.paths.outbox)
+        sinks: list[Any] = [JournalSink(self.paths.journal)]
+        if self.wandb is not None and self.wandb.mode != "disabled":
+            sinks.append(WandbMetricSink(self.wandb))
+        evaluated = self.evaluate and self.spec.goal.evaluation_mode == "evaluated"
+        self.supervisor = Supervisor(
+            spec=self.spec, attempt_id=self.plan.attempt.attempt_id, outbox=self.outbox,
+            submit_publish=self.submit_publish, submit_evaluate=self.submit_evaluate, sinks=sinks,
+            evaluate=evaluated, stop_on_acceptance=self.spec.goal.stops_on_acceptance,
+            max_parallel_evals=self.max_parallel_evals, request_stop=self.record_stop,
+        )
+        # Checkpoints published by earlier attempts keep their results; unevaluated ones are evaluated now.
+        records = {rec.checkpoint_sha256: rec for _, rec in rules.list_evaluations(self.stores, self.spec.run_id) if rec}
+        self.supervisor.adopt_published(rules.list_publications(self.stores, self.spec.run_id), records)
+        for track in self.supervisor.tracks.values():
+            local = self.paths.checkpoints / _checkpoint_name(track.step, track.sha256)
+            track.path = local
+        self._lease = self.plan.lease
+        self._lease_renewed_at = time.monotonic()
+        self._cancel_checked_at = 0.0
+        self.cancelled_reason: str | None = None
+        self.lease_lost: str | None = None
+
+    # -- the loop ---------------------------------------------------------------------------------
+    def run(self) -> TerminalReceipt:
+        """Supervise until drained (or cancelled), then promote and seal. Returns the receipt.
+
+        A ``BaseException`` from inside the loop (KeyboardInterrupt, a termination signal) is
+        treated as a cancellation: the learner is stopped, ``cancelled`` is sealed, and the
+        exception is raised again for the caller (Prefect) to record.
+        """
+        sup = self.supervisor
+        learner_exit: int | None = None if self.learner is not None else 0
+        if self.learner is None:
+            sup.freeze()
+        try:
+            while True:
+                self._check_cancel()
+                self._renew_lease()
+                sup.poll_outbox()
+                sup.advance()
+                sup.deliver_metrics()
+                if learner_exit is None and (code := self.learner.exit_code()) is not None:  # type: ignore[union-attr]
+                    learner_exit = code
+                    sup.freeze()
+                    self.learner.kill()  # type: ignore[union-attr]  # stray workers of the group
+                    if not self._learner_finished_cleanly(code):
+                        sup.abandon_evaluations("the learner did not finish cleanly")
+                    continue
+                if learner_exit is not None:
+                    sup.advance()
+                    sup.poll_outbox()  # the supervisor's own metrics of this tick
+                    sup.deliver_metrics()
+                    if sup.drained():
+                        break
+                time.sleep(self.tick_s)
+        except BaseException as e:
+            reason = self.cancelled_reason or self.lease_lost or f"interrupted: {type(e).__name__}"
+            receipt = self._end_early("cancelled" if not self.lease_lost else "failed", reason)
+            if isinstance(e, Cancelled):
+                return receipt
+            raise
+        return self._finish(learner_exit)
+
+    def _check_cancel(self) -> None:
+        now = time.monotonic()
+        if now - self._cancel_checked_at < self.cancel_poll_s:
+            return
+        self._cancel_checked_at = now
+        if self.cancel_requested():
+            self.cancelled_reason = "cancelled: the flow run was cancelled"
+            raise Cancelled(self.cancelled_reason)
+
+    def _renew_lease(self) -> None:
+        ttl = self._lease.lease.ttl_s
+        if time.monotonic() - self._lease_renewed_at < ttl / 3:
+            return
+        try:
+            self._lease = renew_lease(self.stores.control, self._lease)
+            self._lease_renewed_at = time.monotonic()
+        except LeaseLost as e:
+            self.lease_lost = f"failed: lease lost ({e})"
+            raise
+        except GradlabError as e:  # store briefly down: try again next tick; the TTL leaves room
+            log.warning("run %s: lease renewal failed: %s", self.spec.run_id, e)
+
+    def _learner_finished_cleanly(self, code: int) -> bool:
+        return code == 0 and self.supervisor.learner_finished is not None
+
+    # -- the end ----------------------------------------------------------------------------------
+    def _finish(self, learner_exit: int | None) -> TerminalReceipt:
+        sup = self.supervisor
+        finished = sup.learner_finished or self._earlier_finish()
+        stop_reason = finished.get("stop_reason") if finished else None
+        final_step = finished.get("final_step") if finished else (sup.last_step or None)
+        failures = sup.publish_failures()
+        evaluated = sup.evaluate
+        if finished is None or (learner_exit not in (0, None)):
+            outcome, reason = "failed", f"the learner exited with code {learner_exit} before finishing"
+        elif failures:
+            steps = ", ".join(str(t.step) for t in failures)
+            outcome, reason = "failed", f"checkpoints at steps {steps} could not be published: {failures[0].publish_error}"
+        elif not evaluated:
+            why = "the goal is training-only" if self.spec.goal.evaluation_mode == "training_only" else "evaluation was turned off"
+            outcome, reason = "succeeded", f"trained to step {final_step} ({stop_reason}); {why}: nothing to promote"
+        elif (candidate := sup.promotion_candidate()) is not None:
+            promotion = self.promote(candidate)
+            outcome = "succeeded"
+            reason = (f"checkpoint at step {promotion.checkpoint_step} accepted "
+                      f"(return mean {promotion.return_mean}) and promoted")
+        elif stop_reason and str(stop_reason).startswith("early_stop"):
+            outcome, reason = "stopped", f"stopped by {stop_reason} at step {final_step}; no checkpoint was accepted"
+        else:
+            outcome, reason = "failed", f"no checkpoint met the acceptance rule by step {final_step} ({stop_reason})"
+        return self._seal(outcome, reason, final_step, drained=sup.drained(),
+                          learner=LearnerExit(exit_code=learner_exit, stop_reason=stop_reason))
+
+    def _earlier_finish(self) -> dict[str, Any] | None:
+        event = self.outbox.last("learner_finished")
+        return dict(event.payload) if event else None
+
+    def _end_early(self, outcome: str, reason: str) -> TerminalReceipt:
+        """Cancellation or a lost lease: stop the learner, keep what is published, seal."""
+        sup = self.supervisor
+        sup.frozen = True  # nothing written after the cancel is published
+        code = self.learner.stop("cancelled", grace_s=self.grace_s) if self.learner is not None else None
+        sup.abandon_evaluations(reason)
+        _wait_futures(sup, timeout_s=self.grace_s)
+        sup.poll_outbox()
+        try:
+            sup.deliver_metrics()
+        except Exception as e:  # noqa: BLE001 - the journal catches up on the next drain
+            log.warning("run %s: metric delivery after cancel failed: %s", self.spec.run_id, e)
+        finished = sup.learner_finished or self._earlier_finish()
+        return self._seal(outcome, reason, (finished or {}).get("final_step", sup.last_step or None), drained=False,
+                          learner=LearnerExit(exit_code=code, stop_reason=(finished or {}).get("stop_reason")))
+
+    def _seal(self, outcome: str, reason: str, final_step: int | None, *, drained: bool, learner: LearnerExit) -> TerminalReceipt:
+        wandb_hw = None
+        pending: list[str] = []
+        if self.wandb is not None:
+            self.wandb.finish()
+            wandb_hw = self.wandb.high_water
+        local = self.outbox.high_water("journal")
+        if wandb_hw is not None and (wandb_hw < local or self.wandb.status == "pending"):
+            pending.append("wandb")
+        metrics = TerminalMetrics(local_high_water=local, sinks={"journal": local, "wandb": wandb_hw}, pending=pending)
+        receipt = self.seal({"outcome": outcome, "reason": reason, "final_step": final_step, "metrics": metrics,
+                             "drained": drained, "learner": learner})
+        try:
+            release_lease(self.stores.control, self._lease)
+        except GradlabError as e:  # it expires by itself
+            log.warning("run %s: lease release failed: %s", self.spec.run_id, e)
+        return receipt
+
+
+def _wait_futures(sup: Supervisor, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        sup.advance_collect_only()
+        if all(t.publish_future is None and t.eval_future is None for t in sup.tracks.values()):
+            return
+        time.sleep(0.1)
+
+
+def _checkpoint_name(step: int, sha256: str) -> str:
+    from gradlab.stores import keys
+
+    return keys.checkpoint_name(step, sha256)

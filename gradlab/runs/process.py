@@ -1,0 +1,134 @@
+"""The learner child process: started in its own process group, stopped in three escalating steps.
+
+Stop protocol (DESIGN.md section 8): write ``stop_requested`` to the outbox (the learner reads it
+after its current update), wait ``grace_s``; then SIGTERM (the learner finishes the update and
+writes a final checkpoint), wait ``grace_s``; then SIGKILL the whole process group so no child
+(vector-env workers) survives.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gradlab.runs.paths import RunPaths
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LearnerProcess:
+    """Handle on one learner process (``python -m gradlab.learn``)."""
+
+    pid: int
+    paths: RunPaths
+    _popen: subprocess.Popen | None = field(default=None, repr=False)
+
+    @classmethod
+    def start(cls, paths: RunPaths, *, resume_from: Path | None = None, env: dict[str, str] | None = None) -> LearnerProcess:
+        """Start the learner on ``paths.spec`` in a new session (its own process group).
+
+        Output goes to ``paths.learner_log`` (appended). Raises ``FileNotFoundError`` when the spec
+        file is missing.
+        """
+        if not paths.spec.is_file():
+            raise FileNotFoundError(f"{paths.spec}: run spec missing")
+        cmd = [sys.executable, "-m", "gradlab.learn", "--spec", str(paths.spec), "--run-dir", str(paths.root)]
+        if resume_from is not None:
+            cmd += ["--resume-from", str(resume_from)]
+        log_file = paths.learner_log.open("ab")
+        try:
+            popen = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     start_new_session=True, env={**os.environ, **(env or {})})
+        finally:
+            log_file.close()
+        log.info("learner started: pid %d, run dir %s", popen.pid, paths.root)
+        return cls(pid=popen.pid, paths=paths, _popen=popen)
+
+    @classmethod
+    def attach(cls, pid: int, paths: RunPaths) -> LearnerProcess:
+        """A handle on a learner started by another process (e.g. the CLI, before the flow began)."""
+        return cls(pid=pid, paths=paths)
+
+    def exit_code(self) -> int | None:
+        """The exit code once the process has ended, else None.
+
+        For an attached process (not our child) the code is read from the outbox's
+        ``learner_finished`` event: 0 when it finished cleanly, -1 when it vanished without one.
+        """
+        if self._popen is not None:
+            return self._popen.poll()
+        if _alive(self.pid):
+            return None
+        from gradlab.outbox import Outbox
+
+        finished = [e for e in Outbox(self.paths.outbox).read(0, 1_000_000) if e.kind == "learner_finished"]
+        return 0 if finished else -1
+
+    def alive(self) -> bool:
+        return self.exit_code() is None
+
+    def wait(self, timeout_s: float) -> int | None:
+        """Wait up to ``timeout_s`` seconds; the exit code, or None if still running."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            code = self.exit_code()
+            if code is not None:
+                return code
+            time.sleep(0.05)
+        return self.exit_code()
+
+    def stop(self, reason: str, *, grace_s: float = 10.0) -> int | None:
+        """Stop the learner within ``grace_s`` seconds: stop request, then SIGTERM, then SIGKILL.
+
+        The stop request gets the first half of the grace period (the learner stops after its
+        current update and writes a final checkpoint), SIGTERM the second; then the whole process
+        group is SIGKILLed, so no vector-env worker outlives the learner.
+
+        Returns:
+            The exit code (negative for a signal, as ``subprocess`` reports it), or None when an
+            attached process could not be reaped.
+        """
+        from gradlab.outbox import Outbox
+
+        if self.exit_code() is None:
+            Outbox(self.paths.outbox).request_stop(reason)
+            if self.wait(grace_s / 2) is None:
+                log.warning("learner %d did not stop within %.1f s of the request: SIGTERM", self.pid, grace_s / 2)
+                self._signal_group(signal.SIGTERM)
+                if self.wait(grace_s / 2) is None:
+                    log.warning("learner %d ignored SIGTERM: SIGKILL of its process group", self.pid)
+        self.kill()
+        return self.exit_code()
+
+    def kill(self) -> None:
+        """SIGKILL the learner's whole process group at once."""
+        self._signal_group(signal.SIGKILL)
+        self.wait(5.0)
+
+    def _signal_group(self, sig: signal.Signals) -> None:
+        try:
+            os.killpg(self.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie of someone else's child still answers kill(0); /proc tells.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True

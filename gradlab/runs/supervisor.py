@@ -1,0 +1,349 @@
+"""The supervisor's state machine: what to publish, evaluate, stop, promote and deliver next.
+
+The training-run flow drives one :class:`Supervisor` in a loop of at most one second per tick.
+Work is handed out through two submit callbacks (Prefect tasks in the flow, a thread pool in
+tests) that return futures; the supervisor only decides and records:
+
+* every ``checkpoint_ready`` event is published once (in step order);
+* every published checkpoint is evaluated once, at most ``max_parallel_evals`` at a time, lowest
+  step first, unless a lower-step checkpoint was already accepted (then it is ``deferred``: it can
+  never be promoted, since promotion takes the lowest accepted step);
+* the first accepted result asks the learner to stop (when the goal stops on acceptance);
+* metrics events are delivered to every sink and acknowledged in the outbox per sink;
+* once the learner has exited, the checkpoint set is frozen; the run is drained when every member
+  is published (or failed) and evaluated (or deferred).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from gradlab.contracts.run_spec import RunSpec
+from gradlab.outbox import Event, Outbox
+from gradlab.receipts.models import CheckpointPublication, EvaluationRecord
+
+log = logging.getLogger(__name__)
+
+#: Outbox event kind the supervisor appends for its own metrics (evaluations, orchestration).
+SUPERVISOR_METRICS = "supervisor_metrics"
+METRIC_KINDS = ("metrics", SUPERVISOR_METRICS)
+
+
+class Future(Protocol):
+    def done(self) -> bool: ...
+
+    def result(self) -> Any: ...
+
+
+@dataclass
+class CheckpointTrack:
+    """One checkpoint's way through publication and evaluation."""
+
+    step: int
+    sha256: str
+    path: Path
+    purpose: str
+    ready_at: float
+    publish_future: Future | None = None
+    publication: CheckpointPublication | None = None
+    publish_error: str | None = None
+    eval_future: Future | None = None
+    eval_submitted_at: float | None = None
+    evaluation: EvaluationRecord | None = None
+    eval_error: str | None = None
+    deferred: bool = False
+
+    @property
+    def evaluation_done(self) -> bool:
+        return self.evaluation is not None or self.eval_error is not None or self.deferred
+
+    @property
+    def accepted(self) -> bool:
+        return self.evaluation is not None and self.evaluation.status == "accepted"
+
+
+class MetricSink(Protocol):
+    name: str
+
+    def deliver(self, events: list[tuple[int, dict[str, Any]]]) -> int:
+        """Deliver (event_seq, metrics) pairs in order; return the highest seq delivered (0 if none)."""
+        ...
+
+
+class JournalSink:
+    """The local metrics journal (always on): every event, durably, idempotent by event_seq."""
+
+    name = "journal"
+
+    def __init__(self, path: Path):
+        from gradlab.metrics.journal import Journal
+
+        self.journal = Journal(path)
+
+    def deliver(self, events: list[tuple[int, dict[str, Any]]]) -> int:
+        self.journal.write_many(events)
+        return max(seq for seq, _ in events)
+
+
+class WandbMetricSink:
+    """W&B: ``event_seq`` is W&B's step, so a replayed event adds no point."""
+
+    name = "wandb"
+
+    def __init__(self, sink: Any):
+        self.sink = sink
+
+    def deliver(self, events: list[tuple[int, dict[str, Any]]]) -> int:
+        delivered = 0
+        for seq, metrics in events:
+            mark = self.sink.high_water or 0
+            if seq <= mark:  # W&B has it already (delivered before a crash, not yet acknowledged)
+                delivered = seq
+                continue
+            if not self.sink.log(seq, metrics):
+                break  # disabled or pending: the outbox keeps the rest for a later drain
+            delivered = seq
+        return delivered
+
+
+@dataclass
+class Supervisor:
+    """Decisions and bookkeeping of one attempt (see the module docstring).
+
+    Args:
+        spec: the run spec. attempt_id: this attempt.
+        outbox: the run's outbox (read for events; written for stop requests and own metrics).
+        submit_publish: starts publishing a checkpoint folder; returns a future of CheckpointPublication.
+        submit_evaluate: starts evaluating a published checkpoint; returns a future of EvaluationRecord.
+        sinks: metric sinks; the journal first.
+        evaluate: False for ``--no-eval`` and training-only goals.
+        stop_on_acceptance: ask the learner to stop at the first accepted checkpoint.
+        max_parallel_evals: evaluations in flight at once.
+        request_stop: called once with the reason when the supervisor decides to stop the learner.
+    """
+
+    spec: RunSpec
+    attempt_id: str
+    outbox: Outbox
+    submit_publish: Callable[[CheckpointTrack], Future]
+    submit_evaluate: Callable[[CheckpointTrack], Future]
+    sinks: list[MetricSink]
+    evaluate: bool = True
+    stop_on_acceptance: bool = True
+    max_parallel_evals: int = 1
+    request_stop: Callable[[str], None] | None = None
+    clock: Callable[[], float] = time.monotonic
+    tracks: dict[int, CheckpointTrack] = field(default_factory=dict)
+    after_seq: int = 0
+    learner_finished: dict[str, Any] | None = None
+    learner_started: dict[str, Any] | None = None
+    stop_reason: str | None = None
+    frozen: bool = False
+    last_step: int = 0
+    _pending_metrics: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    _first_accept_at: float | None = None
+
+    # -- inputs ------------------------------------------------------------------------------
+    def adopt_published(self, publications: list[CheckpointPublication], records: dict[str, EvaluationRecord]) -> None:
+        """Seed state from earlier attempts: published checkpoints (and their recorded results)."""
+        for pub in publications:
+            track = CheckpointTrack(step=pub.step, sha256=pub.sha256, path=Path(), purpose=pub.purpose,
+                                    ready_at=self.clock(), publication=pub)
+            track.evaluation = records.get(pub.sha256)
+            self.tracks[pub.step] = track
+
+    def poll_outbox(self) -> list[Event]:
+        """Read new outbox events and fold them into the state."""
+        events = self.outbox.read(self.after_seq, 1000)
+        while events:
+            for event in events:
+                self._ingest(event)
+                self.after_seq = event.event_seq
+            if len(events) < 1000:
+                break
+            events = self.outbox.read(self.after_seq, 1000)
+        return events
+
+    def _ingest(self, event: Event) -> None:
+        self.last_step = max(self.last_step, event.step)
+        if event.kind == "checkpoint_ready":
+            p = event.payload
+            step, sha = int(p["step"]), str(p["sha256"])
+            if self.frozen:
+                log.warning("run %s: checkpoint step %d arrived after the set was frozen; not published",
+                            self.spec.run_id, step)
+                return
+            existing = self.tracks.get(step)
+            if existing is None or existing.sha256 != sha:
+                self.tracks[step] = CheckpointTrack(step=step, sha256=sha, path=Path(p["path"]),
+                                                    purpose=str(p.get("purpose", "periodic")), ready_at=self.clock())
+            elif existing.publication is not None and existing.path == Path():
+                existing.path = Path(p["path"])
+        elif event.kind in METRIC_KINDS:
+            metrics = event.payload.get("metrics", {})
+            self._pending_metrics.append((event.event_seq, {**metrics, "orchestration/event_seq": event.event_seq}))
+        elif event.kind == "learner_finished":
+            self.learner_finished = dict(event.payload)
+        elif event.kind == "learner_started":
+            self.learner_started = dict(event.payload)
+
+    # -- decisions -----------------------------------------------------------------------------
+    def advance(self) -> None:
+        """Collect finished work and start what is ready (publications, evaluations, stop)."""
+        for track in sorted(self.tracks.values(), key=lambda t: t.step):
+            self._collect_publication(track)
+            self._collect_evaluation(track)
+        for track in sorted(self.tracks.values(), key=lambda t: t.step):
+            if track.publication is None and track.publish_future is None and track.publish_error is None:
+                track.publish_future = self.submit_publish(track)
+        if self.evaluate:
+            self._defer_above_accepted()
+            in_flight = sum(1 for t in self.tracks.values() if t.eval_future is not None)
+            for track in sorted(self.tracks.values(), key=lambda t: t.step):
+                if in_flight >= self.max_parallel_evals:
+                    break
+                if track.publication is not None and track.eval_future is None and not track.evaluation_done:
+                    track.eval_future = self.submit_evaluate(track)
+                    track.eval_submitted_at = self.clock()
+                    in_flight += 1
+        self._maybe_stop()
+
+    def advance_collect_only(self) -> None:
+        """Collect finished work without starting any (used while winding down)."""
+        for track in sorted(self.tracks.values(), key=lambda t: t.step):
+            self._collect_publication(track)
+            self._collect_evaluation(track)
+
+    def _collect_publication(self, track: CheckpointTrack) -> None:
+        future = track.publish_future
+        if future is None or not future.done():
+            return
+        track.publish_future = None
+        try:
+            track.publication = future.result()
+        except Exception as e:  # noqa: BLE001 - recorded; the task already retried transient errors
+            track.publish_error = f"{type(e).__name__}: {e}"
+            log.error("run %s: publishing step %d failed: %s", self.spec.run_id, track.step, track.publish_error)
+            return
+        self._emit({"orchestration/checkpoint/publish_seconds": self.clock() - track.ready_at,
+                    "orchestration/checkpoints/published": self.count("published")}, track.step)
+
+    def _collect_evaluation(self, track: CheckpointTrack) -> None:
+        future = track.eval_future
+        if future is None or not future.done():
+            return
+        track.eval_future = None
+        try:
+            track.evaluation = future.result()
+        except Exception as e:  # noqa: BLE001 - recorded as a failed evaluation in the receipt
+            track.eval_error = f"{type(e).__name__}: {e}"
+            log.error("run %s: evaluating step %d failed: %s", self.spec.run_id, track.step, track.eval_error)
+            return
+        record = track.evaluation
+        metrics: dict[str, Any] = {}
+        if record.result is not None:
+            metrics.update({k: v for k, v in record.result.get("aggregates", {}).items()})
+        metrics["eval/checkpoint_step"] = track.step
+        if track.eval_submitted_at is not None:
+            metrics["orchestration/eval/seconds"] = self.clock() - track.eval_submitted_at
+        metrics["orchestration/checkpoints/evaluated"] = self.count("evaluated")
+        metrics["orchestration/checkpoints/accepted"] = self.count("accepted")
+        if record.status == "accepted" and self._first_accept_at is None:
+            self._first_accept_at = self.clock()
+        self._emit(metrics, track.step)
+
+    def _defer_above_accepted(self) -> None:
+        accepted = [t.step for t in self.tracks.values() if t.accepted]
+        if not accepted:
+            return
+        lowest = min(accepted)
+        for track in self.tracks.values():
+            if track.step > lowest and track.eval_future is None and not track.evaluation_done:
+                track.deferred = True
+
+    def _maybe_stop(self) -> None:
+        if self.stop_reason is not None or not self.stop_on_acceptance or self._first_accept_at is None:
+            return
+        step = min(t.step for t in self.tracks.values() if t.accepted)
+        self.ask_stop(f"accepted:{step}")
+        self._emit({"orchestration/eval/result_to_stop_seconds": self.clock() - self._first_accept_at}, step)
+
+    def ask_stop(self, reason: str) -> None:
+        """Ask the learner to stop at its next safe boundary (once; the first reason wins)."""
+        if self.stop_reason is not None:
+            return
+        self.stop_reason = reason
+        self.outbox.request_stop(reason)
+        if self.request_stop is not None:
+            self.request_stop(reason)
+        log.info("run %s: stop requested (%s)", self.spec.run_id, reason)
+
+    def _emit(self, metrics: dict[str, Any], step: int) -> None:
+        """Append the supervisor's own metrics to the outbox, so they get an event_seq like any other."""
+        self.outbox.append(SUPERVISOR_METRICS, step, {"metrics": metrics, "attempt_id": self.attempt_id})
+
+    # -- metrics ----------------------------------------------------------------------------------
+    def deliver_metrics(self) -> None:
+        """Deliver pending metric events to every sink and acknowledge each sink's high-water mark."""
+        if not self._pending_metrics:
+            return
+        batch, self._pending_metrics = self._pending_metrics, []
+        for sink in self.sinks:
+            mark = self.outbox.high_water(sink.name)
+            todo = [(seq, m) for seq, m in batch if seq > mark]
+            if todo:
+                delivered = sink.deliver(todo)
+                if delivered:
+                    self.outbox.ack(sink.name, delivered)
+
+    # -- the end ----------------------------------------------------------------------------------
+    def freeze(self) -> None:
+        """The learner has exited: read its last events; no checkpoint joins the set after this."""
+        self.poll_outbox()
+        self.frozen = True
+
+    def drained(self) -> bool:
+        """Every frozen checkpoint published (or failed) and evaluated (or deferred / not evaluating)."""
+        if not self.frozen:
+            return False
+        for track in self.tracks.values():
+            if track.publish_future is not None or track.eval_future is not None:
+                return False
+            if track.publication is None and track.publish_error is None:
+                return False
+            if self.evaluate and track.publication is not None and not track.evaluation_done:
+                return False
+        return not self._pending_metrics and self.outbox.max_seq() <= self.after_seq
+
+    def abandon_evaluations(self, reason: str) -> None:
+        """Cancelled or failed attempt: unevaluated checkpoints stay deferred (a retry evaluates them)."""
+        for track in self.tracks.values():
+            if track.eval_future is None and not track.evaluation_done:
+                track.deferred = True
+        log.info("run %s: unevaluated checkpoints deferred (%s)", self.spec.run_id, reason)
+
+    def promotion_candidate(self) -> CheckpointTrack | None:
+        """The lowest-step accepted, published checkpoint, or None."""
+        accepted = [t for t in self.tracks.values() if t.accepted and t.publication is not None]
+        return min(accepted, key=lambda t: t.step) if accepted else None
+
+    def publish_failures(self) -> list[CheckpointTrack]:
+        return [t for t in self.tracks.values() if t.publish_error is not None]
+
+    def count(self, what: str) -> int:
+        tracks = self.tracks.values()
+        if what == "published":
+            return sum(1 for t in tracks if t.publication is not None)
+        if what == "evaluated":
+            return sum(1 for t in tracks if t.evaluation is not None)
+        if what == "accepted":
+            return sum(1 for t in tracks if t.accepted)
+        if what == "ready":
+            return len(self.tracks)
+        raise ValueError(what)
+

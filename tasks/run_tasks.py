@@ -1,0 +1,64 @@
+"""The training run's tasks: each wraps one domain call from ``gradlab.runs.operations``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from gradlab.contracts.run_spec import RunSpec
+from gradlab.receipts.models import CheckpointPublication, EvaluationRecord, Promotion, TerminalReceipt
+from gradlab.runs import operations
+from gradlab.runs.operations import AttemptPlan
+from gradlab.runs.paths import RunPaths
+from gradlab.runs.process import LearnerProcess
+from gradlab.stores import Stores
+from tasks._policy import RETRIES, RETRY_DELAYS_S, retry_transient
+
+_COMMON = dict(cache_policy=NO_CACHE, retries=RETRIES, retry_delay_seconds=RETRY_DELAYS_S,
+               retry_condition_fn=retry_transient, persist_result=False)
+
+
+@task(name="open-run", task_run_name="open-run-{spec.run_id}", **_COMMON)
+def open_run(stores: Stores, spec: RunSpec, paths: RunPaths) -> AttemptPlan:
+    """Open the run and its next attempt under the writer lease."""
+    return operations.open_attempt(stores, spec, paths)
+
+
+@task(name="start-learner", task_run_name="start-learner-{run_id}", cache_policy=NO_CACHE, persist_result=False)
+def start_learner(run_id: str, paths: RunPaths, resume_from: Path | None) -> LearnerProcess:
+    """Start the learner child process in its own process group."""
+    return LearnerProcess.start(paths, resume_from=resume_from)
+
+
+@task(name="publish-checkpoint", task_run_name="publish-{run_id}-step{step}", **_COMMON)
+def publish_checkpoint(stores: Stores, run_id: str, attempt_id: str, step: int, checkpoint_dir: Path) -> CheckpointPublication:
+    """Copy a checkpoint to the model store, verify it, write its receipt, update the index."""
+    return operations.publish(stores, run_id, attempt_id, checkpoint_dir)
+
+
+@task(name="evaluate-checkpoint", task_run_name="evaluate-{run_id}-step{step}", **_COMMON)
+def evaluate_checkpoint(stores: Stores, spec: RunSpec, run_id: str, step: int, publication: CheckpointPublication,
+                        checkpoint_dir: Path, backend: str) -> EvaluationRecord:
+    """Evaluate a published checkpoint once (keyed by content) and record the result."""
+    return operations.evaluate(stores, spec, publication, checkpoint_dir, backend=backend)
+
+
+@task(name="request-stop", task_run_name="request-stop-{run_id}", **_COMMON)
+def request_stop(stores: Stores, run_id: str, attempt_id: str, reason: str) -> None:
+    """Record the run's stop request in the receipt store (the outbox has it already)."""
+    operations.record_stop(stores, run_id, attempt_id, reason)
+
+
+@task(name="promote", task_run_name="promote-{run_id}-step{step}", **_COMMON)
+def promote(stores: Stores, run_id: str, attempt_id: str, step: int, record: EvaluationRecord,
+            publication: CheckpointPublication) -> Promotion:
+    """Promote the lowest-step accepted checkpoint (create-only; exactly once per run)."""
+    return operations.promote(stores, run_id, attempt_id, record, publication)
+
+
+@task(name="seal-receipt", task_run_name="seal-receipt-{run_id}", **_COMMON)
+def seal_receipt(stores: Stores, spec: RunSpec, run_id: str, attempt_id: str, fields: dict, paths: RunPaths) -> TerminalReceipt:
+    """Seal the attempt's terminal receipt from the store's inventories."""
+    return operations.seal(stores, spec, attempt_id, paths=paths, **fields)

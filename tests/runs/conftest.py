@@ -1,0 +1,111 @@
+"""Fixtures for end-to-end runs: one real Prefect server on 127.0.0.1 for the whole session.
+
+Every ``gradlab train`` subprocess of these tests talks to that server (``PREFECT_API_URL``), as
+a user with ``gradlab server start`` would; the server is always stopped, failures included.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    from gradlab.runs.server import start_server, stop_server
+    from gradlab.settings import load_settings
+
+    home = tmp_path_factory.mktemp("prefect_server_home")
+    old = os.environ.get("GRADLAB_HOME")
+    os.environ["GRADLAB_HOME"] = str(home)
+    try:
+        settings = load_settings()
+        state = start_server(settings, timeout_s=120)
+    finally:
+        if old is None:
+            os.environ.pop("GRADLAB_HOME", None)
+        else:
+            os.environ["GRADLAB_HOME"] = old
+    try:
+        yield state.api_url
+    finally:
+        stop_server(settings)
+
+
+def gradlab_env(prefect_api: str, **extra: str) -> dict[str, str]:
+    env = {**os.environ, "PREFECT_API_URL": prefect_api, "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "WANDB_MODE": "offline", "WANDB_SILENT": "true", **extra}
+    env.pop("GRADLAB_EXPERIMENTS", None)
+    return env
+
+
+def run_gradlab(args: list[str], env: dict[str, str], timeout_s: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gradlab.cli.app", *args], capture_output=True, text=True, cwd=REPO,
+                          env=env, timeout=timeout_s)
+
+
+def start_gradlab(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "gradlab.cli.app", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=REPO, env=env)
+
+
+def last_json_line(stdout: str) -> dict:
+    lines = [line for line in stdout.strip().splitlines() if line.strip()]
+    assert lines, "no stdout"
+    return json.loads(lines[-1])
+
+
+def wait_for(predicate, timeout_s: float, what: str, interval_s: float = 0.2):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval_s)
+    raise TimeoutError(f"{what}: not within {timeout_s} s")
+
+
+def only_run_dir(home: Path) -> Path:
+    runs = sorted((home / "runs").glob("gradlab-*"))
+    return runs[-1] if runs else None  # type: ignore[return-value]
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return any(pid_alive(int(p.name)) for p in Path("/proc").iterdir() if p.name.isdigit() and _pgid(int(p.name)) == pgid)
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[3])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def interrupt(proc: subprocess.Popen[str]) -> None:
+    proc.send_signal(signal.SIGINT)

@@ -1,0 +1,70 @@
+"""`gradlab train` end to end: the real flow, a real Prefect server, real stores, real learner."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gradlab.outbox import Outbox
+from tests.runs.conftest import gradlab_env, last_json_line, only_run_dir, run_gradlab
+from tests.s3server import s3_server  # noqa: F401  (fixture)
+
+RECEIPT_KEYS = {"run_id", "attempt_id", "goal_id", "recipe_id", "seed", "outcome", "reason", "final_step", "checkpoints",
+                "evaluations", "promotion", "metrics", "drained", "learner", "sealed_at"}
+
+
+def _check_succeeded_bandit(receipt: dict, home: Path, env: dict) -> None:
+    assert set(receipt) == RECEIPT_KEYS
+    assert receipt["outcome"] == "succeeded", receipt["reason"]
+    assert receipt["drained"] is True
+    assert receipt["learner"]["exit_code"] == 0
+    steps = [c["step"] for c in receipt["checkpoints"]]
+    assert steps == sorted(steps) and steps, steps
+    assert [e["checkpoint_step"] for e in receipt["evaluations"]] == steps  # every checkpoint has an entry
+    accepted = [e["checkpoint_step"] for e in receipt["evaluations"] if e["status"] == "accepted"]
+    assert accepted, receipt["evaluations"]
+    assert receipt["promotion"]["checkpoint_step"] == min(accepted)  # the lowest accepted step
+    promoted = next(c for c in receipt["checkpoints"] if c["step"] == min(accepted))
+    assert receipt["promotion"]["sha256"] == promoted["sha256"]
+    # Metrics: every outbox event up to the end went to the journal.
+    run_dir = only_run_dir(home)
+    outbox = Outbox(run_dir / "outbox.sqlite", readonly=True)
+    assert receipt["metrics"]["local_high_water"] == outbox.high_water("journal") > 0
+    journal = [json.loads(line) for line in (run_dir / "journal.jsonl").read_text().splitlines()]
+    metric_events = [e.event_seq for e in outbox.read(0, 100000) if e.kind in ("metrics", "supervisor_metrics")]
+    assert [j["event_seq"] for j in journal] == metric_events
+    # The receipt printed is the one sealed in the store, and `runs show` includes it.
+    shown = run_gradlab(["runs", "show", receipt["run_id"], "--json"], env)
+    assert shown.returncode == 0, shown.stderr
+    view = json.loads(shown.stdout)
+    assert view["receipt"] == receipt
+    assert view["promotion"]["checkpoint_step"] == receipt["promotion"]["checkpoint_step"]
+
+
+@pytest.mark.slow
+def test_bandit_trains_and_is_promoted_with_file_stores(prefect_api: str, gradlab_home: Path) -> None:
+    env = gradlab_env(prefect_api)
+    out = run_gradlab(["train", "gradlab__bandit/ppo", "--json"], env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    receipt = last_json_line(out.stdout)
+    _check_succeeded_bandit(receipt, gradlab_home, env)
+    assert receipt["checkpoints"][0]["uri"].startswith((gradlab_home / "stores" / "model").as_uri())
+    # Every published file is in the model store with the manifest's hashes.
+    first = receipt["checkpoints"][0]
+    folder = Path(first["uri"].removeprefix("file://"))
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["sha256"] == first["sha256"]
+
+
+@pytest.mark.slow
+def test_bandit_trains_and_is_promoted_with_s3_stores(prefect_api: str, gradlab_home: Path, s3_server) -> None:  # noqa: F811
+    env = gradlab_env(prefect_api, GRADLAB_CONTROL_STORE_URL=s3_server.url("control"),
+                      GRADLAB_EVAL_STORE_URL=s3_server.url("eval"), GRADLAB_MODEL_STORE_URL=s3_server.url("model"))
+    out = run_gradlab(["train", "gradlab__bandit/ppo", "--json"], env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    receipt = last_json_line(out.stdout)
+    _check_succeeded_bandit(receipt, gradlab_home, env)
+    assert receipt["promotion"]["uri"].startswith("s3://")
+    assert not (gradlab_home / "stores").exists()  # nothing went to the default file stores
