@@ -9,3 +9,28 @@ import typer
 
 benchmark_app = typer.Typer(help="Measure speed against the bare libraries (prints a table of ratios).",
                             no_args_is_help=True)
+
+
+@benchmark_app.command("learner")
+def learner(
+    cartpole_steps: int = typer.Option(65536, help="Env steps per CartPole run."),
+    breakout_steps: int = typer.Option(8192, help="Env steps per Breakout run."),
+    case: list[str] = typer.Option(["cartpole", "breakout"], help="Cases to run: cartpole, breakout."),
+    as_json: bool = typer.Option(False, "--json", help="Print the rows as one JSON document."),
+) -> None:
+    """sb3.ppo through gradlab's learner vs plain SB3 PPO.learn: steps/s and the ratio (goal >= 0.95)."""
+    from gradlab.benchmarks.learner import main
+
+    main(cartpole_steps=cartpole_steps, breakout_steps=breakout_steps, cases=tuple(case), as_json=as_json)
+
+
+@benchmark_app.command("envs")
+def envs(
+    case: list[str] = typer.Option(["gymnasium", "ale", "vizdoom", "retro"], help="Providers to measure."),
+    seconds: float = typer.Option(3.0, min=0.1, help="Timed seconds per measurement."),
+    as_json: bool = typer.Option(False, "--json", help="Print the rows as one JSON document."),
+) -> None:
+    """gradlab's vector envs vs the bare libraries' loops: lane steps/s and the ratio (goal >= 0.9)."""
+    from gradlab.benchmarks.envs import main
+
+    main(cases=tuple(case), seconds=seconds, as_json=as_json)
