@@ -1,24 +1,64 @@
 """``gradlab eval CHECKPOINT``: evaluate a checkpoint on its goal's fixed episode manifest.
 
-CHECKPOINT is a checkpoint directory (``<run_dir>/checkpoints/<step>-<sha16>``) or ``RUN_ID[:STEP]``
-(runs under ``$GRADLAB_HOME/runs``). Without STEP: the promoted checkpoint (``promotion.json`` in the
-run directory) if there is one, else the newest. Torch and the environments are imported only when
-the command runs.
+CHECKPOINT is a checkpoint directory (``<run_dir>/checkpoints/<step>-<sha16>``, its run spec read
+from ``<run_dir>/spec.json``) or ``RUN_ID[:STEP]``, read from the receipt stores
+(:func:`gradlab.stores.open_stores`; key layout in ``gradlab/stores/__init__.py``):
+
+* the run spec is ``runs/<run_id>/spec.json`` in the control store (else ``spec.json`` in the local
+  run directory ``$GRADLAB_HOME/runs/<run_id>/``, for a run never recorded in the stores);
+* without STEP: the promoted checkpoint (``promotion.json``), else the newest published one
+  (``publications/``), else the newest local checkpoint in the run directory;
+* with STEP: the published checkpoint at that step, else the local one.
+
+The local copy in the run directory is used when it exists and verifies (every file's sha256, and the
+manifest's step and policy sha256 equal the receipt's); otherwise the published copy is downloaded
+(every file checked against its publication receipt) into
+``$GRADLAB_HOME/cache/checkpoints/<run_id>/<step:012d>-<sha16>/`` and reused from there while it
+verifies. Torch and the environments are imported only when the command runs.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import shutil
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from gradlab.cli.output import console, err_console, fail, print_json
-from gradlab.errors import GradlabError, NotFound
+from gradlab.errors import Conflict, GradlabError, IntegrityError, NotFound
+
+if TYPE_CHECKING:
+    from gradlab.receipts.models import CheckpointPublication
+    from gradlab.settings import Settings
+    from gradlab.stores import Stores
+
+logger = logging.getLogger(__name__)
 
 SPEC_FILE = "spec.json"
-PROMOTION_FILE = "promotion.json"
+CACHE_DIR = Path("cache") / "checkpoints"
+"""Downloaded checkpoints, under ``$GRADLAB_HOME``: ``cache/checkpoints/<run_id>/<step:012d>-<sha16>/``."""
+
+
+@dataclass(frozen=True)
+class ResolvedCheckpoint:
+    """A verified local checkpoint folder and the run spec it is evaluated under.
+
+    Attributes:
+        path: the checkpoint folder (verified against its manifest).
+        spec: the resolved run spec JSON (``gradlab.contracts.run_spec.RunSpec``).
+        spec_source: where the spec was read (file path or store URL), for error messages.
+        origin: ``directory`` (given as a folder), ``local`` (the run directory's copy),
+            ``cache`` (an earlier download) or ``downloaded`` (fetched from the model store now).
+    """
+
+    path: Path
+    spec: dict[str, Any]
+    spec_source: str
+    origin: str
 
 
 def _checkpoint_step(path: Path) -> int | None:
@@ -26,32 +66,88 @@ def _checkpoint_step(path: Path) -> int | None:
     return int(head) if head.isdigit() else None
 
 
-def _promoted(run_dir: Path, checkpoints: list[Path]) -> Path | None:
-    """The checkpoint ``promotion.json`` names (by sha256 or step; flat or under ``checkpoint``)."""
-    file = run_dir / PROMOTION_FILE
-    if not file.is_file():
-        return None
+def _read_spec_file(spec_file: Path) -> dict[str, Any]:
+    if not spec_file.is_file():
+        raise NotFound(f"{spec_file}: the run spec is missing (needed to rebuild the goal's environment)")
     try:
-        data = json.loads(file.read_text())
+        return json.loads(spec_file.read_text())
     except json.JSONDecodeError as e:
-        raise NotFound(f"{file}: not valid JSON ({e})") from None
-    if isinstance(data.get("checkpoint"), dict):
-        data = {**data, **data["checkpoint"]}
-    sha = data.get("sha256") or data.get("checkpoint_sha256")
-    step = data.get("checkpoint_step", data.get("step"))
-    for path in checkpoints:
-        if sha and path.name.endswith(str(sha)[:16]):
-            return path
-        if sha is None and step is not None and _checkpoint_step(path) == int(step):
-            return path
-    raise NotFound(f"{file}: names checkpoint sha256={sha} step={step}, which is not under {run_dir / 'checkpoints'}")
+        raise IntegrityError(f"{spec_file}: expected the run spec as JSON, found invalid JSON ({e})") from None
 
 
-def resolve_checkpoint(ref: str) -> tuple[Path, Path]:
-    """``(checkpoint_dir, run_dir)`` for a directory or ``RUN_ID[:STEP]``.
+def _verified(path: Path, *, step: int, sha256: str, what: str) -> Path:
+    """``path`` after :func:`verify_checkpoint` and a check that it is checkpoint (step, sha256).
 
     Raises:
-        NotFound: no such directory, run, step or checkpoint.
+        NotFound, IntegrityError: as :func:`gradlab.checkpoints.verify_checkpoint`, or the manifest
+            names another step or policy sha256 than ``what`` says.
+    """
+    from gradlab.checkpoints import verify_checkpoint
+
+    manifest = verify_checkpoint(path)
+    if (manifest.step, manifest.sha256) != (step, sha256):
+        raise IntegrityError(f"{path}/manifest.json: expected step {step} sha256 {sha256} ({what}), "
+                             f"found step {manifest.step} sha256 {manifest.sha256}")
+    return path
+
+
+def _materialize(stores: Stores, settings: Settings, run_id: str, step: int, sha256: str,
+                 publication: CheckpointPublication | None, *, what: str) -> tuple[Path, str]:
+    """A verified local folder for checkpoint (step, sha256): the run directory's copy, else the cache.
+
+    Returns:
+        (folder, origin) with origin ``local``, ``cache`` or ``downloaded``.
+
+    Raises:
+        NotFound: no verified local copy and no publication to download.
+        IntegrityError: a downloaded file differs from its publication receipt.
+        StoreUnavailable: the model store cannot be reached.
+    """
+    from gradlab.receipts import rules
+    from gradlab.stores import keys
+
+    name = keys.checkpoint_name(step, sha256)
+    local = settings.run_dir(run_id) / "checkpoints" / name
+    if local.is_dir():
+        try:
+            return _verified(local, step=step, sha256=sha256, what=what), "local"
+        except (IntegrityError, NotFound) as e:
+            if publication is None:
+                raise
+            err_console.print(f"local copy fails verification ({e}); using the published copy", highlight=False)
+    if publication is None:
+        raise NotFound(f"run {run_id}: {what} (step {step}, sha256 {sha256[:16]}) is neither published "
+                       f"({stores.control.url(keys.publication(run_id, step, sha256))} missing) nor under "
+                       f"{settings.run_dir(run_id) / 'checkpoints'}")
+    cache = settings.home / CACHE_DIR / run_id / name
+    if cache.is_dir():
+        try:
+            return _verified(cache, step=step, sha256=sha256, what=what), "cache"
+        except (IntegrityError, NotFound) as e:
+            err_console.print(f"cached copy fails verification ({e}); downloading again", highlight=False)
+            shutil.rmtree(cache)
+    try:
+        rules.download_checkpoint(stores, publication, cache)
+    except Conflict:  # another process downloaded it at the same moment: use theirs if it verifies
+        return _verified(cache, step=step, sha256=sha256, what=what), "cache"
+    return _verified(cache, step=step, sha256=sha256, what=what), "downloaded"
+
+
+def resolve_checkpoint(ref: str, *, settings: Settings | None = None, stores: Stores | None = None) -> ResolvedCheckpoint:
+    """The checkpoint folder and run spec for a directory or ``RUN_ID[:STEP]`` (see the module docstring).
+
+    Args:
+        ref: a checkpoint directory, ``RUN_ID`` or ``RUN_ID:STEP`` (STEP in env steps).
+        settings: default :func:`gradlab.settings.load_settings`.
+        stores: default :func:`gradlab.stores.open_stores` of ``settings``.
+
+    Returns:
+        The verified local folder (possibly downloaded) with the run spec JSON.
+
+    Raises:
+        NotFound: no such directory, run, step or checkpoint (naming what was looked for and where).
+        IntegrityError: the chosen checkpoint fails verification and has no good published copy.
+        StoreUnavailable: a store cannot be reached (transient).
     """
     from gradlab.checkpoints import list_checkpoints
 
@@ -59,25 +155,68 @@ def resolve_checkpoint(ref: str) -> tuple[Path, Path]:
     if path.is_dir():
         if not (path / "manifest.json").is_file():
             raise NotFound(f"{path}: not a checkpoint directory (no manifest.json)")
-        return path.resolve(), path.resolve().parent.parent
-    from gradlab.settings import load_settings
+        path = path.resolve()
+        spec_file = path.parent.parent / SPEC_FILE
+        return ResolvedCheckpoint(path=path, spec=_read_spec_file(spec_file), spec_source=str(spec_file),
+                                  origin="directory")
 
+    from gradlab.receipts import rules
+    from gradlab.settings import load_settings
+    from gradlab.stores import keys, open_stores
+
+    settings = settings or load_settings()
+    stores = stores or open_stores(settings)
     run_id, _, step_text = ref.partition(":")
-    run_dir = load_settings().run_dir(run_id)
-    if not run_dir.is_dir():
-        raise NotFound(f"{ref}: neither a checkpoint directory nor a run (no {run_dir})")
-    checkpoints = list_checkpoints(run_dir)
-    if not checkpoints:
-        raise NotFound(f"run {run_id}: no checkpoints under {run_dir / 'checkpoints'}")
+    if step_text and not step_text.isdigit():
+        raise NotFound(f"{ref}: STEP must be a non-negative integer, found {step_text!r}")
+    run_dir = settings.run_dir(run_id)
+    spec_url = stores.control.url(keys.run_spec(run_id))
+    try:
+        spec, spec_source = rules.read_run_spec(stores, run_id), spec_url
+    except NotFound:
+        if not run_dir.is_dir():
+            raise NotFound(f"{ref}: neither a checkpoint directory nor a run (no {spec_url} in the control store "
+                           f"and no {run_dir})") from None
+        spec, spec_source = _read_spec_file(run_dir / SPEC_FILE), str(run_dir / SPEC_FILE)
+    publications = rules.list_publications(stores, run_id)
+    promotion = rules.read_promotion(stores, run_id)
+    local = list_checkpoints(run_dir)
+
+    def done(folder: Path, origin: str) -> ResolvedCheckpoint:
+        return ResolvedCheckpoint(path=folder, spec=spec, spec_source=spec_source, origin=origin)
+
+    def local_newest(candidates: list[Path], what: str) -> ResolvedCheckpoint:
+        from gradlab.checkpoints import verify_checkpoint
+
+        folder = candidates[-1]
+        verify_checkpoint(folder)
+        logger.info("run %s: %s is the local checkpoint %s (not published)", run_id, what, folder)
+        return done(folder, "local")
+
     if step_text:
-        if not step_text.isdigit():
-            raise NotFound(f"{ref}: STEP must be an integer, found {step_text!r}")
-        matches = [p for p in checkpoints if _checkpoint_step(p) == int(step_text)]
-        if not matches:
-            steps = ", ".join(str(_checkpoint_step(p)) for p in checkpoints)
-            raise NotFound(f"run {run_id}: no checkpoint at step {step_text} (steps: {steps})")
-        return matches[-1], run_dir
-    return (_promoted(run_dir, checkpoints) or checkpoints[-1]), run_dir
+        step = int(step_text)
+        pubs = [p for p in publications if p.step == step]
+        if pubs:
+            pub = pubs[-1]
+            return done(*_materialize(stores, settings, run_id, pub.step, pub.sha256, pub, what=f"step {step}"))
+        matches = [p for p in local if _checkpoint_step(p) == step]
+        if matches:
+            return local_newest(matches, f"step {step}")
+        steps = sorted({p.step for p in publications} | {s for p in local if (s := _checkpoint_step(p)) is not None})
+        raise NotFound(f"run {run_id}: no checkpoint at step {step} (steps: {', '.join(map(str, steps)) or 'none'})")
+    if promotion is not None:
+        pub = next((p for p in publications
+                    if (p.step, p.sha256) == (promotion.checkpoint_step, promotion.checkpoint_sha256)), None)
+        return done(*_materialize(stores, settings, run_id, promotion.checkpoint_step, promotion.checkpoint_sha256,
+                                  pub, what="the promoted checkpoint"))
+    if publications:
+        pub = publications[-1]
+        return done(*_materialize(stores, settings, run_id, pub.step, pub.sha256, pub,
+                                  what="the newest published checkpoint"))
+    if local:
+        return local_newest(local, "the newest checkpoint")
+    raise NotFound(f"run {run_id}: no checkpoint (no promotion or publication under "
+                   f"{stores.control.url(keys.run_prefix(run_id))}, nothing under {run_dir / 'checkpoints'})")
 
 
 def _render(result: Any, goal: Any, *, protocol: bool) -> None:
@@ -125,18 +264,15 @@ def eval_command(
         from gradlab.evaluation import EvalRequest
         from gradlab.evaluation.runner import parse_spec
 
-        ckpt, run_dir = resolve_checkpoint(checkpoint)
-        spec_file = run_dir / SPEC_FILE
-        if not spec_file.is_file():
-            raise NotFound(f"{spec_file}: the run spec is missing (needed to rebuild the goal's environment)")
-        spec_json = json.loads(spec_file.read_text())
-        spec = parse_spec(spec_json, source=str(spec_file))
+        resolved = resolve_checkpoint(checkpoint)
+        ckpt, spec_json = resolved.path, resolved.spec
+        spec = parse_spec(spec_json, source=resolved.spec_source)
         manifest = read_manifest(ckpt)
         policy = None if deterministic is None else ("deterministic" if deterministic else "stochastic")
         request = EvalRequest(checkpoint_dir=str(ckpt), checkpoint_sha256=manifest.sha256,
                               checkpoint_step=manifest.step, spec=spec_json, episodes=episodes, policy=policy)
         if not json_out:
-            err_console.print(f"evaluating {ckpt} ({backend})", highlight=False)
+            err_console.print(f"evaluating {ckpt} ({resolved.origin}, {backend})", highlight=False)
         if backend == "inline":
             from gradlab.evaluation import run_evaluation
 

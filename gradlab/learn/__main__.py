@@ -1,7 +1,8 @@
 """``python -m gradlab.learn --spec RUN_SPEC.json --run-dir DIR [--resume-from CHECKPOINT_DIR]``.
 
-Exit status: 0 after ``learner_finished`` (budget, stop request, SIGTERM or early stop); 2 for a
-bad spec or checkpoint (nothing trained); 1 for anything else.
+Exit status: 0 after ``learner_finished`` (budget, stop request, SIGTERM, early stop, or
+``supervisor_lost``: the parent process that started it is gone); 2 for a bad spec or checkpoint
+(nothing trained); 1 for anything else.
 """
 
 from __future__ import annotations

@@ -4,8 +4,19 @@ Order of one iteration (the one place that orders the phases)::
 
     rollout (n_steps per lane) → update → metrics event → stop check → checkpoint (periodic or final)
 
-* ``stop_requested`` (outbox control table), SIGTERM/SIGINT and the early-stop rules are read only
-  after an update, so a checkpoint always holds a consistent model/optimizer/RNG state.
+* ``stop_requested`` (outbox control table), SIGTERM/SIGINT, the supervisor check and the early-stop
+  rules are read only after an update, so a checkpoint always holds a consistent
+  model/optimizer/RNG state.
+* Early stop: one :class:`gradlab.evaluation.early_stop.EarlyStopMonitor` over the goal's
+  ``train.early_stop.conditions`` is updated once per rollout after the update; its
+  ``train/early_stop/{condition}/...`` metrics go into that rollout's ``metrics`` event, and a
+  ``stop`` condition that triggers ends the run with ``early_stop:<name>`` (``observe`` conditions
+  only emit). Its state is saved in every checkpoint (``resume/early_stop.json``) and restored on
+  resume, so holding streaks and bests continue.
+* Supervisor lost: the learner runs in its own session, so it does not die with its supervisor.
+  When its parent process changes (``os.getppid()`` differs from the one at start: the supervisor
+  was killed or cancelled and the learner was re-parented), it stops as for SIGTERM with
+  ``stop_reason: "supervisor_lost"`` (final checkpoint, ``learner_finished``, exit 0).
 * Periodic checkpoints: at the first rollout boundary at or past each multiple of
   ``RunSpec.checkpoint_freq`` env steps. When the learner stops (budget, stop request, signal,
   early stop) it writes one ``final`` checkpoint at the current step instead.
@@ -15,6 +26,7 @@ Order of one iteration (the one place that orders the phases)::
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -25,17 +37,21 @@ from pathlib import Path
 from typing import Any
 
 from gradlab.checkpoints.bundle import CHECKPOINTS_DIR, verify_checkpoint, versions, write_checkpoint
-from gradlab.checkpoints.manifest import CheckpointManifest
+from gradlab.checkpoints.manifest import RESUME_DIR, CheckpointManifest
 from gradlab.checkpoints.trust import is_trusted
 from gradlab.contracts.hashing import sha256_json
 from gradlab.contracts.run_spec import RunSpec
-from gradlab.errors import ContractViolation
+from gradlab.errors import ContractViolation, IntegrityError
+from gradlab.evaluation.early_stop import EarlyStopMonitor
 from gradlab.metrics.registry import check_names
 from gradlab.outbox import Outbox
 
 logger = logging.getLogger(__name__)
 
 OUTBOX_FILE = "outbox.sqlite"
+EARLY_STOP_FILE = "early_stop.json"
+"""Early-stop monitor state inside a checkpoint's ``resume/`` folder (``EarlyStopMonitor.state_dict()``)."""
+SUPERVISOR_LOST = "supervisor_lost"
 
 
 @dataclass(frozen=True)
@@ -88,52 +104,9 @@ def backend_config_sha256(spec: RunSpec) -> str:
     return sha256_json({"id": backend.id, "config": backend.config})
 
 
-class EarlyStopper:
-    """The goal's early-stop conditions over training metrics (``train.early_stop.conditions``).
-
-    threshold: met while ``metric <operator> threshold``; plateau: met when the best value has not
-    improved by ``min_delta`` in the chosen direction. A condition fires once it has been met
-    continuously for ``patience_steps`` env steps after ``warmup_steps``.
-    """
-
-    _OPS = {">=": lambda a, b: a >= b, ">": lambda a, b: a > b, "<=": lambda a, b: a <= b,
-            "<": lambda a, b: a < b, "==": lambda a, b: a == b}
-
-    def __init__(self, conditions: list[Any]):
-        self.conditions = list(conditions)
-        self._since: dict[str, int | None] = {c.name: None for c in self.conditions}
-        self._best: dict[str, tuple[float, int] | None] = {c.name: None for c in self.conditions}
-
-    def observe(self, step: int, metrics: dict[str, float]) -> str | None:
-        """Feed one metrics event; returns ``early_stop:<name>`` when a ``stop`` condition fires."""
-        for c in self.conditions:
-            value = metrics.get(c.metric)
-            if value is None or step < c.warmup_steps:
-                continue
-            if c.kind == "threshold":
-                met = self._OPS[c.operator](value, c.threshold)
-                if not met:
-                    self._since[c.name] = None
-                    continue
-                if self._since[c.name] is None:
-                    self._since[c.name] = step
-                held = step - self._since[c.name]  # type: ignore[operator]
-            else:
-                sign = 1.0 if c.direction == "maximize" else -1.0
-                best = self._best[c.name]
-                if best is None or sign * (value - best[0]) > c.min_delta:
-                    self._best[c.name] = (value, step)
-                    continue
-                held = step - best[1]
-            if held >= c.patience_steps:
-                if c.action == "stop":
-                    return f"early_stop:{c.name}"
-                logger.info("early-stop condition %s met at step %d (observe only)", c.name, step)
-        return None
-
-
 def run_learner(spec: RunSpec, run_dir: Path, *, resume_from: Path | None = None, trust_model: bool = False,
-                stop_at_step: int | None = None, env: Any | None = None) -> LearnerResult:
+                stop_at_step: int | None = None, env: Any | None = None,
+                watch_parent: bool = True) -> LearnerResult:
     """Train one run to its budget or a stop, writing the outbox and checkpoints in ``run_dir``.
 
     Args:
@@ -145,6 +118,8 @@ def run_learner(spec: RunSpec, run_dir: Path, *, resume_from: Path | None = None
         stop_at_step: behave as if a stop were requested once ``num_timesteps >= stop_at_step``
             (for tests and manual runs; the stop reason is ``stop_requested``).
         env: an SB3 VecEnv to train on instead of :func:`make_training_env` (benchmarks, tests).
+        watch_parent: stop with ``supervisor_lost`` when ``os.getppid()`` changes from its value at
+            the start (the supervising process died and this process was re-parented).
 
     Returns:
         The final step and stop reason.
@@ -158,6 +133,7 @@ def run_learner(spec: RunSpec, run_dir: Path, *, resume_from: Path | None = None
 
     from gradlab.learn.sb3 import SB3Backend
 
+    parent_pid = os.getppid()
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     train = spec.recipe.train
@@ -174,6 +150,7 @@ def run_learner(spec: RunSpec, run_dir: Path, *, resume_from: Path | None = None
     }
     written: list[str] = []
     try:
+        monitor = EarlyStopMonitor(spec.goal.train.early_stop.conditions)
         resumed_manifest: CheckpointManifest | None = None
         if resume_from is not None:
             resumed_manifest = verify_checkpoint(Path(resume_from))
@@ -183,6 +160,7 @@ def run_learner(spec: RunSpec, run_dir: Path, *, resume_from: Path | None = None
         if resume_from is not None:
             own = is_trusted(Path(resume_from), own_roots=[run_dir], trust_model=trust_model)
             env_restored = backend.restore(Path(resume_from), allow_env_pickle=own)
+            _restore_early_stop(monitor, Path(resume_from))
             logger.info("resumed from %s at step %d (lanes %s)", resume_from, backend.num_timesteps,
                         "continue" if env_restored else "reset")
         backend.begin(resumed=resume_from is not None)
@@ -192,7 +170,6 @@ def run_learner(spec: RunSpec, run_dir: Path, *, resume_from: Path | None = None
         freq = spec.checkpoint_freq
         next_ckpt = (step // freq + 1) * freq
         last_ckpt_step = resumed_manifest.step if resumed_manifest is not None else None
-        stopper = EarlyStopper(spec.goal.train.early_stop.conditions)
         stop_reason: str | None = None
         bookkeeping_s = 0.0
         timesteps = train.timesteps
@@ -218,32 +195,38 @@ def run_learner(spec: RunSpec, run_dir: Path, *, resume_from: Path | None = None
                 "train/throughput/env_step_fps": steps / backend.rollout.env_seconds if backend.rollout.env_seconds > 0 else 0.0,
             }
             metrics = {k: v for k, v in metrics.items() if math.isfinite(v)}
+            decision = monitor.update(step, metrics)
+            metrics.update(decision.metrics)
             check_names(metrics)
             outbox.append("metrics", step, {"metrics": metrics})
             # Safe boundary: the update is complete.
             if flag.signal:
                 stop_reason = flag.signal
+            elif watch_parent and os.getppid() != parent_pid:
+                stop_reason = SUPERVISOR_LOST
+                logger.warning("supervisor (pid %d) is gone (parent now %d): stopping", parent_pid, os.getppid())
+                outbox.append("stop_observed", step, {"reason": SUPERVISOR_LOST})
             elif (requested := outbox.stop_requested()) is not None:
                 stop_reason = "stop_requested"
                 outbox.append("stop_observed", step, {"reason": requested})
             elif stop_at_step is not None and step >= stop_at_step:
                 stop_reason = "stop_requested"
                 outbox.append("stop_observed", step, {"reason": f"stop_at_step:{stop_at_step}"})
-            elif (early := stopper.observe(step, metrics)) is not None:
-                stop_reason = early
-                outbox.append("stop_observed", step, {"reason": early})
+            elif decision.stop_reason is not None:
+                stop_reason = decision.stop_reason
+                outbox.append("stop_observed", step, {"reason": stop_reason})
             if stop_reason is not None or step >= timesteps:
                 break
             bookkeeping_s = time.perf_counter() - t2
             if step >= next_ckpt:
-                written.append(_checkpoint(backend, run_dir, outbox, step, "periodic", manifest_fields))
+                written.append(_checkpoint(backend, monitor, run_dir, outbox, step, "periodic", manifest_fields))
                 last_ckpt_step = step
                 next_ckpt = (step // freq + 1) * freq
         step = backend.num_timesteps
         if stop_reason is None:
             stop_reason = "sigterm" if flag.signal else "budget"
         if last_ckpt_step != step:
-            written.append(_checkpoint(backend, run_dir, outbox, step, "final", manifest_fields))
+            written.append(_checkpoint(backend, monitor, run_dir, outbox, step, "final", manifest_fields))
         outbox.append("learner_finished", step, {"final_step": step, "stop_reason": stop_reason})
         logger.info("learner finished at step %d (%s)", step, stop_reason)
         return LearnerResult(final_step=step, stop_reason=stop_reason, checkpoints=tuple(written))
@@ -253,9 +236,14 @@ def run_learner(spec: RunSpec, run_dir: Path, *, resume_from: Path | None = None
         outbox.close()
 
 
-def _checkpoint(backend: Any, run_dir: Path, outbox: Outbox, step: int, purpose: str, fields: dict) -> str:
+def _checkpoint(backend: Any, monitor: EarlyStopMonitor, run_dir: Path, outbox: Outbox, step: int, purpose: str,
+                fields: dict) -> str:
+    def write_files(folder: Path) -> None:
+        backend.save(folder)
+        (folder / RESUME_DIR / EARLY_STOP_FILE).write_text(json.dumps(monitor.state_dict(), sort_keys=True))
+
     t0 = time.perf_counter()
-    path, manifest = write_checkpoint(run_dir / CHECKPOINTS_DIR, step=step, write_files=backend.save,
+    path, manifest = write_checkpoint(run_dir / CHECKPOINTS_DIR, step=step, write_files=write_files,
                                       manifest_fields={**fields, "purpose": purpose})
     seconds = time.perf_counter() - t0
     metrics = {"train/global_step": float(step), "train/artifact/save/seconds": seconds,
@@ -265,6 +253,25 @@ def _checkpoint(backend: Any, run_dir: Path, outbox: Outbox, step: int, purpose:
     outbox.append("checkpoint_ready", step, {"path": str(path), "step": step, "sha256": manifest.sha256,
                                              "purpose": purpose})
     return str(path)
+
+
+def _restore_early_stop(monitor: EarlyStopMonitor, checkpoint: Path) -> None:
+    """Load ``resume/early_stop.json`` into ``monitor``; a checkpoint without it starts fresh streaks.
+
+    Raises:
+        IntegrityError: the file is not a JSON object.
+    """
+    path = checkpoint / RESUME_DIR / EARLY_STOP_FILE
+    if not path.is_file():
+        logger.info("%s: no early-stop state; conditions start fresh", path)
+        return
+    try:
+        state = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise IntegrityError(f"{path}: expected the early-stop monitor state as JSON, found invalid JSON ({e})") from None
+    if not isinstance(state, dict):
+        raise IntegrityError(f"{path}: expected a JSON object (condition -> state), found {type(state).__name__}")
+    monitor.load_state_dict(state)
 
 
 def _check_resume_compatible(manifest: CheckpointManifest, spec: RunSpec, config_sha: str, path: Path) -> None:

@@ -30,7 +30,7 @@ def home_run(bandit_run, gradlab_home: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_eval_run_id_default_step_and_promotion(home_run):
+def test_eval_run_id_default_and_step(home_run):
     out = gradlab("eval", RUN_ID, "--json")
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
@@ -44,10 +44,7 @@ def test_eval_run_id_default_step_and_promotion(home_run):
     out = gradlab("eval", f"{RUN_ID}:64", "--json", "--episodes", "8", "--stochastic")
     result = json.loads(out.stdout)
     assert result["checkpoint_step"] == 64 and result["planned"] == 8 and result["policy"] == "stochastic"
-
-    (home_run / "promotion.json").write_text(json.dumps({"checkpoint_step": 64, "sha256": result["checkpoint_sha256"]}))
-    out = gradlab("eval", RUN_ID, "--json", "--episodes", "4")
-    assert json.loads(out.stdout)["checkpoint_step"] == 64
+    # Promotion comes from the receipt stores, not a file in the run directory (test_eval_stores.py).
 
 
 @pytest.mark.slow
