@@ -5,11 +5,20 @@ Read from ``GRADLAB_*`` environment variables first, then ``~/.config/gradlab/co
 
 ``GRADLAB_HOME`` is the data directory (default: the platform's user data directory); runs live
 under ``$GRADLAB_HOME/runs`` and the default file stores under ``$GRADLAB_HOME/stores``.
+
+Secrets never appear in the config file. A key ending in ``_ref`` (any table) is a secret
+*reference*: ``"env:NAME"`` (the environment variable NAME) or ``"keyring:SERVICE/USERNAME"`` (the
+OS keyring, through the optional ``keyring`` package), resolved by :func:`resolve_secret`, e.g.
+``[stores] s3_secret_ref = "env:R2_SECRET"``. A file that names a secret reference must be readable
+by its owner only (mode 0600) or it is refused; a secret-like key with a literal value
+(``secret_access_key = "..."``) is refused outright.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import stat
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +40,9 @@ class Settings:
     s3_endpoint_url: str | None
     default_pool: str
     config_file: Path
+    #: ``(dotted key, reference)`` for every ``*_ref`` key of the config file, e.g.
+    #: ``("stores.s3_secret_ref", "env:R2_SECRET")``; resolve with :func:`resolve_secret`.
+    secret_refs: tuple[tuple[str, str], ...] = ()
 
     @property
     def runs_dir(self) -> Path:
@@ -58,14 +70,98 @@ def _read_config(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: invalid TOML: {e}") from None
 
 
+SECRET_REF_SUFFIX = "_ref"
+_SECRET_LIKE_KEY = re.compile(r"(secret|password|passwd|token|api[_-]?key|access[_-]?key|credential)", re.I)
+_SECRET_REF = re.compile(r"^(env:[A-Za-z_][A-Za-z0-9_]*|keyring:[^/\s]+/[^/\s]+)$")
+
+
+def secret_references(cfg: dict[str, Any], path: Path) -> tuple[tuple[str, str], ...]:
+    """Every ``*_ref`` key of a parsed config file, after checking no literal secret is present.
+
+    Raises:
+        ConfigError: every problem at once: a ``*_ref`` value that is not ``env:NAME`` or
+            ``keyring:SERVICE/USERNAME``; a secret-like key (secret, password, token, api_key,
+            access_key, credential) holding a literal value.
+    """
+    from gradlab.errors import ConfigProblem
+
+    refs: list[tuple[str, str]] = []
+    problems: list[ConfigProblem] = []
+
+    def walk(node: dict[str, Any], prefix: str) -> None:
+        for key, value in node.items():
+            dotted = f"{prefix}{key}"
+            if isinstance(value, dict):
+                walk(value, f"{dotted}.")
+            elif key.endswith(SECRET_REF_SUFFIX):
+                if isinstance(value, str) and _SECRET_REF.match(value):
+                    refs.append((dotted, value))
+                else:
+                    problems.append(ConfigProblem(str(path), dotted, f"expected a secret reference \"env:NAME\" or "
+                                                  f"\"keyring:SERVICE/USERNAME\", found {value!r}"))
+            elif _SECRET_LIKE_KEY.search(key) and value not in (None, ""):
+                problems.append(ConfigProblem(str(path), dotted, "literal secret refused: secrets come from the "
+                                              f"environment or the OS keyring; write {key}{SECRET_REF_SUFFIX} = "
+                                              "\"env:NAME\" instead"))
+
+    walk(cfg, "")
+    if problems:
+        raise ConfigError(problems)
+    return tuple(refs)
+
+
+def check_config_permissions(path: Path, refs: tuple[tuple[str, str], ...]) -> None:
+    """Refuse a config file that names a secret reference and is readable by group or others.
+
+    Raises:
+        ConfigError: ``refs`` is not empty and ``path``'s mode has any group/other bit (expected 0600).
+    """
+    if not refs:
+        return
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if mode & 0o077:
+        from gradlab.errors import ConfigProblem
+
+        keys = ", ".join(k for k, _ in refs)
+        raise ConfigError([ConfigProblem(str(path), "", f"names secret reference(s) ({keys}) but its mode is "
+                                         f"{mode:04o}; expected 0600 (owner read/write only): run chmod 600 {path}")])
+
+
+def resolve_secret(ref: str) -> str | None:
+    """The secret a reference points at, or None when it is not set.
+
+    Args:
+        ref: ``env:NAME`` (environment variable) or ``keyring:SERVICE/USERNAME`` (OS keyring).
+
+    Raises:
+        ConfigError: a malformed reference, or a keyring reference while the ``keyring`` package
+            is not installed.
+    """
+    if not _SECRET_REF.match(ref):
+        raise ConfigError(f"secret reference {ref!r}: expected env:NAME or keyring:SERVICE/USERNAME")
+    kind, _, target = ref.partition(":")
+    if kind == "env":
+        return os.environ.get(target) or None
+    try:
+        import keyring
+    except ImportError:
+        raise ConfigError(f"secret reference {ref!r}: the OS keyring needs the 'keyring' package "
+                          "(uv pip install keyring), or use env:NAME") from None
+    service, _, username = target.partition("/")
+    return keyring.get_password(service, username)
+
+
 def load_settings() -> Settings:
     """Settings for this process (environment over config file over defaults).
 
     Raises:
-        ConfigError: the config file is not valid TOML.
+        ConfigError: the config file is not valid TOML, holds a literal secret or a malformed
+            secret reference, or names a secret reference while not 0600.
     """
     path = config_path()
     cfg = _read_config(path)
+    refs = secret_references(cfg, path)
+    check_config_permissions(path, refs)
     stores = cfg.get("stores", {}) if isinstance(cfg.get("stores"), dict) else {}
     wandb = cfg.get("wandb", {}) if isinstance(cfg.get("wandb"), dict) else {}
     prefect = cfg.get("prefect", {}) if isinstance(cfg.get("prefect"), dict) else {}
@@ -93,4 +189,5 @@ def load_settings() -> Settings:
         s3_endpoint_url=pick("GRADLAB_S3_ENDPOINT_URL", stores.get("endpoint_url")),
         default_pool=pick("GRADLAB_DEFAULT_POOL", prefect.get("default_pool"), "gradlab-local"),
         config_file=path,
+        secret_refs=refs,
     )

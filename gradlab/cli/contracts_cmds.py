@@ -36,6 +36,7 @@ def validate(json_out: Annotated[bool, typer.Option("--json", help="Print one JS
     """Compose and validate every goal, recipe, preset and the catalog."""
     experiments = _experiments()
     report = experiments.validate_all()
+    report.problems += _deployment_problems(experiments)
     if json_out:
         print_json({"goals": report.goals, "recipes": report.recipes, "presets": report.presets,
                     "errors": [p.as_json() for p in report.problems]})
@@ -46,6 +47,14 @@ def validate(json_out: Annotated[bool, typer.Option("--json", help="Print one JS
         console.print(f"{report.goals} goals, {report.recipes} recipes, {report.presets} presets: {status}")
     if not report.ok:
         raise typer.Exit(1)
+
+
+def _deployment_problems(experiments) -> list:
+    """Problems of the checkout's ``prefect.yaml`` deployments (none outside a checkout); no prefect import."""
+    from gradlab.deploy.project import find_project_root, validate_deployments
+
+    root = find_project_root()
+    return validate_deployments(root, experiments) if root is not None else []
 
 
 @goals_app.command("list")
