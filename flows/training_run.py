@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from prefect import flow
+from prefect.states import Cancelled, Failed
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from gradlab.runs.supervisor import CheckpointTrack
@@ -67,7 +68,7 @@ def training_run(
     evaluate: bool = True,
     run_id: str | None = None,
     learner_pid: int | None = None,
-) -> dict:
+) -> Any:
     """Train ``recipe`` (GOAL/RECIPE) with ``seed``, or retry the existing run ``run_id``.
 
     Args:
@@ -76,14 +77,15 @@ def training_run(
         overrides: ``dotted.key=value`` recipe overrides (as ``--set``).
         wandb_mode: ``disabled`` | ``offline`` | ``online``; default: the recipe's ``logging.wandb_mode``.
         eval_backend: ``local`` (process pool) or ``modal``.
-        evaluate: False skips evaluation (nothing can be promoted then).
+        evaluate: False skips evaluation (nothing can be promoted then); a new run only (a retry
+            keeps the run's own choice).
         run_id: an existing run to retry (a new attempt), or the id a caller reserved for a new run.
         learner_pid: a learner the caller already started for this run (``gradlab train`` does,
             so training overlaps Prefect's start-up).
 
     Returns:
-        The terminal receipt as JSON (DESIGN.md section 8). The run succeeded only if its
-        ``outcome`` is ``succeeded``.
+        The terminal receipt as JSON (DESIGN.md section 8) when it says ``succeeded``; otherwise a
+        Cancelled or Failed state carrying it. The run succeeded only if the receipt says so.
     """
     from gradlab.metrics.wandb_sink import WandbSink
     from gradlab.runs import operations
@@ -95,7 +97,7 @@ def training_run(
     settings = load_settings()
     stores = open_stores(settings)
     spec, paths = operations.prepare_spec(settings, recipe=recipe, seed=seed, overrides=overrides, run_id=run_id,
-                                          stores=stores)
+                                          stores=stores, evaluate=evaluate)
     attached = LearnerProcess.attach(learner_pid, paths) if learner_pid else None
     try:
         plan = run_tasks.open_run(stores, spec, paths)
@@ -129,11 +131,18 @@ def training_run(
         record_stop=lambda reason: run_tasks.request_stop(stores, spec.run_id, attempt_id, reason),
         promote=lambda t: run_tasks.promote(stores, spec.run_id, attempt_id, t.step, t.evaluation, t.publication),
         seal=lambda fields: run_tasks.seal_receipt(stores, spec, spec.run_id, attempt_id, fields, paths),
-        evaluate=evaluate, wandb=wandb, cancel_requested=_cancel_probe(),
+        evaluate=spec.evaluate, wandb=wandb, cancel_requested=_cancel_probe(),
         max_parallel_evals=max(1, (os.cpu_count() or 2) - 1),
     )
     started = time.monotonic()
     receipt = driver.run()
     log.info("run %s attempt %s: %s after %.1f s (%s)", spec.run_id, attempt_id, receipt.outcome,
              time.monotonic() - started, receipt.reason)
-    return receipt.model_dump(mode="json")
+    data = receipt.model_dump(mode="json")
+    # The Prefect state mirrors the receipt (the receipt stays the authority): the UI shows a
+    # cancelled or failed run as such instead of "Completed".
+    if receipt.outcome == "cancelled":
+        return Cancelled(message=receipt.reason, data=data)
+    if receipt.outcome != "succeeded":
+        return Failed(message=f"{receipt.outcome}: {receipt.reason}", data=data)
+    return data

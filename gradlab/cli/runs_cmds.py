@@ -128,10 +128,14 @@ def retry(
 
     started = time.monotonic()
     configure_prefect()
-    receipt, _state = run_flow(recipe=None, seed=view["run"]["seed"], wandb_mode=wandb, eval_backend=eval_backend,
-                               run_id=run_id)
+    try:
+        receipt, state = run_flow(recipe=None, seed=view["run"]["seed"], wandb_mode=wandb, eval_backend=eval_backend,
+                                  run_id=run_id)
+    except KeyboardInterrupt:
+        receipt, state = None, None
     if receipt is None:
-        fail(f"run {run_id}: the retry sealed no receipt; see `gradlab runs show {run_id}`")
+        why = f": {state.message}" if state is not None and state.message else ""
+        fail(f"run {run_id}: the retry sealed no receipt{why}; see `gradlab runs show {run_id}`")
     _summary(receipt, time.monotonic() - started)
     if json_out:
         print_json(receipt)

@@ -53,7 +53,9 @@ def run_flow(**params):
     with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
         state = training_run(**params, return_state=True)
     receipt = state.result(raise_on_failure=False) if state.is_completed() else None
-    return (receipt if isinstance(receipt, dict) else None), state
+    if not isinstance(receipt, dict):
+        receipt = stored_receipt(params["run_id"]) if params.get("run_id") else None
+    return receipt, state
 
 
 def train(
@@ -83,7 +85,7 @@ def train(
 
     settings = load_settings()
     spec, paths = operations.prepare_spec(settings, recipe=ref, seed=seed, overrides=list(overrides or []),
-                                          run_id=new_run_id())
+                                          run_id=new_run_id(), evaluate=not no_eval)
     learner = LearnerProcess.start(paths)
     err_console.print(f"run [bold]{spec.run_id}[/] ({escape(spec.display_name)}), learner pid {learner.pid}", highlight=False)
     api = configure_prefect()
@@ -92,10 +94,10 @@ def train(
     display = threading.Thread(target=_show_progress, args=(paths.outbox, spec.recipe.train.timesteps, stop_display),
                                daemon=True)
     display.start()
-    receipt = None
+    receipt, state = None, None
     interrupted = False
     try:
-        receipt, _state = run_flow(recipe=ref, seed=seed, overrides=list(overrides or []), wandb_mode=wandb,
+        receipt, state = run_flow(recipe=ref, seed=seed, overrides=list(overrides or []), wandb_mode=wandb,
                                    eval_backend=eval_backend, evaluate=not no_eval, run_id=spec.run_id,
                                    learner_pid=learner.pid)
     except KeyboardInterrupt:
@@ -106,10 +108,11 @@ def train(
         if learner.exit_code() is None:  # the flow never took the learner over (e.g. it failed to start)
             learner.stop("the supervising flow ended", grace_s=10.0)
     if receipt is None:
-        receipt = _stored_receipt(spec.run_id)
+        receipt = stored_receipt(spec.run_id)
     elapsed = time.monotonic() - started
     if receipt is None:
-        fail(f"run {spec.run_id}: no terminal receipt was sealed{' (interrupted)' if interrupted else ''}; "
+        why = " (interrupted)" if interrupted else (f": {state.message}" if state is not None and state.message else "")
+        fail(f"run {spec.run_id}: no terminal receipt was sealed{why}; "
              f"`gradlab runs reconcile {spec.run_id}` closes the attempt")
     _summary(receipt, elapsed)
     if json_out:
@@ -117,17 +120,17 @@ def train(
     raise typer.Exit(0 if receipt["outcome"] == "succeeded" else 1)
 
 
-def _stored_receipt(run_id: str) -> dict | None:
-    """The newest terminal receipt of the run from the receipt store, if any."""
+def stored_receipt(run_id: str) -> dict | None:
+    """The terminal receipt of the run's latest attempt from the receipt store (None if unsealed)."""
     from gradlab.receipts import rules
     from gradlab.stores import open_stores
 
     try:
         stores = open_stores()
-        for attempt in reversed(rules.list_attempts(stores, run_id)):
-            receipt = rules.read_terminal(stores, run_id, attempt.attempt_id)
-            if receipt is not None:
-                return receipt.model_dump(mode="json")
+        attempts = rules.list_attempts(stores, run_id)
+        if attempts:
+            receipt = rules.read_terminal(stores, run_id, attempts[-1].attempt_id)
+            return receipt.model_dump(mode="json") if receipt is not None else None
     except Exception as e:  # noqa: BLE001 - reported as 'no receipt'
         err_console.print(f"cannot read the receipt store: {escape(str(e))}")
     return None

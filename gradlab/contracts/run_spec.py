@@ -37,6 +37,8 @@ class RunSpec(Contract):
     environment: EnvironmentSpec = Field(description="Effective training environment.")
     eval_environment: EnvironmentSpec = Field(description="Effective evaluation environment.")
     checkpoint_freq: int = Field(ge=1, description="Env steps between periodic checkpoints.")
+    evaluate: bool = Field(default=True, description="False: checkpoints are published but never evaluated "
+                           "(``--no-eval``); kept by every attempt of the run.")
     goal_contract_sha256: str
     recipe_sha256: str
     environment_sha256: str
@@ -56,7 +58,8 @@ class RunSpec(Contract):
         }
 
     @classmethod
-    def from_resolved(cls, resolved: ResolvedRecipe, *, seed: int, run_id: str | None = None) -> RunSpec:
+    def from_resolved(cls, resolved: ResolvedRecipe, *, seed: int, run_id: str | None = None,
+                      evaluate: bool = True) -> RunSpec:
         return cls(
             run_id=run_id or new_run_id(),
             goal_id=resolved.goal.goal_id,
@@ -68,6 +71,7 @@ class RunSpec(Contract):
             environment=resolved.environment,
             eval_environment=resolved.eval_environment,
             checkpoint_freq=resolved.checkpoint_freq,
+            evaluate=evaluate,
             created_at=datetime.now(UTC).isoformat(),
             **resolved.hashes.as_dict(),
         )

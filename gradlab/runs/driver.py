@@ -69,8 +69,6 @@ class AttemptDriver:
     supervisor: Supervisor = field(init=False)
 
     def __post_init__(self) -> None:
-        from gradlab.receipts import rules
-
         self.outbox = Outbox(self.paths.outbox)
         sinks: list[Any] = [JournalSink(self.paths.journal)]
         if self.wandb is not None and self.wandb.mode != "disabled":
@@ -83,8 +81,8 @@ class AttemptDriver:
             max_parallel_evals=self.max_parallel_evals, request_stop=self.record_stop,
         )
         # Checkpoints published by earlier attempts keep their results; unevaluated ones are evaluated now.
-        records = {rec.checkpoint_sha256: rec for _, rec in rules.list_evaluations(self.stores, self.spec.run_id) if rec}
-        self.supervisor.adopt_published(rules.list_publications(self.stores, self.spec.run_id), records)
+        records = {rec.checkpoint_sha256: rec for rec in self.plan.records}
+        self.supervisor.adopt_published(list(self.plan.publications), records)
         for track in self.supervisor.tracks.values():
             local = self.paths.checkpoints / _checkpoint_name(track.step, track.sha256)
             track.path = local

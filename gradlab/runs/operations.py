@@ -49,8 +49,11 @@ def prepare_spec(
     overrides: list[str] | None = None,
     run_id: str | None = None,
     stores: Stores | None = None,
+    evaluate: bool = True,
 ) -> tuple[RunSpec, RunPaths]:
     """Resolve a new run's spec from ``GOAL/RECIPE``, or read an existing run's spec by ``run_id``.
+
+    ``seed``, ``overrides`` and ``evaluate`` apply to a new run only; an existing run keeps its own.
 
     The spec is written to the run directory (``spec.json``) so the learner can read it.
 
@@ -69,7 +72,7 @@ def prepare_spec(
         from gradlab.contracts import Experiments
 
         resolved = Experiments().resolve(recipe, list(overrides or []))
-        spec = RunSpec.from_resolved(resolved, seed=seed, run_id=run_id)
+        spec = RunSpec.from_resolved(resolved, seed=seed, run_id=run_id, evaluate=evaluate)
     paths = RunPaths(settings.run_dir(spec.run_id)).ensure()
     write_local_spec(paths, spec)
     return spec, paths
@@ -110,6 +113,8 @@ class AttemptPlan:
     attempt: Attempt
     lease: HeldLease
     resume_dir: Path | None
+    publications: tuple[CheckpointPublication, ...] = ()
+    records: tuple[EvaluationRecord, ...] = ()
 
 
 def open_attempt(stores: Stores, spec: RunSpec, paths: RunPaths) -> AttemptPlan:
@@ -142,7 +147,9 @@ def open_attempt(stores: Stores, spec: RunSpec, paths: RunPaths) -> AttemptPlan:
             resume_dir = local_checkpoint_dir(stores, paths, last)
         outbox.clear_stop()
     attempt, held = rules.begin_attempt(stores, spec.run_id, mode=mode, resume_from=resume)
-    return AttemptPlan(attempt=attempt, lease=held, resume_dir=resume_dir)
+    publications = tuple(rules.list_publications(stores, spec.run_id)) if previous else ()
+    records = tuple(rec for _, rec in rules.list_evaluations(stores, spec.run_id) if rec) if previous else ()
+    return AttemptPlan(attempt=attempt, lease=held, resume_dir=resume_dir, publications=publications, records=records)
 
 
 def local_checkpoint_dir(stores: Stores, paths: RunPaths, publication: CheckpointPublication) -> Path:

@@ -21,6 +21,10 @@ from gradlab.runs.paths import RunPaths
 
 log = logging.getLogger(__name__)
 
+#: Learners this process started, by pid: a flow running in the same process (``gradlab train``)
+#: attaches to its own child and gets its real exit status.
+_CHILDREN: dict[int, subprocess.Popen] = {}
+
 
 @dataclass
 class LearnerProcess:
@@ -49,12 +53,14 @@ class LearnerProcess:
         finally:
             log_file.close()
         log.info("learner started: pid %d, run dir %s", popen.pid, paths.root)
+        _CHILDREN[popen.pid] = popen
         return cls(pid=popen.pid, paths=paths, _popen=popen)
 
     @classmethod
     def attach(cls, pid: int, paths: RunPaths) -> LearnerProcess:
-        """A handle on a learner started by another process (e.g. the CLI, before the flow began)."""
-        return cls(pid=pid, paths=paths)
+        """A handle on a learner started earlier (by the CLI before the flow began, in this process
+        or another one)."""
+        return cls(pid=pid, paths=paths, _popen=_CHILDREN.get(pid))
 
     def exit_code(self) -> int | None:
         """The exit code once the process has ended, else None.

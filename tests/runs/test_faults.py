@@ -1,0 +1,172 @@
+"""Faults, each ending with nothing published lost or overwritten (issue: the training run)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from gradlab.outbox import Outbox
+from gradlab.receipts import rules
+from gradlab.stores import open_stores
+from tests.runs.conftest import (
+    gradlab_env,
+    group_alive,
+    last_json_line,
+    only_run_dir,
+    pid_alive,
+    run_gradlab,
+    start_gradlab,
+    wait_for,
+)
+from tests.s3server import s3_server  # noqa: F401  (fixture)
+
+LONG_BANDIT = ["train", "gradlab__bandit/ppo", "--no-eval", "--set", "train.timesteps=65536", "--json"]
+
+
+def _learner_pid(run_dir: Path) -> int:
+    event = Outbox(run_dir / "outbox.sqlite", readonly=True).last("learner_started")
+    return int(event.payload["pid"])
+
+
+def _publications(run_id: str) -> list[tuple[int, str]]:
+    return [(p.step, p.sha256) for p in rules.list_publications(open_stores(), run_id)]
+
+
+def _started_run(home: Path) -> Path:
+    return wait_for(lambda: (d := only_run_dir(home)) and (d / "outbox.sqlite").exists() and d, 60, "run directory")
+
+
+@pytest.mark.slow
+def test_sigkill_of_the_learner_then_retry_resumes_to_the_planned_steps(prefect_api: str, gradlab_home: Path) -> None:
+    env = gradlab_env(prefect_api)
+    proc = start_gradlab(LONG_BANDIT, env)
+    try:
+        run_dir = _started_run(gradlab_home)
+        run_id = run_dir.name
+        wait_for(lambda: len(_publications(run_id)) >= 2, 120, "two published checkpoints")
+        os.kill(_learner_pid(run_dir), signal.SIGKILL)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1, err[-3000:]
+    first = last_json_line(out)
+    assert first["outcome"] == "failed"
+    assert "exited with code -9" in first["reason"]
+    published_before = _publications(run_id)
+    assert [(c["step"], c["sha256"]) for c in first["checkpoints"]] == published_before
+    last_step = published_before[-1][0]
+
+    retry = run_gradlab(["runs", "retry", run_id, "--json"], env, timeout_s=300)
+    assert retry.returncode == 0, retry.stderr[-3000:]
+    second = last_json_line(retry.stdout)
+    assert second["attempt_id"] == "attempt-002"
+    assert second["outcome"] == "succeeded", second["reason"]
+    assert second["final_step"] == 65536  # the planned step count, not more
+    attempt = next(a for a in rules.list_attempts(open_stores(), run_id) if a.attempt_id == "attempt-002")
+    assert attempt.mode == "resume" and attempt.resume_from.step == last_step
+    after = {(c["step"], c["sha256"]) for c in second["checkpoints"]}
+    assert set(published_before) <= after  # nothing published was lost or replaced
+    assert max(step for step, _ in after) == 65536
+
+
+@pytest.mark.slow
+def test_ctrl_c_cancels_cleanly(prefect_api: str, gradlab_home: Path) -> None:
+    env = gradlab_env(prefect_api)
+    proc = start_gradlab(LONG_BANDIT, env)
+    try:
+        run_dir = _started_run(gradlab_home)
+        run_id = run_dir.name
+        wait_for(lambda: len(_publications(run_id)) >= 1, 120, "a published checkpoint")
+        learner = _learner_pid(run_dir)
+        proc.send_signal(signal.SIGINT)
+        cancelled_at = time.monotonic()
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1, err[-3000:]
+    receipt = last_json_line(out)
+    assert receipt["outcome"] == "cancelled", receipt["reason"]
+    wait_for(lambda: not pid_alive(learner) and not group_alive(learner), 15 - (time.monotonic() - cancelled_at),
+             "learner and its process group gone within the grace period")
+    published = _publications(run_id)
+    assert [(c["step"], c["sha256"]) for c in receipt["checkpoints"]] == published
+    time.sleep(2)
+    assert _publications(run_id) == published  # no checkpoint appears after the cancel
+
+
+@pytest.mark.slow
+def test_prefect_flow_run_cancel_stops_a_direct_run(prefect_api: str, gradlab_home: Path) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    env = gradlab_env(prefect_api)
+    proc = start_gradlab(LONG_BANDIT, env)
+    try:
+        run_dir = _started_run(gradlab_home)
+        run_id = run_dir.name
+        wait_for(lambda: len(_publications(run_id)) >= 1, 120, "a published checkpoint")
+
+        def flow_run_id() -> str | None:
+            with temporary_settings(updates={PREFECT_API_URL: prefect_api}), get_client(sync_client=True) as client:
+                for fr in client.read_flow_runs(limit=50):
+                    if fr.parameters.get("run_id") == run_id:
+                        return str(fr.id)
+            return None
+
+        fr_id = wait_for(flow_run_id, 30, "the flow run in the Prefect API")
+        cancel = subprocess.run(["prefect", "flow-run", "cancel", fr_id], capture_output=True, text=True, env=env,
+                                timeout=60)
+        assert cancel.returncode == 0, cancel.stdout + cancel.stderr
+        out, err = proc.communicate(timeout=90)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1, err[-3000:]
+    receipt = last_json_line(out)
+    assert receipt["outcome"] == "cancelled", receipt["reason"]
+    assert not pid_alive(_learner_pid(run_dir))
+
+
+@pytest.mark.slow
+def test_s3_down_during_publication_is_retried(prefect_api: str, gradlab_home: Path, s3_server,  # noqa: F811
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    urls = {"GRADLAB_CONTROL_STORE_URL": s3_server.url("control"), "GRADLAB_EVAL_STORE_URL": s3_server.url("eval"),
+            "GRADLAB_MODEL_STORE_URL": s3_server.url("model")}
+    for name, value in urls.items():
+        monkeypatch.setenv(name, value)  # the test reads the same stores as the run
+    env = gradlab_env(prefect_api, **urls)
+    proc = start_gradlab(LONG_BANDIT, env)
+    try:
+        run_dir = _started_run(gradlab_home)
+        run_id = run_dir.name
+        # Publication has begun and checkpoints keep arriving: take the store down for 4 s.
+        wait_for(lambda: len(_publications(run_id)) >= 1, 120, "a published checkpoint in the S3 model store")
+        s3_server.stop()
+        time.sleep(4)
+        s3_server.restart()
+        out, err = proc.communicate(timeout=240)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    receipt = last_json_line(out)
+    assert receipt["outcome"] == "succeeded", receipt["reason"]
+    assert receipt["final_step"] == 65536
+    # The outage really hit the run: some task needed more than one try.
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: prefect_api}), get_client(sync_client=True) as client:
+        runs = [tr for tr in client.read_task_runs(limit=200) if run_id in (tr.name or "")]
+    assert any(tr.run_count > 1 for tr in runs), [(tr.name, tr.run_count) for tr in runs]
+    # Every published checkpoint verifies in the store.
+    stores = open_stores()
+    for c in receipt["checkpoints"]:
+        pub = next(p for p in rules.list_publications(stores, run_id) if p.step == c["step"])
+        assert pub.sha256 == c["sha256"]
+        manifest = json.loads(stores.model.get(f"runs/{run_id}/checkpoints/{c['uri'].rstrip('/').rsplit('/', 1)[-1]}/manifest.json"))
+        assert manifest["sha256"] == c["sha256"]
