@@ -26,17 +26,17 @@ OBS_VAR_KEY = "gradlab.obs_rms.var"
 class SpaceSpec(BaseModel):
     """A gymnasium space as JSON (Box, Discrete, MultiDiscrete, MultiBinary).
 
-    Infinite bounds (CartPole's velocities) are written as the JSON strings ``"Infinity"`` and
-    ``"-Infinity"``, which JSON numbers cannot hold, and read back as floats.
+    Non-finite bounds (CartPole's velocities are unbounded) are stored as the strings ``"inf"``,
+    ``"-inf"`` and ``"nan"``, since JSON numbers cannot hold them; numpy reads them back as floats.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="strings")
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     type: Literal["Box", "Discrete", "MultiDiscrete", "MultiBinary"]
     shape: list[int] = Field(default_factory=list)
     dtype: str = "float32"
-    low: float | list[Any] | None = None
-    high: float | list[Any] | None = None
+    low: float | str | list[Any] | None = None
+    high: float | str | list[Any] | None = None
     n: int | None = None
     start: int = 0
     nvec: list[int] | None = None
@@ -78,11 +78,15 @@ def space_to_spec(space: Any) -> SpaceSpec:
     """
     from gymnasium import spaces
 
-    def bound(a: np.ndarray) -> float | list[Any]:
-        flat = np.asarray(a).ravel()
+    def number(x: float) -> float | str:
+        return float(x) if np.isfinite(x) else str(float(x))  # "inf", "-inf", "nan"
+
+    def bound(a: np.ndarray) -> float | str | list[Any]:
+        arr = np.asarray(a, dtype=np.float64)
+        flat = arr.ravel()
         if flat.size and np.all(flat == flat[0]):
-            return float(flat[0])
-        return np.asarray(a).tolist()
+            return number(flat[0])
+        return np.vectorize(number, otypes=[object])(arr).tolist()
 
     if isinstance(space, spaces.Box):
         return SpaceSpec(type="Box", shape=list(space.shape), dtype=str(space.dtype), low=bound(space.low),
@@ -161,7 +165,17 @@ def save_policy_files(folder: Path, tensors: dict[str, Any], spec: PolicySpec) -
     from safetensors.torch import save_file
 
     save_file(tensors, str(folder / WEIGHTS_FILE), metadata={"format": "gradlab.policy/1"})
-    (folder / POLICY_SPEC_FILE).write_text(json.dumps(spec.model_dump(mode="json"), indent=2, sort_keys=True) + "\n")
+    (folder / POLICY_SPEC_FILE).write_text(
+        json.dumps(spec.model_dump(mode="json"), indent=2, sort_keys=True, allow_nan=False) + "\n")
+
+
+class _NoOptimizer:
+    """Stands in for SB3's optimizer: a weights-only policy never trains, and constructing a torch
+    optimizer the first time imports ``torch._dynamo`` (3–12 s measured here), which every
+    evaluation worker would pay."""
+
+    def __init__(self, params: Any, lr: float = 0.0, **kwargs: Any):
+        del params, lr, kwargs
 
 
 class Policy:
@@ -182,7 +196,7 @@ class Policy:
         self.action_space = spec_to_space(spec.action_space)
         activation = {"tanh": torch.nn.Tanh, "relu": torch.nn.ReLU}[spec.activation]
         kwargs: dict[str, Any] = dict(
-            net_arch=spec.net_arch, activation_fn=activation, ortho_init=False,
+            net_arch=spec.net_arch, activation_fn=activation, ortho_init=False, optimizer_class=_NoOptimizer,
             share_features_extractor=spec.share_features_extractor, normalize_images=spec.normalize_images,
         )
         if spec.extractor == "nature_cnn":

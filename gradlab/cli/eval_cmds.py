@@ -274,8 +274,11 @@ def eval_command(
         if not json_out:
             err_console.print(f"evaluating {ckpt} ({resolved.origin}, {backend})", highlight=False)
         if backend == "inline":
+            import torch
+
             from gradlab.evaluation import run_evaluation
 
+            torch.set_num_threads(1)  # batched small-policy inference: a second thread only contends
             result = run_evaluation(request)
         else:
             from gradlab.evaluation.backends import evaluate_with, get_backend

@@ -4,6 +4,8 @@
   its own spawned process; at most ``max_workers`` run at once (default: the cores left over by
   training, ``os.cpu_count() - reserved_cores``, at least 1); queued ones start as slots free up on
   the next ``submit``/``poll``. ``cancel`` drops a queued evaluation or terminates a running one.
+  :func:`prewarm` keeps spare worker processes that have already imported torch, SB3 and
+  gymnasium (3–8 s here), so an evaluation starts at once; a supervisor calls it when a run begins.
 * ``modal``: a deployed Modal function (``deployments/modal/app.py``, app ``gradlab-eval``, function
   ``evaluate``) receives :func:`build_modal_payload`'s JSON (the request plus the checkpoint's
   weights-only files, base64) and returns the same result JSON as ``local``. Credentials are
@@ -22,6 +24,7 @@ import itertools
 import logging
 import multiprocessing
 import os
+import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -110,6 +113,55 @@ def _worker_main(request_json: dict[str, Any], conn: Any) -> None:
         conn.close()
 
 
+_SPARE_LOCK = threading.Lock()
+_SPARES: list[tuple[Any, Any]] = []
+_SPARE_TARGET = 0
+
+
+def _warm_worker_main(conn: Any) -> None:
+    """Spare child process: import the heavy libraries now, then evaluate the request it is sent."""
+    try:
+        import gymnasium  # noqa: F401
+        import stable_baselines3.common.policies  # noqa: F401
+        import torch
+
+        import gradlab.evaluation.runner  # noqa: F401
+
+        torch.set_num_threads(1)
+    except ImportError:  # pragma: no cover - all are dependencies
+        pass
+    try:
+        request_json = conn.recv()
+    except (EOFError, OSError):
+        return  # the parent went away or closed the spare
+    _worker_main(request_json, conn)
+
+
+def prewarm(count: int = 1) -> None:
+    """Keep ``count`` spare evaluation processes warm (spawned now; they import in the background)."""
+    global _SPARE_TARGET
+    ctx = multiprocessing.get_context("spawn")
+    with _SPARE_LOCK:
+        _SPARE_TARGET = max(_SPARE_TARGET, count)
+        _SPARES[:] = [(p, c) for p, c in _SPARES if p.is_alive()]
+        while len(_SPARES) < _SPARE_TARGET:
+            parent, child = ctx.Pipe(duplex=True)
+            process = ctx.Process(target=_warm_worker_main, args=(child,), daemon=True, name="gradlab-eval-spare")
+            process.start()
+            child.close()
+            _SPARES.append((process, parent))
+
+
+def _take_spare() -> tuple[Any, Any] | None:
+    with _SPARE_LOCK:
+        while _SPARES:
+            process, conn = _SPARES.pop(0)
+            if process.is_alive():
+                return process, conn
+            conn.close()
+    return None
+
+
 class _Job:
     def __init__(self, handle: EvalHandle, request_json: dict[str, Any]):
         self.handle = handle
@@ -167,6 +219,13 @@ class LocalBackend:
             self._collect(job)
         while self._queue and self._running() < self.max_workers:
             job = self._jobs[self._queue.pop(0)]
+            spare = _take_spare()
+            if spare is not None:
+                job.process, job.conn = spare
+                job.conn.send(job.request_json)
+                logger.info("evaluation %s started in a warm process (pid %s)", job.handle.id, job.process.pid)
+                prewarm(_SPARE_TARGET)  # replace the spare for the next evaluation
+                continue
             parent, child = self._ctx.Pipe(duplex=False)
             job.process = self._ctx.Process(target=_worker_main, args=(job.request_json, child), daemon=True,
                                             name=f"gradlab-eval-{job.handle.id}")
@@ -436,5 +495,5 @@ def evaluate_with(
 __all__ = [
     "BackendUnavailable", "EvalHandle", "EvaluationBackend", "EvaluationFailed", "LocalBackend",
     "ModalBackend", "ModalClient", "SdkModalClient", "build_modal_payload", "evaluate_with", "get_backend",
-    "handle_modal_payload",
+    "handle_modal_payload", "prewarm",
 ]

@@ -162,6 +162,14 @@ def local_checkpoint_dir(stores: Stores, paths: RunPaths, publication: Checkpoin
     return dest
 
 
+def prewarm_evaluation(backend: str, count: int = 1) -> None:
+    """Start ``count`` warm evaluation processes now, while the learner trains (local backend only)."""
+    if backend == "local":
+        from gradlab.evaluation.backends import prewarm
+
+        prewarm(count)
+
+
 def publish(stores: Stores, run_id: str, attempt_id: str, checkpoint_dir: Path) -> CheckpointPublication:
     """Publish one checkpoint (copy, verify, receipt, index). See ``rules.publish_checkpoint``."""
     return rules.publish_checkpoint(stores, run_id=run_id, attempt_id=attempt_id, checkpoint_dir=checkpoint_dir)

@@ -147,6 +147,7 @@ class Supervisor:
     last_step: int = 0
     _pending_metrics: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
     _first_accept_at: float | None = None
+    _stop_written_at: float = 0.0
 
     # -- inputs ------------------------------------------------------------------------------
     def adopt_published(self, publications: list[CheckpointPublication], records: dict[str, EvaluationRecord]) -> None:
@@ -271,14 +272,15 @@ class Supervisor:
             return
         step = min(t.step for t in self.tracks.values() if t.accepted)
         self.ask_stop(f"accepted:{step}")
-        self._emit({"orchestration/eval/result_to_stop_seconds": self.clock() - self._first_accept_at}, step)
+        self._emit({"orchestration/eval/result_to_stop_seconds": self._stop_written_at - self._first_accept_at}, step)
 
     def ask_stop(self, reason: str) -> None:
         """Ask the learner to stop at its next safe boundary (once; the first reason wins)."""
         if self.stop_reason is not None:
             return
         self.stop_reason = reason
-        self.outbox.request_stop(reason)
+        self.outbox.request_stop(reason)  # what the learner reads: the stop takes effect from here
+        self._stop_written_at = self.clock()
         if self.request_stop is not None:
             self.request_stop(reason)
         log.info("run %s: stop requested (%s)", self.spec.run_id, reason)

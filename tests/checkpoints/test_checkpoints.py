@@ -51,7 +51,7 @@ def test_layout_and_manifest(trained: Path) -> None:
     assert (m.step, m.purpose, m.backend_id) == (512, "final", "sb3.ppo")
     assert set(m.files) == {"policy.zip", "policy.safetensors", "policy_spec.json", "resume/state.json",
                             "resume/optimizer.pt", "resume/vecnormalize.json", "resume/env_state.pkl",
-                            "resume/last_obs.npy"}
+                            "resume/last_obs.npy", "resume/early_stop.json"}
     for name, entry in m.files.items():
         assert entry.size_bytes == (path / name).stat().st_size
         assert entry.sha256 == file_sha256(path / name)
@@ -156,7 +156,7 @@ def test_infinite_box_bounds_round_trip_through_the_policy_spec() -> None:
     from gradlab.checkpoints.policy import SpaceSpec, space_to_spec, spec_to_space
 
     space = gym.make("CartPole-v1").observation_space
-    text = json.dumps(space_to_spec(space).model_dump(mode="json"))
-    rebuilt = spec_to_space(SpaceSpec.model_validate(json.loads(text)))
+    text = json.dumps({"observation_space": space_to_spec(space).model_dump(mode="json")}, allow_nan=False)
+    rebuilt = spec_to_space(SpaceSpec.model_validate(json.loads(text)["observation_space"]))
     assert rebuilt == space
     assert np.isinf(rebuilt.high[1]) and rebuilt.high[1] > 0
