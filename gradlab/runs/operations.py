@@ -213,7 +213,7 @@ def evaluate(
         runner.close()
     status = "accepted" if validated.verdict == "accepted" else "rejected"
     record = rules.make_evaluation_record(
-        intent, status=status, result=validated.model_dump(mode="json"),
+        intent, status=status, result=validated.as_json(),
         return_mean=validated.aggregates.get("eval/episode/return/mean"),
     )
     return rules.record_evaluation(stores, record)
