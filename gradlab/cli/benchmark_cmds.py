@@ -34,3 +34,20 @@ def envs(
     from gradlab.benchmarks.envs import main
 
     main(cases=tuple(case), seconds=seconds, as_json=as_json)
+
+
+@benchmark_app.command("run")
+def run_benchmark(
+    case: list[str] = typer.Argument(None, help="cartpole-acceptance, bandit-acceptance (default: both)."),
+    seeds: int = typer.Option(3, min=1, help="Seeds per case."),
+    server: bool = typer.Option(False, "--server", help="Start (or reuse) a local Prefect server first."),
+    as_json: bool = typer.Option(False, "--json", help="Print the rows as one JSON document."),
+) -> None:
+    """`gradlab train` to a sealed receipt, per seed, next to the bare SB3 learner (median, min, max)."""
+    from gradlab.benchmarks.run import CASES, main
+
+    cases = tuple(case or CASES)
+    unknown = [c for c in cases if c not in CASES]
+    if unknown:
+        raise typer.BadParameter(f"unknown case(s) {', '.join(unknown)}; expected {', '.join(CASES)}")
+    main(cases, seeds, server, as_json)
