@@ -76,7 +76,9 @@ class ConfigProblem:
     column: int | None = None
 
     def render(self) -> str:
-        where = self.file or "<input>"
+        where = self.file
+        if not where:
+            return f"{self.key_path}: {self.message}" if self.key_path else self.message
         if self.line is not None:
             where += f":{self.line}"
             if self.column is not None:

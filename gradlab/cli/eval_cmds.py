@@ -151,14 +151,35 @@ def resolve_checkpoint(ref: str, *, settings: Settings | None = None, stores: St
     """
     from gradlab.checkpoints import list_checkpoints
 
+    if ref.startswith("file://"):  # the URIs receipts print for file stores
+        ref = ref.removeprefix("file://")
     path = Path(ref).expanduser()
     if path.is_dir():
         if not (path / "manifest.json").is_file():
             raise NotFound(f"{path}: not a checkpoint directory (no manifest.json)")
         path = path.resolve()
         spec_file = path.parent.parent / SPEC_FILE
-        return ResolvedCheckpoint(path=path, spec=_read_spec_file(spec_file), spec_source=str(spec_file),
+        if spec_file.is_file():
+            return ResolvedCheckpoint(path=path, spec=_read_spec_file(spec_file), spec_source=str(spec_file),
+                                      origin="directory")
+        # A published copy (model store) has no run directory around it: its manifest names the run,
+        # whose spec the control store holds.
+        import json
+
+        from gradlab.receipts import rules
+        from gradlab.stores import keys, open_stores
+
+        run_id = json.loads((path / "manifest.json").read_text()).get("run_id")
+        stores = stores or open_stores(settings)
+        try:
+            spec = rules.read_run_spec(stores, str(run_id))
+        except NotFound:
+            raise NotFound(f"{path}: no run spec beside it ({spec_file}) and no run {run_id} in "
+                           f"{stores.control.url(keys.run_spec(str(run_id)))}") from None
+        return ResolvedCheckpoint(path=path, spec=spec, spec_source=stores.control.url(keys.run_spec(str(run_id))),
                                   origin="directory")
+    if "/" in ref or ref.startswith("."):
+        raise NotFound(f"{ref}: no such checkpoint directory")
 
     from gradlab.receipts import rules
     from gradlab.settings import load_settings

@@ -9,8 +9,10 @@ from typing import Any, NoReturn
 import typer
 from rich.console import Console
 
-console = Console()
-err_console = Console(stderr=True)
+# No emoji codes (":abc:" in a message stays text); a wide page when output is not a terminal, so
+# piped tables and hashes are not cut at 80 columns.
+console = Console(emoji=False, width=None if sys.stdout.isatty() else 200)
+err_console = Console(stderr=True, emoji=False, width=None if sys.stderr.isatty() else 200)
 
 
 def print_json(value: Any) -> None:
@@ -21,5 +23,7 @@ def print_json(value: Any) -> None:
 
 def fail(message: str, code: int = 1) -> NoReturn:
     """Print an error to stderr and exit with ``code``."""
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, markup=True, soft_wrap=True)
+    from rich.markup import escape
+
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, markup=True, soft_wrap=True)
     raise typer.Exit(code)

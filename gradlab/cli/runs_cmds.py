@@ -120,6 +120,8 @@ def retry(
 
     stores = _stores()
     view = run_view(stores, run_id)
+    if view["receipt"] is not None and view["receipt"]["outcome"] == "succeeded":
+        fail(f"run {run_id} already succeeded ({view['receipt']['attempt_id']}): nothing to retry")
     held = read_lease(stores.control, run_id)
     if held is not None and held.lease.is_live():
         fail(f"run {run_id}: attempt {held.lease.holder} still holds the lease until {held.lease.expires_at.isoformat()} "

@@ -27,7 +27,7 @@ def start(port: Annotated[int | None, typer.Option(help="Port on 127.0.0.1 (defa
 
 @server_app.command("stop")
 def stop() -> None:
-    """Stop the server started by ``gradlab server start``."""
+    """Stop the server started by gradlab server start."""
     from gradlab.runs.server import stop_server
     from gradlab.settings import load_settings
 

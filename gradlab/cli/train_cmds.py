@@ -25,6 +25,8 @@ def configure_prefect() -> str:
     Returns a short description of the API in use.
     """
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # Prefect waits 20 s for its ephemeral server by default; a loaded 2-core box needs longer.
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")
     if os.environ.get("PREFECT_API_URL"):
@@ -76,6 +78,9 @@ def train(
 
     if not 0 <= seed <= MAX_RUN_SEED:
         fail(f"--seed: expected 0..{MAX_RUN_SEED}, found {seed}")
+    if wandb == "online" and not _wandb_key_configured():
+        fail("--wandb online: no W&B API key (set WANDB_API_KEY or run `wandb login`); "
+             "use --wandb offline to keep metrics locally and sync later")
     started = time.monotonic()
     resolve_or_exit(ref, overrides)  # every contract problem before any compute is spent
     from gradlab.contracts.run_spec import new_run_id
@@ -102,6 +107,12 @@ def train(
                                    learner_pid=learner.pid)
     except KeyboardInterrupt:
         interrupted = True
+    except Exception as e:  # Prefect could not start or reach its API: nothing was recorded
+        stop_display.set()
+        learner.stop("the supervising flow could not start", grace_s=10.0)
+        fail(f"run {spec.run_id}: the training-run flow could not start ({type(e).__name__}: {e}). "
+             f"Nothing was recorded in the receipt store; the learner's local files are in {paths.root}. "
+             "Start a Prefect server with `gradlab server start` (or set PREFECT_API_URL) and run again.")
     finally:
         stop_display.set()
         display.join(timeout=2)
@@ -158,15 +169,43 @@ def _summary(receipt: dict, elapsed_s: float) -> None:
     err_console.print(table)
 
 
+def _wandb_key_configured() -> bool:
+    """True when W&B can authenticate: WANDB_API_KEY, or a key for api.wandb.ai in ~/.netrc."""
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    import netrc
+
+    try:
+        return netrc.netrc().authenticators("api.wandb.ai") is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+def _progress_line(progress) -> str:
+    rate = progress.steps_per_s
+    return " ".join(filter(None, [
+        f"step {progress.step:,}/{progress.timesteps:,}",
+        f"{rate:,.0f} steps/s" if rate else None,
+        f"return {progress.recent_return:.1f}" if progress.recent_return is not None else None,
+        f"checkpoints {progress.checkpoints} published {progress.published} evaluated {progress.evaluated} "
+        f"accepted {progress.accepted}",
+        f"stop: {progress.stop}" if progress.stop else None,
+    ]))
+
+
 def _show_progress(outbox_path, timesteps: int, stop: threading.Event) -> None:
-    """Live progress on stderr (a rich progress bar when stderr is a terminal)."""
+    """Live progress on stderr: a rich progress bar on a terminal, else a line every 10 s."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     from gradlab.runs.progress import RunProgress
 
     progress = RunProgress(outbox_path, timesteps)
     if not err_console.is_terminal:
-        stop.wait()
+        while not stop.wait(10.0):
+            try:
+                err_console.print(_progress_line(progress.refresh()), highlight=False)
+            except Exception:  # noqa: BLE001 - the display must never disturb the run
+                continue
         return
     columns = (TextColumn("[bold]training"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
                TimeRemainingColumn())
@@ -177,11 +216,5 @@ def _show_progress(outbox_path, timesteps: int, stop: threading.Event) -> None:
                 progress.refresh()
             except Exception:  # noqa: BLE001 - the display must never disturb the run
                 continue
-            rate = progress.steps_per_s
-            info = " ".join(filter(None, [
-                f"{rate:,.0f} steps/s" if rate else None,
-                f"return {progress.recent_return:.1f}" if progress.recent_return is not None else None,
-                f"ckpt {progress.checkpoints} pub {progress.published} eval {progress.evaluated} acc {progress.accepted}",
-                f"stop: {progress.stop}" if progress.stop else None,
-            ]))
+            info = _progress_line(progress).split(" ", 2)[-1]  # the bar shows the step itself
             bar.update(task, completed=min(progress.step, timesteps), info=info)
