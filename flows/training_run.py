@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import signal
+import threading
 import time
 from typing import Any
 
-from prefect import flow
+from prefect import flow, tags
 from prefect.states import Cancelled, Failed
 from prefect.task_runners import ThreadPoolTaskRunner
 
@@ -35,6 +38,45 @@ class _Done:
         return self.future.result(raise_on_failure=True)
 
 
+#: A gradlab run id (``gradlab.contracts.run_spec.new_run_id``) used as a flow-run tag.
+_RUN_ID_TAG = re.compile(r"^gradlab-\d{8}T\d{6}-[0-9a-f]{8}$")
+
+
+def _tagged_run_id() -> str | None:
+    """The gradlab run id an earlier try of this flow run tagged it with (a retry from the Prefect UI
+    reruns the same flow run with the same parameters: it must continue the same gradlab run)."""
+    from prefect.context import FlowRunContext
+
+    ctx = FlowRunContext.get()
+    if ctx is None or ctx.flow_run is None:
+        return None
+    return next((t for t in ctx.flow_run.tags if _RUN_ID_TAG.match(t)), None)
+
+
+def _run_tags(run_id: str) -> list[str]:
+    """This flow run's tags, plus ``run_id`` itself (added to the flow run when missing).
+
+    The tasks run under these tags: a deployment's tags (``gpu``) reach only the flow run, and a
+    tag concurrency limit counts task runs. The run-id tag lets ``gradlab experiment`` find the
+    flow runs of a gradlab run queued without a ``run_id`` parameter (``prefect deployment run``).
+    """
+    from prefect.client.orchestration import get_client
+    from prefect.context import FlowRunContext
+
+    ctx = FlowRunContext.get()
+    if ctx is None or ctx.flow_run is None:
+        return []
+    run_tags = list(ctx.flow_run.tags)
+    if run_id not in run_tags:
+        run_tags.append(run_id)
+        try:
+            with get_client(sync_client=True) as client:
+                client.update_flow_run(ctx.flow_run.id, tags=run_tags)
+        except Exception as e:  # noqa: BLE001 - a label only: the run goes on without it
+            log.warning("cannot tag flow run %s with %s: %s", ctx.flow_run.id, run_id, e)
+    return run_tags
+
+
 def _cancel_probe() -> Any:
     """A callable that says whether this flow run is being cancelled (Prefect state CANCELLING)."""
     from prefect.client.orchestration import get_client
@@ -52,7 +94,14 @@ def _cancel_probe() -> Any:
         except Exception as e:  # noqa: BLE001 - the API may be briefly unreachable; try again later
             log.debug("cannot read flow run state: %s", e)
             return False
-        return state is not None and (state.is_cancelling() or state.is_cancelled())
+        if state is None or not (state.is_cancelling() or state.is_cancelled()):
+            return False
+        if os.environ.get("PREFECT__FLOW_RUN_ID") and threading.current_thread() is threading.main_thread():
+            # Started by a worker, which SIGTERMs this process too once it sees CANCELLING: the driver
+            # is now stopping the learner and sealing `cancelled`, and a TerminationSignal raised in
+            # the middle of that would leave the attempt unsealed. The worker SIGKILLs after 30 s.
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        return True
 
     return cancelling
 
@@ -96,53 +145,57 @@ def training_run(
 
     settings = load_settings()
     stores = open_stores(settings)
+    run_id = run_id or _tagged_run_id()
     spec, paths = operations.prepare_spec(settings, recipe=recipe, seed=seed, overrides=overrides, run_id=run_id,
                                           stores=stores, evaluate=evaluate)
-    attached = LearnerProcess.attach(learner_pid, paths) if learner_pid else None
-    try:
-        plan = run_tasks.open_run(stores, spec, paths)
-    except BaseException:
-        if attached is not None:
-            attached.stop("the attempt could not be opened", grace_s=4.0)
-        raise
-    if plan.attempt.mode == "drain":
-        learner = None
-    elif attached is not None:
-        learner = attached
-    else:
-        learner = run_tasks.start_learner(spec.run_id, paths, plan.resume_dir)
-    mode = wandb_mode or settings.wandb_mode or spec.recipe.logging.wandb_mode
-    wandb = WandbSink(spec.run_id, mode, paths.wandb_dir, settings.wandb_project or spec.recipe.logging.wandb_project,
-                      config={"spec": spec.to_json()}, entity=settings.wandb_entity, name=spec.display_name,
-                      high_water=operations.outbox_high_water(paths, "wandb"))
-    attempt_id = plan.attempt.attempt_id
+    with tags(*_run_tags(spec.run_id)):
+        attached = LearnerProcess.attach(learner_pid, paths) if learner_pid else None
+        try:
+            plan = run_tasks.open_run(stores, spec, paths)
+        except BaseException:
+            if attached is not None:
+                attached.stop("the attempt could not be opened", grace_s=4.0)
+            raise
+        if plan.attempt.mode == "drain":
+            learner = None
+        elif attached is not None:
+            learner = attached
+        else:
+            learner = run_tasks.start_learner(spec.run_id, paths, plan.resume_dir)
+        if spec.evaluate and spec.goal.evaluation_mode == "evaluated":
+            operations.prewarm_evaluation(eval_backend)
+        mode = wandb_mode or settings.wandb_mode or spec.recipe.logging.wandb_mode
+        wandb = WandbSink(spec.run_id, mode, paths.wandb_dir, settings.wandb_project or spec.recipe.logging.wandb_project,
+                          config={"spec": spec.to_json()}, entity=settings.wandb_entity, name=spec.display_name,
+                          high_water=operations.outbox_high_water(paths, "wandb"))
+        attempt_id = plan.attempt.attempt_id
 
-    def publish(track: CheckpointTrack) -> _Done:
-        return _Done(run_tasks.publish_checkpoint.submit(stores, spec.run_id, attempt_id, track.step, track.path))
+        def publish(track: CheckpointTrack) -> _Done:
+            return _Done(run_tasks.publish_checkpoint.submit(stores, spec.run_id, attempt_id, track.step, track.path))
 
-    def evaluate_track(track: CheckpointTrack) -> _Done:
-        directory = operations.local_checkpoint_dir(stores, paths, track.publication)
-        return _Done(run_tasks.evaluate_checkpoint.submit(stores, spec, spec.run_id, track.step, track.publication,
-                                                          directory, eval_backend))
+        def evaluate_track(track: CheckpointTrack) -> _Done:
+            directory = operations.local_checkpoint_dir(stores, paths, track.publication)
+            return _Done(run_tasks.evaluate_checkpoint.submit(stores, spec, spec.run_id, track.step, track.publication,
+                                                              directory, eval_backend))
 
-    driver = AttemptDriver(
-        spec=spec, paths=paths, stores=stores, plan=plan, learner=learner,
-        submit_publish=publish, submit_evaluate=evaluate_track,
-        record_stop=lambda reason: run_tasks.request_stop(stores, spec.run_id, attempt_id, reason),
-        promote=lambda t: run_tasks.promote(stores, spec.run_id, attempt_id, t.step, t.evaluation, t.publication),
-        seal=lambda fields: run_tasks.seal_receipt(stores, spec, spec.run_id, attempt_id, fields, paths),
-        evaluate=spec.evaluate, wandb=wandb, cancel_requested=_cancel_probe(),
-        max_parallel_evals=max(1, (os.cpu_count() or 2) - 1),
-    )
-    started = time.monotonic()
-    receipt = driver.run()
-    log.info("run %s attempt %s: %s after %.1f s (%s)", spec.run_id, attempt_id, receipt.outcome,
-             time.monotonic() - started, receipt.reason)
-    data = receipt.model_dump(mode="json")
-    # The Prefect state mirrors the receipt (the receipt stays the authority): the UI shows a
-    # cancelled or failed run as such instead of "Completed".
-    if receipt.outcome == "cancelled":
-        return Cancelled(message=receipt.reason, data=data)
-    if receipt.outcome != "succeeded":
-        return Failed(message=f"{receipt.outcome}: {receipt.reason}", data=data)
-    return data
+        driver = AttemptDriver(
+            spec=spec, paths=paths, stores=stores, plan=plan, learner=learner,
+            submit_publish=publish, submit_evaluate=evaluate_track,
+            record_stop=lambda reason: run_tasks.request_stop(stores, spec.run_id, attempt_id, reason),
+            promote=lambda t: run_tasks.promote(stores, spec.run_id, attempt_id, t.step, t.evaluation, t.publication),
+            seal=lambda fields: run_tasks.seal_receipt(stores, spec, spec.run_id, attempt_id, fields, paths),
+            evaluate=spec.evaluate, wandb=wandb, cancel_requested=_cancel_probe(),
+            max_parallel_evals=max(1, (os.cpu_count() or 2) - 1),
+        )
+        started = time.monotonic()
+        receipt = driver.run()
+        log.info("run %s attempt %s: %s after %.1f s (%s)", spec.run_id, attempt_id, receipt.outcome,
+                 time.monotonic() - started, receipt.reason)
+        data = receipt.model_dump(mode="json")
+        # The Prefect state mirrors the receipt (the receipt stays the authority): the UI shows a
+        # cancelled or failed run as such instead of "Completed".
+        if receipt.outcome == "cancelled":
+            return Cancelled(message=receipt.reason, data=data)
+        if receipt.outcome != "succeeded":
+            return Failed(message=f"{receipt.outcome}: {receipt.reason}", data=data)
+        return data

@@ -1,0 +1,352 @@
+"""Queued runs end to end: a real Prefect server, the pools, the deployments of prefect.yaml, real
+process workers, the real training-run flow and learner, and `gradlab experiment` over them.
+
+One server, one deployment and the workers are shared by the tests of this module (they run in
+file order: the second test adds a second worker). Everything the module starts -- workers, the
+flow-run processes and learners they started, the server -- is stopped at the end, failures included.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from gradlab.outbox import Outbox
+from gradlab.receipts import rules
+from gradlab.runs.server import start_server, stop_server
+from gradlab.settings import load_settings
+from gradlab.stores import open_stores
+from tests.runs.conftest import group_alive, pid_alive, wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+UUID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+pytestmark = pytest.mark.slow
+
+
+@dataclass
+class Queue:
+    """The module's Prefect server, its environment, and the workers started on ``gradlab-local``."""
+
+    home: Path
+    api_url: str
+    env: dict[str, str]
+    workers: list[subprocess.Popen] = field(default_factory=list)
+
+    def gradlab(self, *args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "gradlab.cli.app", *args], capture_output=True, text=True,
+                              cwd=REPO, env=self.env, timeout=timeout_s)
+
+    def prefect(self, *args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "prefect", *args], capture_output=True, text=True, cwd=REPO,
+                              env=self.env, timeout=timeout_s)
+
+    def start_worker(self, name: str) -> None:
+        log = (self.home / f"{name}.log").open("ab")
+        try:
+            self.workers.append(subprocess.Popen(
+                [sys.executable, "-m", "prefect", "worker", "start", "--pool", "gradlab-local", "--type", "process",
+                 "--limit", "1", "--name", name], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                cwd=self.home, env=self.env, start_new_session=True))
+        finally:
+            log.close()
+
+    def online_workers(self) -> int:
+        with self.client() as client:
+            return sum(str(getattr(w.status, "value", w.status)) == "ONLINE"
+                       for w in client.read_workers_for_work_pool("gradlab-local"))
+
+    @contextlib.contextmanager
+    def client(self):
+        from prefect.client.orchestration import get_client
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
+        with temporary_settings(updates={PREFECT_API_URL: self.api_url}), get_client(sync_client=True) as client:
+            yield client
+
+    def flow_run(self, flow_run_id: str):
+        with self.client() as client:
+            return client.read_flow_run(uuid.UUID(flow_run_id))
+
+    def run_dir(self, run_id: str) -> Path:
+        return self.home / "runs" / run_id
+
+
+def _stop_groups(pgids: list[int], grace_s: float) -> None:
+    """SIGTERM every process group, SIGKILL those still alive after ``grace_s`` seconds."""
+    for pgid in pgids:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(group_alive(p) for p in pgids):
+        time.sleep(0.2)
+    for pgid in pgids:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+
+
+def _our_processes(home: Path) -> list[int]:
+    """Processes of this module (flow runs, learners): those whose environment names its home."""
+    marker = f"GRADLAB_HOME={home}".encode()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if marker in (entry / "environ").read_bytes().split(b"\0"):
+                pids.append(int(entry.name))
+        except OSError:
+            continue
+    return pids
+
+
+@pytest.fixture(scope="module")
+def queue(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Queue]:
+    home = tmp_path_factory.mktemp("queued_runs_home")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GRADLAB_HOME", str(home))
+        mp.setenv("GRADLAB_CONFIG", str(home / "config.toml"))
+        mp.delenv("PREFECT_API_URL", raising=False)
+        settings = load_settings()
+    server = start_server(settings, timeout_s=120)
+    env = {**os.environ, "GRADLAB_HOME": str(home), "GRADLAB_CONFIG": str(home / "config.toml"),
+           "PREFECT_API_URL": server.api_url, "PREFECT_HOME": str(home / "prefect-client"),
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_WORKER_QUERY_SECONDS": "1",
+           "WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DIR": str(home / "wandb")}
+    for var in ("GRADLAB_EXPERIMENTS", "GRADLAB_CONTROL_STORE_URL", "GRADLAB_EVAL_STORE_URL", "GRADLAB_MODEL_STORE_URL"):
+        env.pop(var, None)
+    q = Queue(home=home, api_url=server.api_url, env=env)
+    try:
+        created = q.gradlab("pools", "create", "--json")
+        assert created.returncode == 0, created.stderr
+        assert {(r["name"], r["action"]) for r in json.loads(created.stdout)["applied"]} == {
+            ("gradlab-local", "created"), ("gradlab-gpu", "created"), ("gpu", "created")}
+        q.start_worker("worker-1")  # it starts up while the deployments are made
+        deployed = q.prefect("--no-prompt", "deploy", "--all")
+        assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+        wait_for(lambda: q.online_workers() >= 1, 60, "worker-1 online")
+        yield q
+    finally:
+        _stop_groups([w.pid for w in q.workers], grace_s=5)  # workers before the server (FIELD-NOTES.md)
+        for worker in q.workers:
+            worker.wait(timeout=10)
+        for pid in _our_processes(home):  # a flow run or learner a stopped worker left behind
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        stop_server(settings)
+
+
+@pytest.fixture
+def stores_of(queue: Queue, monkeypatch: pytest.MonkeyPatch):
+    """The stores the workers write (this test reads them with the module's GRADLAB_HOME)."""
+    monkeypatch.setenv("GRADLAB_HOME", str(queue.home))
+    monkeypatch.setenv("GRADLAB_CONFIG", str(queue.home / "config.toml"))
+    return open_stores()
+
+
+def _final_flow_run(queue: Queue, flow_run_id: str, timeout_s: float):
+    return wait_for(lambda: (fr := queue.flow_run(flow_run_id)).state.is_final() and fr, timeout_s,
+                    f"flow run {flow_run_id} final")
+
+
+def _publications(stores, run_id: str) -> list[tuple[int, str]]:
+    return [(p.step, p.sha256) for p in rules.list_publications(stores, run_id)]
+
+
+def _learner_pid(queue: Queue, run_id: str) -> int:
+    def started():
+        path = queue.run_dir(run_id) / "outbox.sqlite"
+        try:
+            event = Outbox(path, readonly=True).last("learner_started") if path.exists() else None
+        except sqlite3.OperationalError:  # created, its tables not yet
+            return None
+        return event and int(event.payload["pid"])
+
+    return wait_for(started, 60, f"learner of {run_id} started")
+
+
+def _launch(queue: Queue, *args: str) -> dict:
+    launched = queue.gradlab("experiment", "launch", *args, "--json")
+    assert launched.returncode == 0, launched.stderr
+    return json.loads(launched.stdout)
+
+
+def test_prefect_deployment_run_completes_with_a_succeeded_receipt(queue: Queue, stores_of) -> None:
+    queued = queue.prefect("deployment", "run", "training-run/local", "-p", "recipe=gradlab__bandit/ppo")
+    assert queued.returncode == 0, queued.stdout + queued.stderr
+    flow_run_id = UUID_RE.search(queued.stdout).group(0)
+
+    flow_run = _final_flow_run(queue, flow_run_id, 180)
+    assert flow_run.state.type.value == "COMPLETED", flow_run.state.message
+    # Queued without a run id: the flow reserved one and tagged its flow run with it.
+    run_ids = [t for t in flow_run.tags if t.startswith("gradlab-")]
+    assert len(run_ids) == 1 and set(flow_run.tags) == {"gradlab", "local", run_ids[0]}
+    run_id = run_ids[0]
+    terminal = rules.read_terminal(stores_of, run_id, "attempt-001")
+    assert terminal.outcome == "succeeded", terminal.reason
+    assert terminal.promotion is not None
+    # The deployment's tags reach every task run (a tag concurrency limit counts task runs).
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with queue.client() as client:
+        task_runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id])))
+    assert {f"open-run-{run_id}", f"seal-receipt-{run_id}"} <= {tr.name for tr in task_runs}
+    assert any(tr.name.startswith(f"publish-{run_id}-step") for tr in task_runs)
+    assert all({"gradlab", "local", run_id} <= set(tr.tags) for tr in task_runs), [tr.tags for tr in task_runs]
+
+    # `experiment status` by the flow run id: Prefect state and receipt-level truth agree.
+    shown = queue.gradlab("experiment", "status", "--run", flow_run_id, "--json")
+    assert shown.returncode == 0, shown.stderr
+    status = json.loads(shown.stdout)
+    assert status["run_id"] == run_id
+    assert status["prefect"]["state"] == "Completed" and status["prefect"]["deployment"] == "training-run/local"
+    assert status["prefect"]["ui_url"] == f"{queue.api_url[:-len('/api')]}/runs/flow-run/{flow_run_id}"
+    assert status["stores"]["outcome"] == "succeeded"
+    # At most the recipe's train.timesteps (fewer when the accepted evaluation stopped it early).
+    assert status["stores"]["final_step"] == terminal.final_step and 0 < terminal.final_step <= 16384
+    assert [c["step"] for c in status["stores"]["checkpoints"]] == [c.step for c in terminal.checkpoints]
+    assert status["stores"]["promotion"]["checkpoint_step"] == terminal.promotion.checkpoint_step
+    # Retry from the UI (`prefect flow-run retry`) reruns the same flow run, with no run id: the flow
+    # finds its run by its tag, and the run gets a second attempt (drain only: the learner had finished).
+    again = queue.prefect("flow-run", "retry", flow_run_id)
+    assert again.returncode == 0, again.stdout + again.stderr
+    rerun = _final_flow_run(queue, flow_run_id, 120)
+    assert rerun.state.type.value == "COMPLETED" and rerun.run_count == 2, rerun.state.message
+    attempts = rules.list_attempts(stores_of, run_id)
+    assert [(a.attempt_id, a.mode) for a in attempts] == [("attempt-001", "fresh"), ("attempt-002", "drain")]
+    drained = rules.read_terminal(stores_of, run_id, "attempt-002")
+    assert drained.outcome == "succeeded" and drained.promotion == terminal.promotion
+    # Logs: Prefect's flow-run log and the learner's log from the run directory on this machine.
+    logs = queue.gradlab("experiment", "logs", "--run", run_id, "--tail", "3")
+    assert logs.returncode == 0, logs.stderr
+    assert f"== prefect logs of flow run {flow_run_id}" in logs.stdout
+    assert f"== learner log {queue.run_dir(run_id) / 'learner.log'}" in logs.stdout
+
+
+def test_launch_two_seeds_at_once_on_two_workers(queue: Queue, stores_of) -> None:
+    queue.start_worker("worker-2")
+    wait_for(lambda: queue.online_workers() >= 2, 60, "worker-2 online")
+    first = _launch(queue, "gradlab__bandit/ppo", "--seed", "1")
+    assert first["parameters"] == {"recipe": "gradlab__bandit/ppo", "seed": 1, "overrides": [],
+                                   "run_id": first["run_id"]}
+    # The second one is followed until it ends (while the first runs on the other worker).
+    followed = queue.gradlab("experiment", "launch", "gradlab__bandit/ppo", "--seed", "2", "--follow", "--json",
+                             timeout_s=240)
+    assert followed.returncode == 0, followed.stderr  # 0: its receipt says succeeded
+    second = json.loads(followed.stdout)
+    assert second["status"]["prefect"]["state"] == "Completed" and second["status"]["stores"]["outcome"] == "succeeded"
+    assert "prefect Completed" in followed.stderr and "receipt: succeeded" in followed.stderr
+    assert "checkpoint step 2048 published" in followed.stderr
+    waited = queue.gradlab("experiment", "wait", "--run", first["run_id"], "--until", "terminal",
+                           "--timeout", "3m", "--json", timeout_s=240)
+    assert waited.returncode == 0, waited.stderr
+    assert json.loads(waited.stdout) == {"run_id": first["run_id"], "until": "terminal", "reached": True,
+                                         "state": "Completed", "outcome": "succeeded"}
+    launched = [first, second]
+    runs = [queue.flow_run(e["flow_run_id"]) for e in launched]
+    for entry, seed in zip(launched, (1, 2), strict=True):
+        terminal = rules.read_terminal(stores_of, entry["run_id"], "attempt-001")
+        assert (terminal.outcome, terminal.seed) == ("succeeded", seed), terminal.reason
+        assert terminal.promotion is not None and terminal.promotion.checkpoint_step <= terminal.final_step <= 16384
+    # At once: each ran while the other was running (one worker takes one run at a time).
+    assert runs[0].start_time < runs[1].end_time and runs[1].start_time < runs[0].end_time
+    listed = queue.gradlab("experiment", "list", "--goal", "gradlab__bandit", "--json")
+    assert listed.returncode == 0, listed.stderr
+    rows = {r["run_id"]: r for r in json.loads(listed.stdout)}
+    for entry, seed in zip(launched, (1, 2), strict=True):
+        assert rows[entry["run_id"]] | {"created": None} == {
+            "run_id": entry["run_id"], "flow_run_id": entry["flow_run_id"], "deployment": "training-run/local",
+            "state": "Completed", "recipe": "gradlab__bandit/ppo", "seed": seed, "created": None, "flow_runs": 1,
+            "outcome": "succeeded", "promoted_step": rules.read_promotion(stores_of, entry["run_id"]).checkpoint_step}
+    assert queue.gradlab("experiment", "list", "--goal", "CartPole-v1", "--json").stdout.strip() == "[]"
+
+
+@pytest.fixture(scope="module")
+def long_runs(queue: Queue) -> dict[str, dict]:
+    """Two runs launched at once, one per worker (their start-ups overlap, which saves a minute):
+    ``cancel``, a CartPole run the cancel test cancels, and ``kill``, a long bandit run whose
+    learner is SIGKILLed here once two checkpoints are published (the retry test retries it)."""
+    runs = {"cancel": _launch(queue, "CartPole-v1/ppo", "--no-eval"),
+            "kill": _launch(queue, "gradlab__bandit/ppo", "--no-eval", "--set", "train.timesteps=32768")}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GRADLAB_HOME", str(queue.home))
+        mp.setenv("GRADLAB_CONFIG", str(queue.home / "config.toml"))
+        stores = open_stores()
+    run_id = runs["kill"]["run_id"]
+    learner = _learner_pid(queue, run_id)
+    wait_for(lambda: len(_publications(stores, run_id)) >= 2, 120, "two published checkpoints")
+    os.kill(learner, signal.SIGKILL)
+    return runs
+
+
+def test_cancel_stops_the_learner_and_keeps_every_published_checkpoint(queue: Queue, stores_of, long_runs) -> None:
+    entry = long_runs["cancel"]
+    run_id = entry["run_id"]
+    running = queue.gradlab("experiment", "wait", "--run", run_id, "--until", "running", "--timeout", "90")
+    assert running.returncode == 0, running.stderr
+    learner = _learner_pid(queue, run_id)
+    wait_for(lambda: len(_publications(stores_of, run_id)) >= 1, 120, "a published checkpoint")
+
+    cancel = queue.gradlab("experiment", "cancel", "--run", run_id, "--json")
+    assert cancel.returncode == 0, cancel.stderr
+    assert json.loads(cancel.stdout) == {"run_id": run_id, "cancelled": [
+        {"flow_run_id": entry["flow_run_id"], "state": "CANCELLING"}]}
+    waited = queue.gradlab("experiment", "wait", "--run", run_id, "--until", "terminal", "--timeout", "90", "--json")
+    assert json.loads(waited.stdout)["state"] == "Cancelled", waited.stdout + waited.stderr
+
+    wait_for(lambda: not pid_alive(learner) and not group_alive(learner), 15, "learner and its group gone")
+    terminal = rules.read_terminal(stores_of, run_id, "attempt-001")
+    assert terminal.outcome == "cancelled", terminal.reason
+    published = _publications(stores_of, run_id)
+    assert published and [(c.step, c.sha256) for c in terminal.checkpoints] == published
+    for c in terminal.checkpoints:  # intact: every bundle's manifest still names its sha256
+        name = c.uri.rstrip("/").rsplit("/", 1)[-1]
+        assert json.loads(stores_of.model.get(f"runs/{run_id}/checkpoints/{name}/manifest.json"))["sha256"] == c.sha256
+    time.sleep(1.5)
+    assert _publications(stores_of, run_id) == published  # nothing published after the cancel
+    # Cancelling again is refused: nothing is scheduled or running.
+    again = queue.gradlab("experiment", "cancel", "--run", run_id)
+    assert again.returncode == 1 and "nothing to cancel" in again.stderr
+
+
+def test_retry_after_a_sigkilled_learner_resumes_to_the_planned_steps(queue: Queue, stores_of, long_runs) -> None:
+    entry = long_runs["kill"]  # its learner was SIGKILLed after two published checkpoints
+    run_id = entry["run_id"]
+    first = _final_flow_run(queue, entry["flow_run_id"], 90)
+    assert first.state.type.value == "FAILED"
+    failed = rules.read_terminal(stores_of, run_id, "attempt-001")
+    assert failed.outcome == "failed" and "exited with code -9" in failed.reason
+    published_before = _publications(stores_of, run_id)
+
+    retried = queue.gradlab("experiment", "retry", "--run", run_id, "--json")
+    assert retried.returncode == 0, retried.stderr
+    second = json.loads(retried.stdout)
+    assert second["parameters"] == {"run_id": run_id} and second["deployment"] == "training-run/local"
+    assert second["flow_run_id"] != entry["flow_run_id"]
+    waited = queue.gradlab("experiment", "wait", "--run", run_id, "--until", "terminal", "--timeout", "3m", "--json",
+                           timeout_s=240)
+    assert json.loads(waited.stdout)["outcome"] == "succeeded", waited.stdout + waited.stderr
+
+    terminal = rules.read_terminal(stores_of, run_id, "attempt-002")
+    assert terminal.outcome == "succeeded", terminal.reason
+    assert terminal.final_step == 32768  # the planned step count, not more
+    attempt = next(a for a in rules.list_attempts(stores_of, run_id) if a.attempt_id == "attempt-002")
+    assert attempt.mode == "resume" and attempt.resume_from.step == published_before[-1][0]
+    after = {(c.step, c.sha256) for c in terminal.checkpoints}
+    assert set(published_before) <= after  # nothing published was lost or replaced
+    status = json.loads(queue.gradlab("experiment", "status", "--run", run_id, "--json").stdout)
+    assert [f["state"] for f in status["flow_runs"]] == ["Completed", "Failed"]
+    assert [a["outcome"] for a in status["stores"]["attempts"]] == ["failed", "succeeded"]
