@@ -67,6 +67,9 @@ class LaneBackend:
         flags: names of extra provider flags :meth:`flag_values` can return (besides the
             ``terminated``, ``truncated`` and ``reward`` every backend has).
         has_ram: whether :meth:`ram` works.
+        starts: the start states a reset can name (stable-retro save states, ``Corridor-v0``'s
+            ``provider_args.starts``), or None when the environment has a single start. Only a
+            backend with starts receives the ``starts`` argument of :meth:`reset_lanes`.
     """
 
     num_envs: int
@@ -74,9 +77,17 @@ class LaneBackend:
     single_action_space: Any
     flags: tuple[str, ...] = ()
     has_ram: bool = False
+    starts: tuple[str, ...] | None = None
 
-    def reset_lanes(self, lanes: Sequence[int], seeds: Sequence[int | None]) -> tuple[list[np.ndarray], list[dict]]:
+    def reset_lanes(self, lanes: Sequence[int], seeds: Sequence[int | None], *,
+                    starts: Sequence[str | None] | None = None) -> tuple[list[np.ndarray], list[dict]]:
         """Reset ``lanes`` (ascending) with ``seeds`` (None = continue the lane's RNG).
+
+        Args:
+            lanes: lane indices, ascending.
+            seeds: one per lane; None continues the lane's RNG stream.
+            starts: one per lane, a name from :attr:`starts` or None for the environment's default
+                start; only passed to backends whose :attr:`starts` is not None.
 
         Returns:
             (first observation per lane, reset info per lane), in the order of ``lanes``.

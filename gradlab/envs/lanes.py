@@ -50,14 +50,22 @@ class SyncLanes(LaneBackend):
         self.single_observation_space = self.envs[0].observation_space
         self.single_action_space = self.envs[0].action_space
         self.has_ram = hasattr(self.envs[0], "get_ram")
+        starts = getattr(self.envs[0], "starts", None)
+        self.starts = tuple(starts) if starts is not None else None
         self._obs_shape = tuple(self.single_observation_space.shape)
         self._obs_dtype = self.single_observation_space.dtype
+        self._batch_shape = (n, *self._obs_shape)
         self._discrete = _discrete(self.single_action_space)
 
-    def reset_lanes(self, lanes: Sequence[int], seeds: Sequence[int | None]) -> tuple[list[np.ndarray], list[dict]]:
+    def reset_lanes(self, lanes: Sequence[int], seeds: Sequence[int | None], *,
+                    starts: Sequence[str | None] | None = None) -> tuple[list[np.ndarray], list[dict]]:
+        """Reset ``lanes``; a named start reaches the lane as ``reset(seed=, options={"start": name})``."""
         obs, infos = [], []
-        for lane, seed in zip(lanes, seeds, strict=True):
-            o, info = self.envs[lane].reset(seed=seed)
+        for k, (lane, seed) in enumerate(zip(lanes, seeds, strict=True)):
+            if starts is None or starts[k] is None:
+                o, info = self.envs[lane].reset(seed=seed)
+            else:
+                o, info = self.envs[lane].reset(seed=seed, options={"start": starts[k]})
             obs.append(np.asarray(o))
             infos.append(dict(info))
         return obs, infos
@@ -65,18 +73,15 @@ class SyncLanes(LaneBackend):
     def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[dict]]:
         n = self.num_envs
         acts = actions.tolist() if self._discrete else actions
-        obs = np.empty((n, *self._obs_shape), dtype=self._obs_dtype)
+        obs = np.empty(self._batch_shape, dtype=self._obs_dtype)
         rew = np.empty(n, dtype=np.float64)
-        term = np.empty(n, dtype=bool)
-        trunc = np.empty(n, dtype=bool)
+        term = np.empty(n, dtype=np.bool_)
+        trunc = np.empty(n, dtype=np.bool_)
         infos: list[dict] = [None] * n  # type: ignore[list-item]
-        for i, env in enumerate(self.envs):
-            o, r, te, tr, info = env.step(acts[i])
-            obs[i] = o
-            rew[i] = r
-            term[i] = te
-            trunc[i] = tr
-            infos[i] = info
+        i = 0
+        for env in self.envs:
+            obs[i], rew[i], term[i], trunc[i], infos[i] = env.step(acts[i])
+            i += 1
         return obs, rew, term, trunc, infos
 
     def ram(self) -> np.ndarray:
@@ -97,7 +102,8 @@ def _worker(conn: Any, factory: LaneFactory, n: int, lane_offset: int, render_mo
     """Subprocess main loop: owns lanes [lane_offset, lane_offset + n)."""
     try:
         lanes = SyncLanes(factory, n, render_mode=render_mode, lane_offset=lane_offset)
-        conn.send(("ok", (lanes.single_observation_space, lanes.single_action_space, lanes.has_ram)))
+        conn.send(("ok", (lanes.single_observation_space, lanes.single_action_space, lanes.has_ram,
+                          lanes.starts)))
     except BaseException:  # noqa: BLE001 - reported to the parent
         conn.send(("error", traceback.format_exc()))
         conn.close()
@@ -109,7 +115,8 @@ def _worker(conn: Any, factory: LaneFactory, n: int, lane_offset: int, render_mo
                 if cmd == "step":
                     conn.send(("ok", lanes.step(arg)))
                 elif cmd == "reset":
-                    conn.send(("ok", lanes.reset_lanes(*arg)))
+                    lane_ids, seeds, starts = arg
+                    conn.send(("ok", lanes.reset_lanes(lane_ids, seeds, starts=starts)))
                 elif cmd == "render":
                     conn.send(("ok", lanes.render()))
                 elif cmd == "ram":
@@ -181,7 +188,7 @@ class AsyncLanes(LaneBackend):
         except BaseException:
             self.close()
             raise
-        self.single_observation_space, self.single_action_space, self.has_ram = answers[0]
+        self.single_observation_space, self.single_action_space, self.has_ram, self.starts = answers[0]
         self._obs_shape = tuple(self.single_observation_space.shape)
         self._obs_dtype = self.single_observation_space.dtype
 
@@ -197,17 +204,20 @@ class AsyncLanes(LaneBackend):
             raise LaneCrashed(f"environment lanes {lo}..{hi - 1} raised:\n{payload}")
         return payload
 
-    def reset_lanes(self, lanes: Sequence[int], seeds: Sequence[int | None]) -> tuple[list[np.ndarray], list[dict]]:
-        by_worker: dict[int, tuple[list[int], list[int | None]]] = {}
-        for lane, seed in zip(lanes, seeds, strict=True):
+    def reset_lanes(self, lanes: Sequence[int], seeds: Sequence[int | None], *,
+                    starts: Sequence[str | None] | None = None) -> tuple[list[np.ndarray], list[dict]]:
+        by_worker: dict[int, tuple[list[int], list[int | None], list[str | None]]] = {}
+        lane_starts = list(starts) if starts is not None else [None] * len(lanes)
+        for lane, seed, start in zip(lanes, seeds, lane_starts, strict=True):
             for w, (lo, hi) in enumerate(self._blocks):
                 if lo <= lane < hi:
-                    entry = by_worker.setdefault(w, ([], []))
+                    entry = by_worker.setdefault(w, ([], [], []))
                     entry[0].append(lane - lo)
                     entry[1].append(seed)
+                    entry[2].append(start)
                     break
-        for w, arg in by_worker.items():
-            self._conns[w].send(("reset", arg))
+        for w, (lane_ids, lane_seeds, block_starts) in by_worker.items():
+            self._conns[w].send(("reset", (lane_ids, lane_seeds, block_starts if starts is not None else None)))
         obs: list[np.ndarray] = []
         infos: list[dict] = []
         for w in sorted(by_worker):

@@ -25,6 +25,8 @@ class EpisodeRecord:
         reason: the event name that decided the outcome, or "max_episode_steps",
             "native_terminated", "native_time_limit".
         progress: last value of each ``task.progress`` signal.
+        start: the named start state its reset used (:meth:`gradlab.envs.vector.VectorEnv.set_next_start`),
+            or None for the environment's default start.
     """
 
     lane: int
@@ -35,13 +37,18 @@ class EpisodeRecord:
     outcome: str
     reason: str
     progress: dict[str, float] = field(default_factory=dict)
+    start: str | None = None
 
     def as_json(self) -> dict[str, Any]:
-        """``{"lane","seed","return","raw_return","length","outcome","reason","progress"}``."""
-        return {
+        """``{"lane","seed","return","raw_return","length","outcome","reason","progress"}``, plus
+        ``"start"`` when the episode began from a named start state."""
+        out = {
             "lane": self.lane, "seed": self.seed, "return": self.return_, "raw_return": self.raw_return,
             "length": self.length, "outcome": self.outcome, "reason": self.reason, "progress": dict(self.progress),
         }
+        if self.start is not None:
+            out["start"] = self.start
+        return out
 
 
 @dataclass

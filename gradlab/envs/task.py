@@ -142,19 +142,28 @@ class TaskRunner:
             self._clip = None
         else:
             self._clip = (float(rew.reward_clip[0]), float(rew.reward_clip[1]))
+        #: True when the program reads no signals (hence has no events, progress fields or event
+        #: rewards): only native flags, ``max_episode_steps`` and the reward transform apply, and
+        #: :meth:`step_native` gives the same results as :meth:`step` with fewer array operations.
+        self.simple = not program.signals and not program.events
+        # The shaped reward is the native reward itself (no events, scale 1, no clip).
+        self._identity_reward = (self._use_native and not self._event_rewards and self._scale == 1.0
+                                 and self._clip is None)
         # Per-lane state.
         self.steps = np.zeros(n_lanes, dtype=np.int64)
         self._zeros = np.zeros(n_lanes, dtype=bool)
         self.returns = np.zeros(n_lanes, dtype=np.float64)
         self.raw_returns = np.zeros(n_lanes, dtype=np.float64)
         self.seeds: list[int | None] = [None] * n_lanes
+        self.starts: list[str | None] = [None] * n_lanes
         self._prev: dict[str, np.ndarray] = {s: np.full(n_lanes, np.nan) for s in self.signal_names}
         self._last: dict[str, np.ndarray] = {s: np.full(n_lanes, np.nan) for s in self.signal_names}
         self._count: dict[str, np.ndarray] = {e: np.zeros(n_lanes, dtype=np.int64) for e in self.event_names}
 
     # -- lifecycle -------------------------------------------------------------------------
     def reset_lanes(self, lanes: np.ndarray | list[int], seeds: list[int | None],
-                    signals: dict[str, np.ndarray] | None = None) -> None:
+                    signals: dict[str, np.ndarray] | None = None, *,
+                    starts: list[str | None] | None = None) -> None:
         """Start new episodes in ``lanes``.
 
         Args:
@@ -162,13 +171,22 @@ class TaskRunner:
             seeds: the seed each lane's reset used (None = continued RNG), same length.
             signals: signal name -> (len(lanes),) values read at reset (the baseline for the first
                 step's comparisons); a missing name has no baseline.
+            starts: the named start each lane's reset used (None = the default start), same
+                length; None = all default. Reported as ``EpisodeRecord.start``.
         """
         idx = np.asarray(lanes, dtype=np.int64)
         self.steps[idx] = 0
         self.returns[idx] = 0.0
         self.raw_returns[idx] = 0.0
-        for lane, seed in zip(idx.tolist(), seeds, strict=True):
+        lane_list = idx.tolist()
+        for lane, seed in zip(lane_list, seeds, strict=True):
             self.seeds[lane] = seed
+        if starts is None:
+            for lane in lane_list:
+                self.starts[lane] = None
+        else:
+            for lane, start in zip(lane_list, starts, strict=True):
+                self.starts[lane] = start
         for name in self.signal_names:
             values = None if signals is None else signals.get(name)
             self._prev[name] = self._set(self._prev[name], idx, values)
@@ -266,17 +284,78 @@ class TaskRunner:
 
         episodes: list[EpisodeRecord] = []
         ended = terminated | truncated
-        if ended.any():  # rare: Python per ended lane only
+        if np.count_nonzero(ended):  # rare: Python per ended lane only
             for lane in np.flatnonzero(ended).tolist():
                 outcome, reason = self._decide(lane, fired, bool(max_hit[lane]), bool(nterm[lane]),
                                                bool(ntrunc[lane]))
                 episodes.append(EpisodeRecord(
                     lane=lane, seed=self.seeds[lane], return_=float(self.returns[lane]),
                     raw_return=float(self.raw_returns[lane]), length=int(self.steps[lane]),
-                    outcome=outcome, reason=reason, progress=self._progress(lane),
+                    outcome=outcome, reason=reason, progress=self._progress(lane), start=self.starts[lane],
                 ))
         return TaskStep(reward=shaped.astype(np.float32), terminated=terminated, truncated=truncated,
                         fired=fired, episodes=episodes)
+
+    def step_native(self, raw_reward: np.ndarray, native_terminated: np.ndarray,
+                    native_truncated: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[EpisodeRecord]]:
+        """:meth:`step` for a program without signals (``self.simple``): same results, less work.
+
+        Only the provider's flags, ``max_episode_steps`` and the reward transform apply, so the
+        flags are two boolean array operations (``a > b`` is ``a & ~b`` on booleans) and, when the
+        transform is the identity, the native reward is the shaped one. ``tests/envs/test_fast_path.py``
+        checks it against :meth:`step` step by step.
+
+        Args:
+            raw_reward: (N,) float64 native reward (not converted or reshaped here).
+            native_terminated, native_truncated: (N,) bool, the provider's own flags (not
+                converted or reshaped here).
+
+        Returns:
+            ``(reward (N,) float32 shaped, terminated (N,) bool, truncated (N,) bool, episodes)``,
+            equal to :meth:`step`'s ``TaskStep`` fields. The caller must then :meth:`reset_lanes`
+            every lane that ended.
+
+        Raises:
+            ContractViolation: the program reads signals (use :meth:`step`).
+        """
+        if not self.simple:
+            from gradlab.errors import ContractViolation
+
+            raise ContractViolation("TaskRunner.step_native: the task program reads signals; use step()")
+        steps = self.steps
+        steps += 1
+        max_steps = self._max_steps
+        if max_steps is None:
+            truncated = native_truncated > native_terminated
+            ended = native_terminated | native_truncated
+        else:
+            limited = steps >= max_steps
+            limited |= native_truncated
+            truncated = limited > native_terminated
+            ended = limited | native_terminated
+        terminated = native_terminated.copy()
+        if self._identity_reward:
+            shaped = raw_reward
+        else:
+            shaped = raw_reward.copy() if self._use_native else np.zeros(self.n, dtype=np.float64)
+            if self._scale != 1.0:
+                shaped *= self._scale
+            if self._clip is not None:
+                np.clip(shaped, self._clip[0], self._clip[1], out=shaped)
+        self.returns += shaped
+        self.raw_returns += raw_reward
+        episodes: list[EpisodeRecord] = []
+        if np.count_nonzero(ended):  # rare: Python per ended lane only
+            for lane in np.flatnonzero(ended).tolist():
+                max_hit = max_steps is not None and bool(steps[lane] >= max_steps)
+                outcome, reason = self._decide(lane, {}, max_hit, bool(native_terminated[lane]),
+                                               bool(native_truncated[lane]))
+                episodes.append(EpisodeRecord(
+                    lane=lane, seed=self.seeds[lane], return_=float(self.returns[lane]),
+                    raw_return=float(self.raw_returns[lane]), length=int(steps[lane]),
+                    outcome=outcome, reason=reason, progress={}, start=self.starts[lane],
+                ))
+        return shaped.astype(np.float32), terminated, truncated, episodes
 
     @staticmethod
     def _any(names: list[str], fired: dict[str, np.ndarray], zeros: np.ndarray) -> np.ndarray:

@@ -9,6 +9,8 @@ final observation paired with a reset observation.
 Lane seeds: the first reset of lane ``i`` uses ``seed * 1024 + i`` (training; below
 ``EVAL_SEED_OFFSET`` since ``seed <= MAX_RUN_SEED``) or ``lane_seeds[i]`` (evaluation). Later
 episodes continue each lane's own RNG stream unless :meth:`VectorEnv.set_next_seed` names a seed.
+Likewise every reset uses the environment's default start unless :meth:`VectorEnv.set_next_start`
+names one of its start states (providers with several: stable-retro save states, ``Corridor-v0``).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import numpy as np
 from gradlab.contracts.environment import EnvironmentSpec
 from gradlab.contracts.goal import EVAL_SEED_OFFSET, MAX_RUN_SEED
 from gradlab.envs.backend import LaneBackend
-from gradlab.envs.records import StepResult
+from gradlab.envs.records import EpisodeRecord, StepResult
 from gradlab.envs.task import TaskRunner, signal_array
 from gradlab.errors import ConfigError, ContractViolation
 
@@ -69,6 +71,7 @@ class VectorEnv:
             raise ContractViolation(f"lane_seeds: expected {self.num_envs} seeds, found {len(lane_seeds)}")
         self._initial_seeds: list[int | None] = list(lane_seeds)
         self._next_seeds: dict[int, int] = {}
+        self._next_starts: dict[int, str] = {}
         self._started = False
         self._closed = False
         self.task = TaskRunner(spec.task, self.num_envs)
@@ -77,6 +80,9 @@ class VectorEnv:
         from gymnasium.spaces import Discrete
 
         self._discrete = isinstance(self.single_action_space, Discrete)
+        self._action_shape = (self.num_envs,)
+        # No signals: step through TaskRunner.step_native (same results, fewer array operations).
+        self._simple = self.task.simple and not self._readers
 
     # -- signals ---------------------------------------------------------------------------
     def _compile_signals(self, spec: EnvironmentSpec) -> list[tuple[str, str, Any]]:
@@ -127,6 +133,53 @@ class VectorEnv:
             raise ContractViolation(f"lane: expected 0..{self.num_envs - 1}, found {lane}")
         self._next_seeds[lane] = int(seed)
 
+    def set_next_start(self, lane: int, start: str | None) -> None:
+        """Make ``lane``'s next reset begin from the named start state (evaluation manifests).
+
+        One-shot, like :meth:`set_next_seed`: later resets of the lane use the environment's
+        default start again unless named anew. ``None`` clears a pending start. The start is
+        reported as ``EpisodeRecord.start`` (and ``"start"`` in ``info["gradlab_episode"]``).
+        Starts map to: stable-retro save states (``retro``: ``load_state`` before the reset);
+        ``Corridor-v0``'s ``provider_args.starts`` (``gradlab``).
+
+        Args:
+            lane: 0..N-1.
+            start: a name from ``self.starts``, or None.
+
+        Raises:
+            ContractViolation: lane out of range; the provider has no start states for this
+                environment (naming provider and env id); ``start`` is not one of its starts.
+        """
+        if not 0 <= lane < self.num_envs:
+            raise ContractViolation(f"lane: expected 0..{self.num_envs - 1}, found {lane}")
+        where = f"{self.spec.provider}:{self.spec.env_id}"
+        if not self.starts:
+            raise ContractViolation(
+                f"{where} has no start states, found start {start!r} (eval.starts needs a provider with several: "
+                "retro save states, or gradlab Corridor-v0 with provider_args.starts)")
+        if start is None:
+            self._next_starts.pop(lane, None)
+            return
+        if start not in self.starts:
+            raise ContractViolation(f"{where}: start: expected one of {list(self.starts)}, found {start!r}")
+        self._next_starts[lane] = start
+
+    @property
+    def starts(self) -> tuple[str, ...] | None:
+        """The start states :meth:`set_next_start` accepts, or None when the environment has one start."""
+        starts = getattr(self.backend, "starts", None)
+        return tuple(starts) if starts else None
+
+    def _reset_backend(self, lanes: list[int], seeds: list[int | None]) -> tuple[list[np.ndarray], list[dict],
+                                                                                  list[str | None] | None]:
+        """Reset ``lanes`` in the backend with their pending starts; returns (obs, infos, starts or None)."""
+        if not self._next_starts:
+            obs, infos = self.backend.reset_lanes(lanes, seeds)
+            return obs, infos, None
+        starts = [self._next_starts.pop(lane, None) for lane in lanes]
+        obs, infos = self.backend.reset_lanes(lanes, seeds, starts=starts)
+        return obs, infos, starts
+
     def _seed_for(self, lane: int) -> int | None:
         if lane in self._next_seeds:
             return self._next_seeds.pop(lane)
@@ -143,14 +196,17 @@ class VectorEnv:
         lanes = list(range(self.num_envs))
         seeds = [self._seed_for(lane) for lane in lanes]
         self._started = True
-        obs_list, infos = self.backend.reset_lanes(lanes, seeds)
+        obs_list, infos, starts = self._reset_backend(lanes, seeds)
         obs = np.stack(obs_list)
         sigs = self._read_signals(infos, None, self.num_envs) if self._readers else None
-        self.task.reset_lanes(lanes, seeds, sigs)
+        self.task.reset_lanes(lanes, seeds, sigs, starts=starts)
         return obs
 
     def step(self, actions: np.ndarray) -> StepResult:
         """Step every lane once (see :class:`gradlab.envs.records.StepResult`).
+
+        A task program without signals goes through :meth:`TaskRunner.step_native`, which gives
+        the same results as the general path with fewer array operations per step.
 
         Args:
             actions: (N,) int for discrete action spaces, (N, *action_shape) otherwise.
@@ -158,40 +214,50 @@ class VectorEnv:
         Raises:
             ContractViolation: actions of the wrong shape.
         """
-        n = self.num_envs
         actions = np.asarray(actions)
         if self._discrete:
-            if actions.shape != (n,):
-                raise ContractViolation(f"actions: expected shape ({n},), found {actions.shape}")
+            if actions.shape != self._action_shape:
+                raise ContractViolation(f"actions: expected shape {self._action_shape}, found {actions.shape}")
             if actions.dtype.kind not in "iu":
                 actions = actions.astype(np.int64)
         obs, raw, nterm, ntrunc, infos = self.backend.step(actions)
         raw = np.asarray(raw, dtype=np.float64)
-        flags = {"terminated": nterm, "truncated": ntrunc, "reward": raw}
-        signals = self._read_signals(infos, flags, n) if self._readers else {}
-        ts = self.task.step(raw, nterm, ntrunc, signals)
+        if self._simple:
+            signals: dict[str, np.ndarray] = {}
+            reward, terminated, truncated, episodes = self.task.step_native(
+                raw, np.asarray(nterm, dtype=np.bool_), np.asarray(ntrunc, dtype=np.bool_))
+        else:
+            flags = {"terminated": nterm, "truncated": ntrunc, "reward": raw}
+            signals = self._read_signals(infos, flags, self.num_envs) if self._readers else {}
+            ts = self.task.step(raw, nterm, ntrunc, signals)
+            reward, terminated, truncated, episodes = ts.reward, ts.terminated, ts.truncated, ts.episodes
         final_obs: dict[int, np.ndarray] = {}
-        if ts.episodes:
-            lanes = [ep.lane for ep in ts.episodes]
-            seeds = [self._seed_for(lane) for lane in lanes]
-            for lane in lanes:
-                final_obs[lane] = obs[lane].copy()
-            new_obs, reset_infos = self.backend.reset_lanes(lanes, seeds)
-            for lane, o in zip(lanes, new_obs, strict=True):
-                obs[lane] = o
-            if self._readers:
-                base = self._read_signals(reset_infos, None, len(lanes))
-                self.task.reset_lanes(lanes, seeds, base)
-            else:
-                self.task.reset_lanes(lanes, seeds, None)
-            for ep in ts.episodes:
-                info = infos[ep.lane]
-                info = dict(info) if info is not None else {}
-                info["gradlab_episode"] = ep.as_json()
-                infos[ep.lane] = info
-        return StepResult(obs=obs, reward=ts.reward, raw_reward=raw.astype(np.float32), terminated=ts.terminated,
-                          truncated=ts.truncated, final_obs=final_obs, episodes=ts.episodes, infos=infos,
+        if episodes:
+            self._autoreset(obs, infos, episodes, final_obs)
+        return StepResult(obs=obs, reward=reward, raw_reward=raw.astype(np.float32), terminated=terminated,
+                          truncated=truncated, final_obs=final_obs, episodes=episodes, infos=infos,
                           signals=signals)
+
+    def _autoreset(self, obs: np.ndarray, infos: list[dict], episodes: list[EpisodeRecord],
+                   final_obs: dict[int, np.ndarray]) -> None:
+        """Same-step autoreset of the lanes whose episode ended (updates ``obs``, ``infos``, ``final_obs``)."""
+        lanes = [ep.lane for ep in episodes]
+        seeds = [self._seed_for(lane) for lane in lanes]
+        for lane in lanes:
+            final_obs[lane] = obs[lane].copy()
+        new_obs, reset_infos, starts = self._reset_backend(lanes, seeds)
+        for lane, o in zip(lanes, new_obs, strict=True):
+            obs[lane] = o
+        if self._readers:
+            base = self._read_signals(reset_infos, None, len(lanes))
+            self.task.reset_lanes(lanes, seeds, base, starts=starts)
+        else:
+            self.task.reset_lanes(lanes, seeds, None, starts=starts)
+        for ep in episodes:
+            info = infos[ep.lane]
+            info = dict(info) if info is not None else {}
+            info["gradlab_episode"] = ep.as_json()
+            infos[ep.lane] = info
 
     def render(self) -> list[np.ndarray]:
         """One RGB frame (H, W, 3) uint8 per lane (built with ``render_mode="rgb_array"``)."""

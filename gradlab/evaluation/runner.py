@@ -73,15 +73,14 @@ def run_episodes(
 
     Raises:
         ContractViolation: the env's lane count differs from the manifest's, an episode record
-            reports a seed other than the manifest's, the manifest has start states and the env
-            cannot set them, or ``max_steps`` was reached first.
+            reports a seed or start other than the manifest's, the manifest has start states and
+            the env has none (raised by ``set_next_start`` before the first reset, so before any
+            episode runs), or ``max_steps`` was reached first.
     """
     queues = manifest.lane_queues()
     if venv.num_envs != manifest.n_lanes:
         raise ContractViolation(f"evaluation env has {venv.num_envs} lanes, the manifest plans {manifest.n_lanes}")
     has_starts = any(e.start is not None for e in manifest.episodes)
-    if has_starts and not hasattr(venv, "set_next_start"):
-        raise ContractViolation("the goal lists eval.starts but this environment cannot set start states")
 
     def stage(lane: int, pos: int) -> None:
         """Make the lane's next reset start manifest episode ``queues[lane][pos]``."""
@@ -119,6 +118,11 @@ def run_episodes(
                 raise ContractViolation(
                     f"lane {lane}: episode {ident.index} should have been reset with seed {ident.seed}, "
                     f"the environment reports {rec.seed}"
+                )
+            if has_starts and getattr(rec, "start", None) != ident.start:
+                raise ContractViolation(
+                    f"lane {lane}: episode {ident.index} should have started from {ident.start!r}, "
+                    f"the environment reports {getattr(rec, 'start', None)!r}"
                 )
             row = EpisodeRow(
                 index=ident.index, lane=lane, seed=ident.seed, start=ident.start,

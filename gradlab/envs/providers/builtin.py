@@ -7,9 +7,12 @@ Environments (``provider_args`` in brackets):
   native reward 1.0 when the action equals the observed arm else 0.0, ``terminated=True``,
   ``info["correct"]``.
 * ``Corridor-v0`` [length=5 (an int, or a list indexed by lane modulo its length), end="truncate",
-  reward=1.0]: observation float32 (1,) = steps taken this episode; reward ``reward`` per step;
-  ``info["position"]``. At ``length`` steps it truncates (``end: truncate``, a native time limit),
-  terminates (``terminate``), reports both flags (``both``) or goes on (``none``).
+  reward=1.0, starts={}]: observation float32 (1,) = steps taken this episode; reward ``reward``
+  per step; ``info["position"]``. At ``length`` steps it truncates (``end: truncate``, a native
+  time limit), terminates (``terminate``), reports both flags (``both``) or goes on (``none``).
+  ``starts`` names start states, each with its own length (``{"short": 2, "long": 7}``): an
+  episode reset with ``options={"start": name}`` (``VectorEnv.set_next_start``) has that length,
+  other episodes ``length``; the reset info of a named start holds ``"start"``.
 * ``Lives-v0`` [lives=3, lose_every=4]: a scripted life counter. Observation float32 (2,) =
   (lives, steps); one life is lost every ``lose_every`` steps; terminates at 0 lives; reward 1.0
   per step; ``info["lives"]``; RAM (16 bytes): byte 0 = lives, byte 1 = steps mod 256.
@@ -52,6 +55,7 @@ class CorridorArgs(_Args):
     length: int | list[int] = 5
     end: Literal["truncate", "terminate", "both", "none"] = "truncate"
     reward: float = 1.0
+    starts: dict[str, int] = Field(default_factory=dict, description="Start state name -> episode length.")
 
 
 class LivesArgs(_Args):
@@ -98,9 +102,13 @@ class CorridorEnv(_TinyEnv):
         from gymnasium.spaces import Box
 
         super().__init__(lane, render_mode)
-        self.length = _lane_value(args.length, lane)
+        self.default_length = _lane_value(args.length, lane)
+        self.length = self.default_length
         self.end = args.end
         self.reward = float(args.reward)
+        self.start_lengths = dict(args.starts)
+        #: Named start states (None: the corridor has one start).
+        self.starts = tuple(args.starts) or None
         self.observation_space = Box(0.0, np.inf, shape=(1,), dtype=np.float32)
 
     def _obs(self) -> np.ndarray:
@@ -108,7 +116,14 @@ class CorridorEnv(_TinyEnv):
 
     def reset(self, *, seed: int | None = None, options: Any = None) -> tuple[np.ndarray, dict]:
         self.t = 0
-        return self._obs(), {"position": 0}
+        start = (options or {}).get("start")
+        if start is None:
+            self.length = self.default_length
+            return self._obs(), {"position": 0}
+        if start not in self.start_lengths:
+            raise ValueError(f"Corridor-v0: start: expected one of {sorted(self.start_lengths)}, found {start!r}")
+        self.length = self.start_lengths[start]
+        return self._obs(), {"position": 0, "start": start}
 
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
         self.t += 1
@@ -232,6 +247,14 @@ _ENVS: dict[str, type[_Args]] = {
 }
 
 
+def _extra(env_id: str, args: _Args) -> dict[str, Any]:
+    if env_id == "Lives-v0":
+        return {"ram_bytes": 16}
+    if env_id == "Corridor-v0" and args.starts:  # type: ignore[attr-defined]
+        return {"starts": dict(args.starts)}  # type: ignore[attr-defined]
+    return {}
+
+
 class BuiltinProvider(Provider):
     name = "gradlab"
     package = None
@@ -274,7 +297,7 @@ class BuiltinProvider(Provider):
                        action_space=str(act_space), obs_shape=tuple(obs_space.shape),
                        obs_dtype=str(obs_space.dtype), n_actions=int(act_space.n), action_meanings=meanings,
                        render_shape=render_shape, native_max_steps=native_max, version=self.version(),
-                       extra={"ram_bytes": 16} if spec.env_id == "Lives-v0" else {})
+                       extra=_extra(spec.env_id, args))
 
 
 provider = BuiltinProvider()

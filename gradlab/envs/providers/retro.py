@@ -8,9 +8,14 @@ is the emulator's screen and ``render()`` returns the last raw screen.
 One policy step repeats the action for ``preprocessing.frame_skip`` emulator frames (summing the
 native reward, stopping early when the episode ends); the last frame is converted
 (``grayscale``: BT.601 luma), resized and stacked channel-first (:class:`gradlab.envs.frames.FrameStack`).
-``preprocessing.state`` picks the start state, ``use_restricted_actions`` the action space
+``preprocessing.state`` picks the default start state, ``use_restricted_actions`` the action space
 (``discrete``: Discrete over the game's valid button combos). ``info`` holds the integration's
 variables (``lives``, ``score``...); RAM signals read ``get_ram()``.
+
+Named starts (``eval.starts``, ``VectorEnv.set_next_start``) are the game's save states
+(``stable_retro.data.list_states``, e.g. ``Level1``): a reset with ``options={"start": name}``
+loads that state with ``RetroEnv.load_state`` first; the next reset without a name returns to the
+default state (``preprocessing.state`` or the game's own default).
 
 stable-retro allows one emulator per process, so lanes always run in worker processes, one each.
 """
@@ -56,8 +61,16 @@ class RetroLane:
 
         acts = {"discrete": retro.Actions.DISCRETE, "multi_discrete": retro.Actions.MULTI_DISCRETE,
                 "filtered": retro.Actions.FILTERED}[pre.use_restricted_actions]
+        inttype = _integrations(roms_dir)
         self.env = retro.make(game, state=pre.state or retro.State.DEFAULT, use_restricted_actions=acts,
-                              inttype=_integrations(roms_dir), render_mode=None)
+                              inttype=inttype, render_mode=None)
+        self._inttype = inttype
+        core = self.env.unwrapped
+        # The default start, restored after an episode that began from a named state.
+        self._default_state = (core.initial_state, core.statename)
+        self._state_name: str | None = None
+        #: The game's save states a reset can start from (None when it has none).
+        self.starts = tuple(retro.data.list_states(game, inttype)) or None
         self.render_mode = render_mode
         self.frame_skip = pre.frame_skip
         raw_shape = tuple(self.env.observation_space.shape)
@@ -67,6 +80,17 @@ class RetroLane:
         self._raw: np.ndarray | None = None
 
     def reset(self, *, seed: int | None = None, options: Any = None) -> tuple[np.ndarray, dict]:
+        start = (options or {}).get("start")
+        if start != self._state_name:
+            core = self.env.unwrapped
+            if start is None:
+                core.initial_state, core.statename = self._default_state
+            else:
+                if start not in (self.starts or ()):
+                    raise ValueError(f"{core.gamename}: start: expected one of {list(self.starts or ())}, "
+                                     f"found {start!r}")
+                core.load_state(start, self._inttype)
+            self._state_name = start
         obs, info = self.env.reset(seed=seed)
         self._raw = obs
         return self.frames.reset(obs), dict(info)
@@ -155,6 +179,7 @@ class RetroProvider(Provider):
                            name="retro-describe")
         try:
             obs_space, act_space = lanes.single_observation_space, lanes.single_action_space
+            starts = list(lanes.starts or ())
             lanes._conns[0].send(("render", None))
             meanings, raw_shape = lanes._recv(0)[0]
         finally:
@@ -163,7 +188,7 @@ class RetroProvider(Provider):
                        action_space=str(act_space), obs_shape=tuple(obs_space.shape), obs_dtype="uint8",
                        n_actions=int(getattr(act_space, "n", 0)) or None, action_meanings=meanings,
                        render_shape=tuple(raw_shape), native_max_steps=None, version=self.version(),
-                       extra={"state": pre.state or "default", "ram_bytes": None})
+                       extra={"state": pre.state or "default", "ram_bytes": None, "starts": starts})
 
 
 class _DescribeLane(RetroLane):
