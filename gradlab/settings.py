@@ -176,6 +176,8 @@ def load_settings() -> Settings:
         from platformdirs import user_data_dir
 
         home = Path(user_data_dir("gradlab"))
+    if home.exists() and not home.is_dir():
+        raise ConfigError(f"GRADLAB_HOME {home}: expected a folder (the gradlab data directory), found a file")
     stores_dir = home / "stores"
     return Settings(
         home=home,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import typer
+from rich.markup import escape
 
 from gradlab.cli import (
     benchmark_cmds,
@@ -40,7 +41,16 @@ app.add_typer(experiment_cmds.experiment_app, name="experiment")
 
 
 def main() -> None:
-    app()
+    """The console script: a gradlab error anywhere ends as one clear line and exit 1, no traceback."""
+    from gradlab.errors import GradlabError
+
+    try:
+        app()
+    except GradlabError as e:
+        from gradlab.cli.output import err_console
+
+        err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":

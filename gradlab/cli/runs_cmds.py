@@ -123,6 +123,7 @@ def retry(
     if view["receipt"] is not None and view["receipt"]["outcome"] == "succeeded":
         fail(f"run {run_id} already succeeded ({view['receipt']['attempt_id']}): nothing to retry")
     held = read_lease(stores.control, run_id)
+    _refuse_if_owner_alive(held, run_id)
     if held is not None and held.lease.is_live():
         fail(f"run {run_id}: attempt {held.lease.holder} still holds the lease until {held.lease.expires_at.isoformat()} "
              f"(owner {held.lease.owner}); retry after it ends or expires")
@@ -148,9 +149,11 @@ def retry(
 def reconcile(run_id: Annotated[str, typer.Argument(help="The run id.")], json_out: JsonOption = False) -> None:
     """Close attempts whose process ended without sealing a receipt (crash, SIGKILL) as failed."""
     from gradlab.receipts import rules
+    from gradlab.receipts.lease import read_lease
 
     stores = _stores()
     run_view(stores, run_id)  # exits 1 for an unknown run
+    _refuse_if_owner_alive(read_lease(stores.control, run_id), run_id)
     sealed = rules.reconcile_run(stores, run_id)
     if json_out:
         print_json([r.model_dump(mode="json") for r in sealed])
@@ -159,3 +162,24 @@ def reconcile(run_id: Annotated[str, typer.Argument(help="The run id.")], json_o
         err_console.print("nothing to reconcile: every attempt has a receipt or a live lease")
     for r in sealed:
         console.print(f"{r.attempt_id}: sealed {r.outcome}: {escape(r.reason)}")
+
+
+def _refuse_if_owner_alive(held, run_id: str) -> None:
+    """An expired lease whose holder still runs on this host (suspended, swapping, a long store
+    outage) is not a dead attempt: taking the run over would start a second learner lineage."""
+    import os
+    import socket
+
+    if held is None or held.lease.released:
+        return
+    host, _, pid = held.lease.owner.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return
+    except PermissionError:
+        pass
+    fail(f"run {run_id}: attempt {held.lease.holder} is still running here (pid {pid}), although its lease "
+         f"{'expired' if not held.lease.is_live() else 'is live'}; stop it first (Ctrl-C or `prefect flow-run cancel`)")

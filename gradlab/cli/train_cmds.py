@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -78,6 +79,10 @@ def train(
 
     if not 0 <= seed <= MAX_RUN_SEED:
         fail(f"--seed: expected 0..{MAX_RUN_SEED}, found {seed}")
+    if eval_backend == "modal" and not no_eval and not (
+            os.environ.get("MODAL_TOKEN_ID") or (Path.home() / ".modal.toml").is_file()):
+        fail("--eval-backend modal: no Modal credentials (set MODAL_TOKEN_ID and MODAL_TOKEN_SECRET, or run "
+             "`modal token new`); use --eval-backend local to evaluate on this machine")
     if wandb == "online" and not _wandb_key_configured():
         fail("--wandb online: no W&B API key (set WANDB_API_KEY or run `wandb login`); "
              "use --wandb offline to keep metrics locally and sync later")

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 class Contract(BaseModel):
     """A frozen pydantic model that refuses unknown keys at every level."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True, allow_inf_nan=False)
 
 
 class NestedValidationError(ValueError):

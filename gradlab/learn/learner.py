@@ -106,7 +106,7 @@ def backend_config_sha256(spec: RunSpec) -> str:
 
 def run_learner(spec: RunSpec, run_dir: Path, *, resume_from: Path | None = None, trust_model: bool = False,
                 stop_at_step: int | None = None, env: Any | None = None,
-                watch_parent: bool = True) -> LearnerResult:
+                watch_parent: bool = True, parent_pid: int | None = None) -> LearnerResult:
     """Train one run to its budget or a stop, writing the outbox and checkpoints in ``run_dir``.
 
     Args:
@@ -118,6 +118,8 @@ def run_learner(spec: RunSpec, run_dir: Path, *, resume_from: Path | None = None
         stop_at_step: behave as if a stop were requested once ``num_timesteps >= stop_at_step``
             (for tests and manual runs; the stop reason is ``stop_requested``).
         env: an SB3 VecEnv to train on instead of :func:`make_training_env` (benchmarks, tests).
+        parent_pid: the supervisor's pid as its starter saw it (``--parent-pid``), so a supervisor
+            that died while this process was still importing is noticed too; default: the parent now.
         watch_parent: stop with ``supervisor_lost`` when ``os.getppid()`` changes from its value at
             the start (the supervising process died and this process was re-parented).
 
@@ -133,7 +135,7 @@ def run_learner(spec: RunSpec, run_dir: Path, *, resume_from: Path | None = None
 
     from gradlab.learn.sb3 import SB3Backend
 
-    parent_pid = os.getppid()
+    parent_pid = parent_pid or os.getppid()
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     train = spec.recipe.train

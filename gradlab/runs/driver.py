@@ -78,7 +78,7 @@ class AttemptDriver:
             spec=self.spec, attempt_id=self.plan.attempt.attempt_id, outbox=self.outbox,
             submit_publish=self.submit_publish, submit_evaluate=self.submit_evaluate, sinks=sinks,
             evaluate=evaluated, stop_on_acceptance=self.spec.goal.stops_on_acceptance,
-            max_parallel_evals=self.max_parallel_evals, request_stop=self.record_stop,
+            max_parallel_evals=self.max_parallel_evals, request_stop=self.record_stop, first_seq=self.plan.first_seq,
         )
         # Checkpoints published by earlier attempts keep their results; unevaluated ones are evaluated now.
         records = {rec.checkpoint_sha256: rec for rec in self.plan.records}
@@ -179,6 +179,9 @@ class AttemptDriver:
             outcome = "succeeded"
             reason = (f"checkpoint at step {promotion.checkpoint_step} accepted "
                       f"(return mean {promotion.return_mean}) and promoted")
+        elif errors := [t for t in sup.tracks.values() if t.eval_error is not None]:
+            steps = ", ".join(str(t.step) for t in errors)
+            outcome, reason = "failed", f"evaluations of steps {steps} could not run: {errors[0].eval_error}"
         elif stop_reason and str(stop_reason).startswith("early_stop"):
             outcome, reason = "stopped", f"stopped by {stop_reason} at step {final_step}; no checkpoint was accepted"
         else:

@@ -15,7 +15,8 @@ from typing import Any
 
 from gradlab.contracts.hashing import sha256_json
 from gradlab.contracts.run_spec import RunSpec
-from gradlab.errors import ContractViolation, NotFound, PermanentError
+from gradlab.errors import ContractViolation, NotFound
+from gradlab.outbox import Outbox
 from gradlab.receipts import rules
 from gradlab.receipts.lease import HeldLease
 from gradlab.receipts.models import (
@@ -115,6 +116,9 @@ class AttemptPlan:
     resume_dir: Path | None
     publications: tuple[CheckpointPublication, ...] = ()
     records: tuple[EvaluationRecord, ...] = ()
+    #: Outbox events before this seq belong to an abandoned learner lineage (a resumed attempt
+    #: continues from the last *published* checkpoint): their checkpoints are never published.
+    first_seq: int = 0
 
 
 def open_attempt(stores: Stores, spec: RunSpec, paths: RunPaths) -> AttemptPlan:
@@ -127,38 +131,67 @@ def open_attempt(stores: Stores, spec: RunSpec, paths: RunPaths) -> AttemptPlan:
     Raises:
         LeaseHeld: another attempt's lease is live (a retry is refused while it is).
     """
-    from gradlab.outbox import Outbox
-
     rules.open_run(stores, spec)
     previous = rules.list_attempts(stores, spec.run_id)
     mode: AttemptMode = "fresh"
     resume: CheckpointRef | None = None
     resume_dir: Path | None = None
+    publications: tuple[CheckpointPublication, ...] = ()
+    records: tuple[EvaluationRecord, ...] = ()
+    outbox = Outbox(paths.outbox)
     if previous:
-        outbox = Outbox(paths.outbox)
-        finished = outbox.last("learner_finished") is not None
-        publications = rules.list_publications(stores, spec.run_id)
-        if finished:
+        publications = tuple(rules.list_publications(stores, spec.run_id))
+        records = tuple(rec for _, rec in rules.list_evaluations(stores, spec.run_id) if rec)
+        accepted = any(r.status == "accepted" for r in records) and spec.goal.stops_on_acceptance
+        if accepted or _learner_done(outbox):
             mode = "drain"
         elif publications:
             mode = "resume"
-            last = publications[-1]
-            resume = last.ref
-            resume_dir = local_checkpoint_dir(stores, paths, last)
-        outbox.clear_stop()
+            resume = publications[-1].ref
     attempt, held = rules.begin_attempt(stores, spec.run_id, mode=mode, resume_from=resume)
-    publications = tuple(rules.list_publications(stores, spec.run_id)) if previous else ()
-    records = tuple(rec for _, rec in rules.list_evaluations(stores, spec.run_id) if rec) if previous else ()
-    return AttemptPlan(attempt=attempt, lease=held, resume_dir=resume_dir, publications=publications, records=records)
+    # Only the lease holder may touch the run's control state: clear a stale stop request now.
+    if mode == "resume":
+        outbox.clear_stop()
+        resume_dir = local_checkpoint_dir(stores, paths, publications[-1])
+    return AttemptPlan(attempt=attempt, lease=held, resume_dir=resume_dir, publications=publications, records=records,
+                       first_seq=outbox.max_seq() + 1 if mode == "resume" else 0)
+
+
+
+def _learner_done(outbox: Any) -> bool:
+    """True when the learner finished its job: budget, an early stop, or a stop after acceptance.
+
+    A learner stopped by a cancel, a signal or a lost supervisor has not: its run resumes.
+    """
+    finished = outbox.last("learner_finished")
+    if finished is None:
+        return False
+    reason = str(finished.payload.get("stop_reason", ""))
+    if reason == "budget" or reason.startswith("early_stop"):
+        return True
+    observed = outbox.last("stop_observed")
+    return reason == "stop_requested" and observed is not None and str(observed.payload.get("reason", "")).startswith("accepted:")
 
 
 def local_checkpoint_dir(stores: Stores, paths: RunPaths, publication: CheckpointPublication) -> Path:
-    """The published checkpoint's folder in the run directory, downloaded (verified) if absent."""
+    """The published checkpoint's folder in the run directory, verified; downloaded (verified) when
+    absent, and again when the local copy fails verification (the bad copy is kept aside)."""
+    from gradlab.checkpoints import verify_checkpoint
+    from gradlab.errors import IntegrityError
     from gradlab.stores import keys
 
     dest = paths.checkpoints / keys.checkpoint_name(publication.step, publication.sha256)
-    if not dest.is_dir():
-        rules.download_checkpoint(stores, publication, dest)
+    if dest.is_dir():
+        try:
+            manifest = verify_checkpoint(dest)
+            if manifest.sha256 == publication.sha256:
+                return dest
+            raise IntegrityError(f"{dest}: sha256 {manifest.sha256}, the publication says {publication.sha256}")
+        except (IntegrityError, ContractViolation, NotFound) as e:
+            aside = dest.with_name(f"{dest.name}.corrupt-{int(time.time())}")
+            log.warning("%s fails verification (%s): kept as %s; using the published copy", dest, e, aside.name)
+            dest.rename(aside)
+    rules.download_checkpoint(stores, publication, dest)
     return dest
 
 
@@ -187,8 +220,9 @@ def evaluate(
     Raises:
         TransientError: the backend or a store is unavailable.
     """
+    from gradlab.errors import IntegrityError
     from gradlab.evaluation import EvalRequest, build_manifest, validate_result
-    from gradlab.evaluation.backends import evaluate_with, get_backend
+    from gradlab.evaluation.backends import EvaluationFailed, evaluate_with, get_backend
 
     manifest = build_manifest(spec.goal)
     intent = EvaluationIntent.create(
@@ -205,7 +239,9 @@ def evaluate(
         result = evaluate_with(runner, request, timeout_s=EVAL_TIMEOUT_S)
         expected = {"checkpoint_sha256": publication.sha256, "episode_manifest_sha256": manifest.sha256, **spec.hashes}
         validated = validate_result(result, expected=expected, goal=spec.goal)
-    except PermanentError as e:
+    except (IntegrityError, ContractViolation, EvaluationFailed) as e:
+        # The checkpoint itself cannot be evaluated: a permanent result. A backend that cannot run
+        # (no credentials, unreachable) is not recorded: the error goes up and a retry evaluates.
         log.error("run %s: evaluation of step %d failed: %s", spec.run_id, publication.step, e)
         record = rules.make_evaluation_record(intent, status="failed", error=f"{type(e).__name__}: {e}")
         return rules.record_evaluation(stores, record)

@@ -43,7 +43,8 @@ class LearnerProcess:
         """
         if not paths.spec.is_file():
             raise FileNotFoundError(f"{paths.spec}: run spec missing")
-        cmd = [sys.executable, "-m", "gradlab.learn", "--spec", str(paths.spec), "--run-dir", str(paths.root)]
+        cmd = [sys.executable, "-m", "gradlab.learn", "--spec", str(paths.spec), "--run-dir", str(paths.root),
+               "--parent-pid", str(os.getpid())]
         if resume_from is not None:
             cmd += ["--resume-from", str(resume_from)]
         log_file = paths.learner_log.open("ab")

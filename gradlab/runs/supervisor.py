@@ -140,6 +140,7 @@ class Supervisor:
     clock: Callable[[], float] = time.monotonic
     tracks: dict[int, CheckpointTrack] = field(default_factory=dict)
     after_seq: int = 0
+    first_seq: int = 0
     learner_finished: dict[str, Any] | None = None
     learner_started: dict[str, Any] | None = None
     stop_reason: str | None = None
@@ -171,6 +172,9 @@ class Supervisor:
         return events
 
     def _ingest(self, event: Event) -> None:
+        if event.event_seq < self.first_seq and event.kind in ("checkpoint_ready", "learner_finished",
+                                                               "learner_started", "stop_observed"):
+            return  # an abandoned learner lineage: its metrics are still delivered, nothing else
         self.last_step = max(self.last_step, event.step)
         if event.kind == "checkpoint_ready":
             p = event.payload
