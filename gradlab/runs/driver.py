@@ -167,7 +167,7 @@ class AttemptDriver:
         failures = sup.publish_failures()
         evaluated = sup.evaluate
         if finished is None or (learner_exit not in (0, None)):
-            outcome, reason = "failed", f"the learner exited with code {learner_exit} before finishing"
+            outcome, reason = "failed", f"the learner exited with code {learner_exit} before finishing{self._learner_said()}"
         elif failures:
             steps = ", ".join(str(t.step) for t in failures)
             outcome, reason = "failed", f"checkpoints at steps {steps} could not be published: {failures[0].publish_error}"
@@ -188,6 +188,14 @@ class AttemptDriver:
             outcome, reason = "failed", f"no checkpoint met the acceptance rule by step {final_step} ({stop_reason})"
         return self._seal(outcome, reason, final_step, drained=sup.drained(),
                           learner=LearnerExit(exit_code=learner_exit, stop_reason=stop_reason))
+
+    def _learner_said(self) -> str:
+        """The learner log's last line (its error for a bad spec or checkpoint), for the receipt's reason."""
+        try:
+            lines = [line for line in self.paths.learner_log.read_text(errors="replace").splitlines() if line.strip()]
+        except OSError:
+            return ""
+        return f" ({lines[-1].strip()[:300]}; see {self.paths.learner_log})" if lines else ""
 
     def _earlier_finish(self) -> dict[str, Any] | None:
         event = self.outbox.last("learner_finished")
