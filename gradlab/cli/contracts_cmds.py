@@ -11,7 +11,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from gradlab.cli.output import console, err_console, fail, print_json
+from gradlab.cli.output import console, err_console, fail, fail_with_problems, print_json
 from gradlab.errors import ConfigError, NotFound
 
 goals_app = typer.Typer(help="Browse goals.", no_args_is_help=True)
@@ -116,8 +116,6 @@ def resolve_or_exit(ref: str, overrides: list[str] | None):
     try:
         return experiments.resolve(ref, overrides or [])
     except ConfigError as e:
-        for problem in e.problems:
-            err_console.print(escape(problem.render()), highlight=False)
-        raise typer.Exit(1) from None
+        fail_with_problems(e)
     except NotFound as e:
         fail(str(e))

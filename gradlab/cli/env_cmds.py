@@ -13,7 +13,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from gradlab.cli.output import console, err_console, fail, print_json
+from gradlab.cli.output import console, err_console, fail, fail_with_problems, print_json
 from gradlab.errors import ConfigError, GradlabError, NotFound
 
 env_app = typer.Typer(help="Environment providers: list, inspect, preflight.", no_args_is_help=True)
@@ -86,9 +86,7 @@ def env_preflight(
                 fail("--set needs GOAL/RECIPE")
             spec = experiments.load_goal(ref).train.environment
     except ConfigError as e:
-        for problem in e.problems:
-            err_console.print(escape(problem.render()), highlight=False)
-        raise typer.Exit(1) from None
+        fail_with_problems(e)
     except NotFound as e:
         fail(str(e))
     report = preflight(spec, steps=steps, seed=seed, target=ref)

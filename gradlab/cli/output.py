@@ -27,3 +27,12 @@ def fail(message: str, code: int = 1) -> NoReturn:
 
     err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, markup=True, soft_wrap=True)
     raise typer.Exit(code)
+
+
+def fail_with_problems(error: Any) -> NoReturn:
+    """Print every problem of a ``ConfigError`` (one line each: file, key path, message) and exit 1."""
+    from rich.markup import escape
+
+    for problem in error.problems:
+        err_console.print(escape(problem.render()), highlight=False)
+    raise typer.Exit(1)
