@@ -31,6 +31,7 @@ from gradlab.checkpoints.manifest import (
     checkpoint_dir_name,
 )
 from gradlab.errors import Conflict, IntegrityError, NotFound
+from gradlab.fsync import fsync_dir
 
 logger = logging.getLogger(__name__)
 
@@ -55,13 +56,6 @@ def _fsync_file(path: Path) -> None:
     finally:
         os.close(fd)
 
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def versions(provider: str | None = None) -> dict[str, str]:
@@ -130,7 +124,7 @@ def write_checkpoint(
             _fsync_file(path)
             files[rel] = FileEntry(sha256=file_sha256(path), size_bytes=path.stat().st_size)
         for folder in sorted({p.parent for p in partial.rglob("*")} | {partial}, key=lambda p: -len(p.parts)):
-            _fsync_dir(folder)
+            fsync_dir(folder)
         manifest = CheckpointManifest(
             step=step, sha256=files[POLICY_FILE].sha256, files=files,
             created_at=datetime.now(UTC).isoformat(), **manifest_fields,
@@ -138,12 +132,12 @@ def write_checkpoint(
         manifest_path = partial / MANIFEST_FILE
         manifest_path.write_text(json.dumps(manifest.model_dump(mode="json"), indent=2, sort_keys=True) + "\n")
         _fsync_file(manifest_path)
-        _fsync_dir(partial)
+        fsync_dir(partial)
         final = checkpoints_dir / manifest.dir_name
         if final.exists():
             raise Conflict(f"{final}: a checkpoint with this step and policy hash already exists")
         os.rename(partial, final)
-        _fsync_dir(checkpoints_dir)
+        fsync_dir(checkpoints_dir)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise

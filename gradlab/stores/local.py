@@ -19,6 +19,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from gradlab.errors import Conflict, ContractViolation, NotFound
+from gradlab.fsync import fsync_dir
 from gradlab.stores.base import ObjectStore, sha256_hex, validate_key
 
 logger = logging.getLogger(__name__)
@@ -42,13 +43,6 @@ def path_from_file_url(url: str) -> Path:
         raise ContractViolation(f"{url}: file URLs with a host ({parsed.netloc!r}) are not supported")
     return Path(unquote(parsed.path)).resolve()
 
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _write_tmp(directory: Path, name: str, data: bytes) -> Path:
@@ -90,7 +84,7 @@ class FileStore(ObjectStore):
             folder = folder.parent
         parent.mkdir(parents=True, exist_ok=True)
         for folder in missing:  # make the new directory entries durable
-            _fsync_dir(folder.parent)
+            fsync_dir(folder.parent)
 
     # -- writes --------------------------------------------------------------------------------
     def put_create_only(self, key: str, data: bytes) -> str:
@@ -110,7 +104,7 @@ class FileStore(ObjectStore):
             return sha256_hex(existing)
         finally:
             os.unlink(tmp)
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
         return sha256_hex(data)
 
     def put_if_match(self, key: str, data: bytes, etag: str | None) -> str:
@@ -139,7 +133,7 @@ class FileStore(ObjectStore):
                 finally:
                     if tmp.exists():
                         os.unlink(tmp)
-                _fsync_dir(path.parent)
+                fsync_dir(path.parent)
             finally:
                 fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
         return sha256_hex(data)

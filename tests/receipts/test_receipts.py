@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import threading
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -49,28 +48,10 @@ from gradlab.receipts import (
     write_promotion,
 )
 from gradlab.stores import Stores, keys
+from tests.concurrency import race
 
 T0 = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 RUN = "gradlab-20260102T030405-0123abcd"
-
-
-def _race(n: int, fn) -> list[object]:
-    barrier = threading.Barrier(n)
-    results: list[object] = [None] * n
-
-    def worker(i: int) -> None:
-        barrier.wait()
-        try:
-            results[i] = fn(i)
-        except Exception as e:  # noqa: BLE001 - inspected by the test
-            results[i] = e
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return results
 
 
 def _spec(seed: int = 0):
@@ -131,7 +112,7 @@ def test_lease_refused_while_live_taken_after_expiry(stores: Stores) -> None:
 def test_racing_acquirers_one_holder(stores: Stores) -> None:
     acquire_lease(stores.control, RUN, "attempt-001", ttl_s=1, now=T0)
     later = T0 + timedelta(seconds=5)
-    results = _race(6, lambda i: acquire_lease(stores.control, RUN, f"attempt-{i + 2:03d}", ttl_s=30, now=later))
+    results = race(6, lambda i: acquire_lease(stores.control, RUN, f"attempt-{i + 2:03d}", ttl_s=30, now=later))
     winners = [r for r in results if not isinstance(r, Exception)]
     assert len(winners) == 1
     assert all(isinstance(r, LeaseHeld) for r in results if isinstance(r, Exception))
@@ -180,7 +161,7 @@ def test_index_updates_racing_lose_nothing(stores: Stores) -> None:
         entry = IndexEntry(step=100 * (i + 1), sha256=f"{i:064x}", uri=f"file:///c/{i}/", purpose="periodic")
         return update_index(stores.model, RUN, lambda index: with_checkpoint(index, entry))
 
-    _race(8, add)
+    race(8, add)
     index = read_index(stores.model, RUN)
     assert [e.step for e in index.checkpoints] == [100, 200, 300, 400, 500, 600, 700, 800]
     assert index.version == 8
@@ -226,7 +207,7 @@ def _promotion(step: int, attempt: str = "attempt-001", at: datetime = T0) -> Pr
 
 
 def test_two_promoters_racing_one_promotion(stores: Stores) -> None:
-    results = _race(2, lambda i: write_promotion(stores, _promotion(100 * (i + 1), attempt=f"attempt-00{i + 1}")))
+    results = race(2, lambda i: write_promotion(stores, _promotion(100 * (i + 1), attempt=f"attempt-00{i + 1}")))
     won = [r for r in results if isinstance(r, Promotion)]
     lost = [r for r in results if isinstance(r, Conflict)]
     assert len(won) == 1 and len(lost) == 1

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import multiprocessing
-import threading
 from pathlib import Path
 
 import pytest
@@ -19,27 +18,8 @@ from gradlab.errors import (
 )
 from gradlab.settings import load_settings
 from gradlab.stores import FileStore, ObjectStore, open_store, open_stores
+from tests.concurrency import race
 from tests.s3server import running_s3_server
-
-
-def _race(n: int, fn) -> list[object]:
-    """Run ``fn(i)`` in ``n`` threads released together; return each result or exception."""
-    barrier = threading.Barrier(n)
-    results: list[object] = [None] * n
-
-    def worker(i: int) -> None:
-        barrier.wait()
-        try:
-            results[i] = fn(i)
-        except Exception as e:  # noqa: BLE001 - the test inspects it
-            results[i] = e
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return results
 
 
 def test_create_get_roundtrip(store: ObjectStore) -> None:
@@ -70,7 +50,7 @@ def test_identical_create_is_success_different_is_conflict(store: ObjectStore) -
 
 
 def test_eight_racing_creators_one_winner(store: ObjectStore) -> None:
-    results = _race(8, lambda i: store.put_create_only("runs/r1/promotion.json", f"creator-{i}".encode()))
+    results = race(8, lambda i: store.put_create_only("runs/r1/promotion.json", f"creator-{i}".encode()))
     winners = [i for i, r in enumerate(results) if isinstance(r, str)]
     losers = [r for r in results if isinstance(r, Conflict)]
     assert len(winners) == 1
@@ -102,7 +82,7 @@ def test_racing_compare_and_swap_loses_no_update(store: ObjectStore) -> None:
             except Conflict:
                 continue
 
-    results = _race(6, increment)
+    results = race(6, increment)
     assert sorted(results) == [1, 2, 3, 4, 5, 6]
     assert store.get(key) == b"6"
 
