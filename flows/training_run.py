@@ -136,6 +136,7 @@ def training_run(
         The terminal receipt as JSON (DESIGN.md section 8) when it says ``succeeded``; otherwise a
         Cancelled or Failed state carrying it. The run succeeded only if the receipt says so.
     """
+    from gradlab.learn.zygote import zygote_dir
     from gradlab.metrics.wandb_sink import WandbSink
     from gradlab.runs import operations
     from gradlab.runs.driver import AttemptDriver
@@ -161,13 +162,13 @@ def training_run(
         elif attached is not None:
             learner = attached
         else:
-            learner = run_tasks.start_learner(spec.run_id, paths, plan.resume_dir)
+            learner = run_tasks.start_learner(spec.run_id, paths, plan.resume_dir, zygote_dir(settings.home))
         if spec.evaluate and spec.goal.evaluation_mode == "evaluated":
             operations.prewarm_evaluation(eval_backend)
         mode = wandb_mode or settings.wandb_mode or spec.recipe.logging.wandb_mode
         wandb = WandbSink(spec.run_id, mode, paths.wandb_dir, settings.wandb_project or spec.recipe.logging.wandb_project,
                           config={"spec": spec.to_json()}, entity=settings.wandb_entity, name=spec.display_name,
-                          high_water=operations.outbox_high_water(paths, "wandb"))
+                          high_water=operations.outbox_high_water(paths, "wandb"), background=True)
         attempt_id = plan.attempt.attempt_id
 
         def publish(track: CheckpointTrack) -> _Done:

@@ -7,8 +7,11 @@ plain stable-baselines3 ``PPO.learn`` with the recipe's hyperparameters for the 
 steps, also in a fresh process, imports included. The ratio ``bare / gradlab`` is the share of the
 wall time spent training; the rest is orchestration (Prefect, publication, evaluation, receipts).
 
-Prefect's API: a running ``gradlab server`` (or ``PREFECT_API_URL``) is used when up; otherwise
-each command pays the ephemeral server start (12–20 s here). ``--server`` starts one first.
+All runs share one temporary ``GRADLAB_HOME``, as a user's runs share theirs. Prefect's API: with
+``--server`` a ``gradlab server`` is started there first (with its warm learner zygote, waited for
+until ready; both stopped at the end), as a user who ran ``gradlab server start`` has; without it
+each command pays Prefect's ephemeral server start (12–20 s here) and starts a fresh learner
+process. The "learner" column says which it was.
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ class Row:
     first_step_s: float | None
     final_step: int | None
     bare_s: float | None
+    learner: str = "-"
 
     @property
     def train_share(self) -> float | None:
@@ -98,29 +102,79 @@ def _one(ref: str, case: str, seed: int, home: Path) -> Row:
                          capture_output=True, text=True, env=env, timeout=1800)
     wall = time.perf_counter() - t0
     lines = [line for line in out.stdout.splitlines() if line.strip()]
-    receipt = json.loads(lines[-1]) if lines else {}
-    runs = sorted((home / "runs").glob("gradlab-*"), key=lambda p: p.stat().st_mtime)
-    first = _first_step_s(runs[-1], started_at) if runs else None
+    try:
+        receipt = json.loads(lines[-1]) if lines else {}
+    except ValueError:
+        receipt = {}
+    run_id = receipt.get("run_id")
+    first = _first_step_s(home / "runs" / run_id, started_at) if run_id else None
+    zygote_log = home / "zygote" / "zygote.log"
+    forked = run_id is not None and zygote_log.is_file() and f"/{run_id}/" in zygote_log.read_text(errors="replace")
     final = receipt.get("final_step")
     bare = None
     if final:
         b = subprocess.run([sys.executable, "-c", _BARE, ref, str(final), str(seed)], capture_output=True, text=True,
                            env=env, timeout=1800)
         bare = float(b.stdout.strip().splitlines()[-1]) if b.returncode == 0 and b.stdout.strip() else None
-    return Row(case, seed, receipt.get("outcome", f"no receipt (exit {out.returncode})"), wall, first, final, bare)
+    return Row(case, seed, receipt.get("outcome", f"no receipt (exit {out.returncode})"), wall, first, final, bare,
+               "zygote" if forked else "new process")
 
 
-def run(cases: tuple[str, ...], seeds: int) -> list[Row]:
+def run(cases: tuple[str, ...], seeds: int, *, server: bool = False) -> list[Row]:
     from rich.progress import Progress
 
     rows = []
     with tempfile.TemporaryDirectory(prefix="gradlab-bench-run-") as tmp, Progress(transient=True) as bar:
-        task = bar.add_task("runs", total=len(cases) * seeds)
-        for case in cases:
-            for seed in range(seeds):
-                rows.append(_one(CASES[case], case, seed, Path(tmp) / f"{case}-{seed}"))
-                bar.advance(task)
+        home = Path(tmp) / "home"
+        if server:
+            bar.console.print("starting a Prefect server and a warm learner zygote ...")
+            _start_server(home)
+        try:
+            task = bar.add_task("runs", total=len(cases) * seeds)
+            for case in cases:
+                for seed in range(seeds):
+                    if server:
+                        _wait_for_zygote(home)
+                    rows.append(_one(CASES[case], case, seed, home))
+                    bar.advance(task)
+        finally:
+            if server:
+                _stop_server(home)
     return rows
+
+
+def _settings(home: Path):
+    from gradlab.settings import load_settings
+
+    os.environ["GRADLAB_HOME"] = str(home)
+    return load_settings()
+
+
+def _start_server(home: Path) -> None:
+    from gradlab.runs.server import start_server
+
+    state = start_server(_settings(home))
+    os.environ["PREFECT_API_URL"] = state.api_url
+
+
+def _stop_server(home: Path) -> None:
+    from gradlab.runs.server import stop_server
+
+    stop_server(_settings(home))
+    os.environ.pop("PREFECT_API_URL", None)
+
+
+def _wait_for_zygote(home: Path, timeout_s: float = 120.0) -> None:
+    """Wait until the zygote (restarted after each run by ``gradlab train``) is ready, as it is for a
+    user who does not start runs back to back within seconds."""
+    from gradlab.learn.zygote import ready_zygotes, starting_zygotes, zygote_dir
+
+    directory = zygote_dir(home)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if ready_zygotes(directory) and not starting_zygotes(directory):
+            return
+        time.sleep(0.2)
 
 
 def render(rows: list[Row], as_json: bool) -> None:
@@ -131,24 +185,21 @@ def render(rows: list[Row], as_json: bool) -> None:
     from rich.table import Table
 
     table = Table(title="gradlab train → sealed receipt vs the bare learner (seconds, fresh processes)")
-    for col in ("case", "seed", "outcome", "wall s", "first step s", "final step", "bare SB3 s", "bare/wall"):
-        table.add_column(col, justify="left" if col in ("case", "outcome") else "right")
+    for col in ("case", "seed", "outcome", "learner", "wall s", "first step s", "final step", "bare SB3 s",
+                "bare/wall"):
+        table.add_column(col, justify="left" if col in ("case", "outcome", "learner") else "right")
     for r in rows:
-        table.add_row(r.case, str(r.seed), r.outcome, f"{r.wall_s:.1f}",
+        table.add_row(r.case, str(r.seed), r.outcome, r.learner, f"{r.wall_s:.1f}",
                       f"{r.first_step_s:.1f}" if r.first_step_s is not None else "-", str(r.final_step),
                       f"{r.bare_s:.1f}" if r.bare_s else "-", f"{r.train_share:.2f}" if r.train_share else "-")
     for case in sorted({r.case for r in rows}):
         walls = [r.wall_s for r in rows if r.case == case]
-        table.add_row(f"{case} median (min–max)", "", "", f"{statistics.median(walls):.1f}", "", "", "",
+        firsts = [r.first_step_s for r in rows if r.case == case and r.first_step_s is not None]
+        table.add_row(f"{case} median (min–max)", "", "", "", f"{statistics.median(walls):.1f}",
+                      f"{statistics.median(firsts):.1f}" if firsts else "", "", "",
                       f"{min(walls):.1f}–{max(walls):.1f}")
     Console().print(table)
 
 
 def main(cases: tuple[str, ...], seeds: int, start_server: bool, as_json: bool) -> None:
-    if start_server and not os.environ.get("PREFECT_API_URL"):
-        from gradlab.runs.server import start_server as start
-        from gradlab.settings import load_settings
-
-        state = start(load_settings())
-        os.environ["PREFECT_API_URL"] = state.api_url
-    render(run(cases, seeds), as_json)
+    render(run(cases, seeds, server=start_server), as_json)

@@ -14,8 +14,8 @@ Order of one iteration (the one place that orders the phases)::
   only emit). Its state is saved in every checkpoint (``resume/early_stop.json``) and restored on
   resume, so holding streaks and bests continue.
 * Supervisor lost: the learner runs in its own session, so it does not die with its supervisor.
-  When its parent process changes (``os.getppid()`` differs from the one at start: the supervisor
-  was killed or cancelled and the learner was re-parented), it stops as for SIGTERM with
+  When the supervising process (``--parent-pid``, default the parent at start; a learner forked
+  by the warm zygote has the zygote as parent) has exited — killed or cancelled —, it stops as for SIGTERM with
   ``stop_reason: "supervisor_lost"`` (final checkpoint, ``learner_finished``, exit 0).
 * Periodic checkpoints: at the first rollout boundary at or past each multiple of
   ``RunSpec.checkpoint_freq`` env steps. When the learner stops (budget, stop request, signal,
@@ -43,6 +43,7 @@ from gradlab.contracts.hashing import sha256_json
 from gradlab.contracts.run_spec import RunSpec
 from gradlab.errors import ContractViolation, IntegrityError
 from gradlab.evaluation.early_stop import EarlyStopMonitor
+from gradlab.learn.watch import ProcessWatch
 from gradlab.metrics.registry import check_names
 from gradlab.outbox import Outbox
 
@@ -120,8 +121,8 @@ def run_learner(spec: RunSpec, run_dir: Path, *, resume_from: Path | None = None
         env: an SB3 VecEnv to train on instead of :func:`make_training_env` (benchmarks, tests).
         parent_pid: the supervisor's pid as its starter saw it (``--parent-pid``), so a supervisor
             that died while this process was still importing is noticed too; default: the parent now.
-        watch_parent: stop with ``supervisor_lost`` when ``os.getppid()`` changes from its value at
-            the start (the supervising process died and this process was re-parented).
+        watch_parent: stop with ``supervisor_lost`` once the supervisor (``parent_pid``) has exited
+            (watched through a pidfd, so a recycled pid is not mistaken for it).
 
     Returns:
         The final step and stop reason.
@@ -135,7 +136,7 @@ def run_learner(spec: RunSpec, run_dir: Path, *, resume_from: Path | None = None
 
     from gradlab.learn.sb3 import SB3Backend
 
-    parent_pid = parent_pid or os.getppid()
+    supervisor = ProcessWatch(parent_pid or os.getppid()) if watch_parent else None
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     train = spec.recipe.train
@@ -174,6 +175,7 @@ def run_learner(spec: RunSpec, run_dir: Path, *, resume_from: Path | None = None
         last_ckpt_step = resumed_manifest.step if resumed_manifest is not None else None
         stop_reason: str | None = None
         bookkeeping_s = 0.0
+        registered: set[str] = set()  # names already checked (the same names recur every rollout)
         timesteps = train.timesteps
         while backend.num_timesteps < timesteps:
             t0 = time.perf_counter()
@@ -199,14 +201,16 @@ def run_learner(spec: RunSpec, run_dir: Path, *, resume_from: Path | None = None
             metrics = {k: v for k, v in metrics.items() if math.isfinite(v)}
             decision = monitor.update(step, metrics)
             metrics.update(decision.metrics)
-            check_names(metrics)
+            if not registered.issuperset(metrics):
+                check_names(metrics)
+                registered.update(metrics)
             outbox.append("metrics", step, {"metrics": metrics})
             # Safe boundary: the update is complete.
             if flag.signal:
                 stop_reason = flag.signal
-            elif watch_parent and os.getppid() != parent_pid:
+            elif supervisor is not None and not supervisor.alive():
                 stop_reason = SUPERVISOR_LOST
-                logger.warning("supervisor (pid %d) is gone (parent now %d): stopping", parent_pid, os.getppid())
+                logger.warning("supervisor (pid %d) is gone: stopping", supervisor.pid)
                 outbox.append("stop_observed", step, {"reason": SUPERVISOR_LOST})
             elif (requested := outbox.stop_requested()) is not None:
                 stop_reason = "stop_requested"

@@ -56,6 +56,9 @@ class WandbSink:
         high_water: the last ``event_seq`` already delivered (the outbox's mark for sink ``wandb``).
         init_timeout_s: seconds ``wandb.init`` may take before the sink gives up (pending).
         finish_timeout_s: seconds :meth:`finish` waits for W&B to flush before reporting pending.
+        background: initialise in a background thread (``wandb.init`` takes seconds: it starts W&B's
+            service process); until it has, :meth:`log` returns False (nothing is lost: the caller
+            keeps the events and delivers them later) and :meth:`finish` waits for it.
 
     Raises:
         ConfigError: ``mode`` is not one of the three modes. Nothing else: W&B failures are reported
@@ -76,6 +79,7 @@ class WandbSink:
         high_water: int = 0,
         init_timeout_s: float = 30.0,
         finish_timeout_s: float = 30.0,
+        background: bool = False,
     ):
         if mode not in MODES:
             raise ConfigError(f"wandb mode: expected one of {', '.join(MODES)}, found {mode!r}")
@@ -83,18 +87,30 @@ class WandbSink:
         self.mode: WandbMode = mode  # type: ignore[assignment]
         self.dir = Path(dir)
         self.finish_timeout_s = finish_timeout_s
+        self.init_timeout_s = init_timeout_s
         self.error: str | None = None
         self._high_water = high_water
         self._run: Any = None
         self._run_folder: Path | None = None
         self._lock = threading.Lock()
+        self._ready = threading.Event()
         if mode == "disabled":
+            self._ready.set()
             return
+        init = dict(project=project, entity=entity, name=name, tags=tags, config=config,
+                    init_timeout_s=init_timeout_s, finish_timeout_s=finish_timeout_s)
+        if background:
+            threading.Thread(target=self._init, kwargs=init, name=f"wandb-init-{run_id}", daemon=True).start()
+        else:
+            self._init(**init)
+
+    def _init(self, *, project, entity, name, tags, config, init_timeout_s, finish_timeout_s) -> None:
+        run_id, mode = self.run_id, self.mode
         try:
             import wandb
 
             self.dir.mkdir(parents=True, exist_ok=True)
-            self._run = wandb.init(
+            run = wandb.init(
                 id=run_id,
                 project=project,
                 entity=entity,
@@ -113,12 +129,24 @@ class WandbSink:
                     x_disable_stats=True,
                 ),
             )
-            self._run_folder = Path(self._run.dir).parent if mode == "offline" else None
+            self._run_folder = Path(run.dir).parent if mode == "offline" else None
             for glob, step_metric in AXES:
-                self._run.define_metric(step_metric)
-                self._run.define_metric(glob, step_metric=step_metric)
+                run.define_metric(step_metric)
+                run.define_metric(glob, step_metric=step_metric)
+            self._run = run
         except Exception as e:  # noqa: BLE001 - W&B must never fail the run
             self._fail("init", e)
+        finally:
+            self._ready.set()
+
+    @property
+    def ready(self) -> bool:
+        """True once initialisation has ended (successfully or not); :meth:`log` skips points before."""
+        return self._ready.is_set()
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` seconds for initialisation to end; True if it has."""
+        return self._ready.wait(timeout_s)
 
     def _fail(self, op: str, exc: BaseException) -> None:
         self.error = f"wandb {op} ({self.mode}, run {self.run_id}): {type(exc).__name__}: {exc}"
@@ -144,7 +172,7 @@ class WandbSink:
             high-water mark: a replay), disabled, or W&B has failed (``status == "pending"``).
         """
         with self._lock:
-            if self._run is None or self.error is not None or event_seq <= self._high_water:
+            if not self._ready.is_set() or self._run is None or self.error is not None or event_seq <= self._high_water:
                 return False
             try:
                 self._run.log({**metrics, "orchestration/event_seq": int(event_seq)}, step=int(event_seq))
@@ -156,6 +184,7 @@ class WandbSink:
 
     def finish(self) -> None:
         """Flush and close the W&B run, waiting at most ``finish_timeout_s``; never raises."""
+        self._ready.wait(self.init_timeout_s + 5.0)
         with self._lock:
             run, self._run = self._run, None
         if run is None:

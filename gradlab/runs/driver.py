@@ -221,6 +221,11 @@ class AttemptDriver:
         wandb_hw = None
         pending: list[str] = []
         if self.wandb is not None:
+            if self.wandb.mode != "disabled" and self.wandb.wait_ready(self.wandb.init_timeout_s):
+                try:  # events kept back while W&B was starting
+                    self.supervisor.deliver_metrics()
+                except Exception as e:  # noqa: BLE001 - reported below as pending
+                    log.warning("run %s: last W&B delivery failed: %s", self.spec.run_id, e)
             self.wandb.finish()
             wandb_hw = self.wandb.high_water
         local = self.outbox.high_water("journal")

@@ -3,7 +3,9 @@
 Prefect's ephemeral mode starts a server subprocess for every command (12–20 s here, see
 FIELD-NOTES.md); a server kept running on 127.0.0.1 costs that once. Its state file
 ``$GRADLAB_HOME/prefect/server.json`` records pid and URL; ``gradlab train`` uses the server when
-the state file names a live, healthy one and ``PREFECT_API_URL`` is not set.
+the state file names a live, healthy one and ``PREFECT_API_URL`` is not set. Beside the server runs
+a warm learner parent (``gradlab.learn.zygote``, kept by the server's pid), so a learner starts
+with its imports already done.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gradlab.errors import TransientError
+from gradlab.learn.zygote import ensure_zygote, stop_zygotes, zygote_dir
 from gradlab.settings import Settings
 
 
@@ -81,6 +84,7 @@ def start_server(settings: Settings, *, port: int | None = None, timeout_s: floa
     """
     existing = running_server(settings)
     if existing is not None:
+        ensure_zygote(zygote_dir(settings.home), keeper_pid=existing.pid)
         return existing
     home = prefect_home(settings)
     home.mkdir(parents=True, exist_ok=True)
@@ -94,6 +98,8 @@ def start_server(settings: Settings, *, port: int | None = None, timeout_s: floa
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
         )
     state = ServerState(pid=popen.pid, url=f"http://127.0.0.1:{port}", home=str(home))
+    # A warm learner parent beside the server: it imports while the server starts (see gradlab.learn.zygote).
+    ensure_zygote(zygote_dir(settings.home), keeper_pid=popen.pid)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if popen.poll() is not None:
@@ -107,7 +113,8 @@ def start_server(settings: Settings, *, port: int | None = None, timeout_s: floa
 
 
 def stop_server(settings: Settings) -> bool:
-    """Stop the recorded server (SIGTERM, then SIGKILL of its group). True if one was running."""
+    """Stop the recorded server (SIGTERM, then SIGKILL of its group) and its zygote. True if a server was running."""
+    stop_zygotes(zygote_dir(settings.home))
     path = _state_file(settings)
     try:
         state = ServerState(**json.loads(path.read_text()))

@@ -98,6 +98,11 @@ class WandbMetricSink:
     def __init__(self, sink: Any):
         self.sink = sink
 
+    @property
+    def accepting(self) -> bool:
+        """False once W&B has failed for this attempt (status ``pending``): keeping a backlog is pointless."""
+        return self.sink.status != "pending"
+
     def deliver(self, events: list[tuple[int, dict[str, Any]]]) -> int:
         delivered = 0
         for seq, metrics in events:
@@ -147,6 +152,8 @@ class Supervisor:
     frozen: bool = False
     last_step: int = 0
     _pending_metrics: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    #: Per sink, events it has not taken yet (a W&B run still initialising); delivered on the next call.
+    _backlog: dict[str, list[tuple[int, dict[str, Any]]]] = field(default_factory=dict)
     _first_accept_at: float | None = None
     _stop_written_at: float = 0.0
 
@@ -296,16 +303,20 @@ class Supervisor:
     # -- metrics ----------------------------------------------------------------------------------
     def deliver_metrics(self) -> None:
         """Deliver pending metric events to every sink and acknowledge each sink's high-water mark."""
-        if not self._pending_metrics:
-            return
         batch, self._pending_metrics = self._pending_metrics, []
         for sink in self.sinks:
+            queue = self._backlog.get(sink.name, []) + batch
+            if not queue:
+                continue
             mark = self.outbox.high_water(sink.name)
-            todo = [(seq, m) for seq, m in batch if seq > mark]
-            if todo:
-                delivered = sink.deliver(todo)
-                if delivered:
-                    self.outbox.ack(sink.name, delivered)
+            todo = [(seq, m) for seq, m in queue if seq > mark]
+            delivered = sink.deliver(todo) if todo else 0
+            if delivered:
+                self.outbox.ack(sink.name, delivered)
+            # A sink that took only part (W&B still starting) gets the rest next time; one that has
+            # given up (W&B failed) keeps nothing: the outbox has it for a later attempt's drain.
+            keep = getattr(sink, "accepting", True)
+            self._backlog[sink.name] = [(seq, m) for seq, m in todo if seq > delivered] if keep else []
 
     # -- the end ----------------------------------------------------------------------------------
     def freeze(self) -> None:

@@ -150,3 +150,36 @@ def test_wandb_online_with_key_but_no_network_is_pending(tmp_path: Path, monkeyp
     sink.finish()
     assert time.monotonic() - started < 20
     assert (delivered, sink.status, sink.high_water) == (False, "pending", 0)
+
+
+def test_wandb_starting_in_the_background_loses_no_event(tmp_path: Path) -> None:
+    """The flow starts W&B in the background (``wandb.init`` takes seconds); events the supervisor
+    delivers before it is ready stay in its backlog and reach W&B once it is, each exactly once."""
+    from gradlab.outbox import Outbox
+    from gradlab.runs.supervisor import JournalSink, Supervisor, WandbMetricSink
+    from tests.learn.conftest import BANDIT, make_spec
+
+    run_id = "gradlab-20260102T030405-b4c6a0d1"  # W&B refuses a run id still in use in this process
+
+    outbox = Outbox(tmp_path / "outbox.sqlite")
+    for seq in range(1, 6):
+        outbox.append("metrics", 128 * seq, {"metrics": _train(128 * seq, float(seq))})
+    wandb = WandbSink(run_id, "offline", tmp_path / "run", "gradlab-tests", background=True)
+    sup = Supervisor(spec=make_spec(BANDIT, {"id": "sb3.ppo", "config": {}}, timesteps=1024, checkpoint_freq=512,
+                                     run_id=run_id),
+                     attempt_id="attempt-001", outbox=outbox, submit_publish=None, submit_evaluate=None,
+                     sinks=[JournalSink(tmp_path / "journal.jsonl"), WandbMetricSink(wandb)])
+    assert not wandb.ready  # W&B's service process takes far longer than this to start
+    sup.poll_outbox()
+    sup.deliver_metrics()
+    assert (outbox.high_water("journal"), outbox.high_water("wandb")) == (5, 0)
+    assert wandb.wait_ready(60) and wandb.status == "ok", wandb.error
+    outbox.append("metrics", 768, {"metrics": _train(768, 6.0)})
+    sup.poll_outbox()
+    sup.deliver_metrics()
+    assert (outbox.high_water("journal"), outbox.high_water("wandb")) == (6, 6)
+    wandb.finish()
+    rows = read_offline_history(tmp_path / "run", run_id)
+    assert [r["orchestration/event_seq"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    assert [r["train/episode/return/shaped/mean"] for r in rows] == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    outbox.close()

@@ -21,7 +21,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="session")
-def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path, int]]:
+    """(API URL, the server's GRADLAB_HOME, server pid): what ``gradlab server start`` gives a user,
+    its warm learner zygote included."""
     from gradlab.runs.server import start_server, stop_server
     from gradlab.settings import load_settings
 
@@ -37,9 +39,14 @@ def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         else:
             os.environ["GRADLAB_HOME"] = old
     try:
-        yield state.api_url
+        yield state.api_url, home, state.pid
     finally:
         stop_server(settings)
+
+
+@pytest.fixture(scope="session")
+def prefect_api(prefect_server: tuple[str, Path, int]) -> str:
+    return prefect_server[0]
 
 
 def gradlab_env(prefect_api: str, **extra: str) -> dict[str, str]:

@@ -1,0 +1,51 @@
+"""Watching another process for its end without being its parent (Linux pidfd, else ``kill(pid, 0)``).
+
+A learner stops with ``supervisor_lost`` once the process that supervises it is gone. That process
+is not always its parent: a learner forked by the warm zygote (``gradlab.learn.zygote``) has the
+zygote as parent. A pidfd (``os.pidfd_open``, Linux ≥ 5.3) names one process for good, so a
+recycled pid is never mistaken for the supervisor, and it becomes readable when the process exits
+(a zombie counts as gone).
+"""
+
+from __future__ import annotations
+
+import os
+import select
+
+
+class ProcessWatch:
+    """Is process ``pid`` still running? Cheap enough to ask once per rollout."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._fd: int | None = None
+        self._gone = False
+        try:
+            self._fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            self._gone = True  # already gone before we looked
+        except (AttributeError, OSError):
+            self._fd = None  # no pidfd here (old kernel, not Linux): fall back to kill(pid, 0)
+
+    def alive(self) -> bool:
+        """False once the process has exited (or could not be found when the watch began)."""
+        if self._gone:
+            return False
+        if self._fd is not None:
+            readable, _, _ = select.select([self._fd], [], [], 0)
+            if readable:
+                self._gone = True
+                self.close()
+            return not self._gone
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            self._gone = True
+        except PermissionError:
+            pass
+        return not self._gone
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None

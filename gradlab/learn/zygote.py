@@ -1,0 +1,482 @@
+"""A warm learner parent (the "zygote"): a learner's imports paid once, learners forked on request.
+
+A fresh learner process needs ~5 s on a 2-core box before its first env step, nearly all of it
+imports: torch (~2.7 s), stable-baselines3, and ``torch._dynamo`` (~2 s), which torch imports on
+the first call of any optimizer method (``torch._disable_dynamo`` in ``torch/_compile.py``). The
+zygote pays that once: it imports what a learner needs (:data:`PRELOAD`), then waits on a Unix
+socket; each request forks a child that becomes the learner and runs ``python -m gradlab.learn``'s
+``main`` with the request's arguments. The idea is Python's ``multiprocessing`` forkserver with
+preloaded modules (and Android's zygote). The zygote never touches CUDA or starts torch threads,
+so a fork is safe; a child initialises CUDA itself.
+
+A forked learner is set up exactly like a started one: its own session (``setsid``; its pid is
+its process group, so the three-step stop of ``gradlab.runs.process`` applies), stdin from
+``/dev/null``, stdout and stderr appended to the run's ``learner.log``, the requester's
+environment and working directory, default signal handlers. Its parent is the zygote, not the
+supervisor, so the supervisor passes ``--parent-pid`` and the learner watches that process
+(``gradlab.learn.watch``); the zygote reaps its children.
+
+Lifetime: ``gradlab server start`` starts one beside the Prefect server, with the server as its
+keeper; it exits when the keeper is gone, on SIGTERM (``gradlab server stop``), or when retired
+because gradlab's code or the Python environment changed since it started (a requester compares
+:func:`fingerprint` and retires a stale zygote instead of using it).
+
+Files in the zygote folder (``$GRADLAB_HOME/zygote``)::
+
+    <pid>.pending   written by the starter: a zygote is importing (removed once ready or gone)
+    <pid>.json      ZygoteInfo: ready to fork (removed when the zygote exits)
+    zygote.log      the zygotes' own log lines (appended)
+
+Protocol: one JSON line each way on the zygote's socket (Linux abstract namespace).
+Request ``{"op": "fork", "argv": [...], "env": {...}, "cwd": "...", "log": "learner.log path",
+"exit_file": "path with {pid}" or null}`` → ``{"pid": N}`` once the child has its own session, or
+``{"error": "..."}``. When the child ends, the zygote writes its exit code to ``exit_file``.
+Request ``{"op": "retire"}`` → ``{"ok": true}`` and the zygote exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+log = logging.getLogger(__name__)
+
+#: Modules a learner imports before its first env step, heaviest first.
+PRELOAD = (
+    "torch", "torch._dynamo", "stable_baselines3", "gymnasium", "safetensors.torch",
+    "gradlab.learn.learner", "gradlab.learn.sb3", "gradlab.envs.vector", "gradlab.envs.sb3",
+)
+
+#: Environment variables read when those modules are imported (thread pools, CUDA, the import
+#: path): a zygote only forks for a requester whose values are the same.
+IMPORT_ENV_PREFIXES = ("OMP_", "MKL_", "OPENBLAS_", "KMP_", "GOMP_", "CUDA_", "NVIDIA_", "PYTORCH_", "TORCH",
+                       "PYTHON", "LD_", "VIRTUAL_ENV")
+
+#: Seconds a requester waits for the zygote's answer (the fork itself takes milliseconds).
+REQUEST_TIMEOUT_S = 10.0
+
+
+class ZygoteInfo(BaseModel):
+    """What a ready zygote publishes in ``<pid>.json``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    pid: int
+    address: str
+    fingerprint: str
+    import_env: dict[str, str]
+    keeper_pid: int | None
+    ready_at: float
+
+
+def zygote_dir(home: Path) -> Path:
+    """The zygote folder under the gradlab data directory."""
+    return Path(home) / "zygote"
+
+
+def import_env(env: dict[str, str] | os._Environ) -> dict[str, str]:
+    """The import-sensitive part of an environment (:data:`IMPORT_ENV_PREFIXES`)."""
+    return {k: v for k, v in env.items() if k.startswith(IMPORT_ENV_PREFIXES)}
+
+
+def fingerprint() -> str:
+    """sha256 over gradlab's source files (path, size, mtime), the interpreter and key package versions.
+
+    A zygote whose fingerprint differs from the requester's would run other code than the
+    requester's checkout: it is retired, not used. Costs a few milliseconds (one ``stat`` per file).
+    """
+    from importlib.metadata import PackageNotFoundError, version
+
+    import gradlab
+
+    h = hashlib.sha256()
+    h.update(f"{sys.executable}\0{sys.version}\0".encode())
+    for dist in ("torch", "stable-baselines3", "gymnasium", "numpy"):
+        try:
+            h.update(f"{dist}={version(dist)}\0".encode())
+        except PackageNotFoundError:
+            h.update(f"{dist}=-\0".encode())
+    root = Path(gradlab.__file__).parent
+    for path in sorted(root.rglob("*.py")):
+        st = path.stat()
+        h.update(f"{path.relative_to(root)}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
+    return h.hexdigest()
+
+
+# --------------------------------------------------------------------------------------------
+# Requester side
+
+
+def ready_zygotes(directory: Path) -> list[ZygoteInfo]:
+    """Ready zygotes in ``directory`` whose process is alive (stale files of dead ones are removed)."""
+    found = []
+    for path in sorted(Path(directory).glob("*.json")):
+        try:
+            info = ZygoteInfo.model_validate_json(path.read_bytes())
+        except (OSError, ValueError):
+            continue
+        if _alive(info.pid):
+            found.append(info)
+        else:
+            path.unlink(missing_ok=True)
+    return found
+
+
+def starting_zygotes(directory: Path) -> list[int]:
+    """Pids of zygotes still importing (``<pid>.pending`` of a live process)."""
+    pids = []
+    for path in Path(directory).glob("*.pending"):
+        try:
+            pid = int(path.stem)
+        except ValueError:
+            continue
+        if _alive(pid):
+            pids.append(pid)
+        else:
+            path.unlink(missing_ok=True)
+    return pids
+
+
+def fork_learner(directory: Path, argv: list[str], *, log_path: Path, env: dict[str, str] | None = None,
+                 cwd: Path | None = None, exit_file: str | None = None) -> int | None:
+    """Have a ready zygote fork a learner running ``python -m gradlab.learn ARGV``.
+
+    Args:
+        directory: the zygote folder (:func:`zygote_dir`).
+        argv: the learner's arguments (``--spec ... --run-dir ... --parent-pid ...``).
+        log_path: the learner's stdout and stderr are appended here.
+        env: the learner's environment (default: this process's).
+        cwd: the learner's working directory (default: this process's).
+        exit_file: where the zygote writes the learner's exit code once it has reaped it (``{pid}``
+            is replaced by the learner's pid): the supervisor is not its parent and cannot wait for it.
+
+    Returns:
+        The learner's pid (also its process group), or None when no zygote could serve: none
+        ready, all stale (retired on the way) or started with other import-time settings, or the
+        request failed. The caller then starts a process the ordinary way.
+    """
+    env = dict(os.environ if env is None else env)
+    wanted_env = import_env(env)
+    mine = None
+    for info in ready_zygotes(directory):
+        mine = mine or fingerprint()
+        if info.fingerprint != mine:
+            log.info("zygote %d runs other code than this checkout: retiring it", info.pid)
+            retire(info)
+            continue
+        if info.import_env != wanted_env:
+            log.info("zygote %d was started with other import-time settings: not used", info.pid)
+            continue
+        try:
+            answer = _request(info.address, {"op": "fork", "argv": list(argv), "env": env,
+                                             "cwd": str(cwd or Path.cwd()), "log": str(log_path),
+                                             "exit_file": exit_file})
+        except (OSError, ValueError) as e:
+            log.warning("zygote %d did not answer (%s): starting the learner the ordinary way", info.pid, e)
+            continue
+        if "pid" in answer:
+            return int(answer["pid"])
+        log.warning("zygote %d could not fork a learner: %s", info.pid, answer.get("error"))
+    return None
+
+
+def retire(info: ZygoteInfo) -> None:
+    """Ask a zygote to exit (it finishes nothing: its forked learners are independent)."""
+    try:
+        _request(info.address, {"op": "retire"}, timeout_s=2.0)
+    except (OSError, ValueError):
+        _terminate(info.pid)
+
+
+def start_zygote(directory: Path, *, keeper_pid: int | None) -> int:
+    """Start a zygote process in the background (its own session); returns its pid.
+
+    It is ready once ``<pid>.json`` appears (~5 s here); until then ``<pid>.pending`` says it is
+    coming. It exits when ``keeper_pid`` (if given) is gone.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "gradlab.learn.zygote", "--dir", str(directory)]
+    if keeper_pid is not None:
+        cmd += ["--keeper-pid", str(keeper_pid)]
+    with (directory / "zygote.log").open("ab") as out:
+        popen = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 start_new_session=True)
+    (directory / f"{popen.pid}.pending").write_text(str(time.time()))
+    return popen.pid
+
+
+def ensure_zygote(directory: Path, *, keeper_pid: int | None) -> int | None:
+    """Start a zygote unless one is ready with this checkout's code or one is starting; retire
+    zygotes that run other code (each holds ~700 MB).
+
+    Returns the pid of a zygote started now, else None.
+    """
+    mine = fingerprint()
+    current = False
+    for info in ready_zygotes(directory):
+        if info.fingerprint != mine:
+            retire(info)
+        elif info.import_env == import_env(os.environ):
+            current = True
+    if current or starting_zygotes(directory):
+        return None
+    return start_zygote(directory, keeper_pid=keeper_pid)
+
+
+def stop_zygotes(directory: Path, *, grace_s: float = 5.0) -> int:
+    """SIGTERM every zygote of ``directory`` (ready or starting), SIGKILL after ``grace_s``; how many."""
+    pids = [info.pid for info in ready_zygotes(directory)] + starting_zygotes(directory)
+    for pid in pids:
+        _terminate(pid, grace_s=grace_s)
+    for path in [*Path(directory).glob("*.json"), *Path(directory).glob("*.pending")]:
+        path.unlink(missing_ok=True)
+    return len(pids)
+
+
+def _request(address: str, payload: dict, timeout_s: float = REQUEST_TIMEOUT_S) -> dict:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout_s)
+        s.connect(address)
+        s.sendall(json.dumps(payload).encode() + b"\n")
+        answer = _read_line(s)
+    if not answer:
+        raise ValueError("the zygote closed the connection without an answer")
+    return json.loads(answer)
+
+
+def _read_line(s: socket.socket, limit: int = 16 << 20) -> bytes:
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+        if len(data) > limit:
+            raise ValueError(f"message over {limit} bytes")
+    return data.strip()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def _terminate(pid: int, grace_s: float = 5.0) -> None:
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if not _alive(pid):
+            return
+        time.sleep(0.05)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+# --------------------------------------------------------------------------------------------
+# Zygote side
+
+
+class _Zygote:
+    def __init__(self, directory: Path, keeper_pid: int | None) -> None:
+        from gradlab.learn.watch import ProcessWatch
+
+        self.directory = directory
+        self.keeper = ProcessWatch(keeper_pid) if keeper_pid else None
+        self.keeper_pid = keeper_pid
+        self.stopping = False
+        self.info_path = directory / f"{os.getpid()}.json"
+        self.children: dict[int, str | None] = {}  # pid -> where to record its exit status
+
+    def serve(self) -> int:
+        started = time.monotonic()
+        env_at_start = import_env(os.environ)  # before the imports: torch sets some variables itself
+        for name in PRELOAD:
+            __import__(name)
+        import torch
+
+        if torch.cuda.is_initialized():  # a forked child could not use CUDA ("bad fork")
+            log.error("CUDA was initialised while preloading: a zygote cannot serve; exiting")
+            return 1
+        signal.signal(signal.SIGTERM, self._on_term)
+        signal.signal(signal.SIGINT, self._on_term)
+        address = f"\0gradlab-zygote-{os.getpid()}-{secrets.token_hex(8)}"
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(address)
+        listener.listen(16)
+        listener.settimeout(0.25)
+        info = ZygoteInfo(pid=os.getpid(), address=address, fingerprint=fingerprint(),
+                          import_env=env_at_start, keeper_pid=self.keeper_pid, ready_at=time.time())
+        partial = self.info_path.with_suffix(".partial")
+        partial.write_text(info.model_dump_json())
+        os.replace(partial, self.info_path)
+        (self.directory / f"{os.getpid()}.pending").unlink(missing_ok=True)
+        log.info("zygote %d ready after %.1f s (keeper %s)", os.getpid(), time.monotonic() - started, self.keeper_pid)
+        try:
+            while not self.stopping:
+                self._reap()
+                if self.keeper is not None and not self.keeper.alive():
+                    log.info("keeper %d is gone: exiting", self.keeper_pid)
+                    break
+                try:
+                    conn, _ = listener.accept()
+                except TimeoutError:
+                    continue
+                except InterruptedError:  # pragma: no cover - PEP 475 retries
+                    continue
+                with conn:
+                    self._handle(conn, listener)
+        finally:
+            self.info_path.unlink(missing_ok=True)
+            listener.close()
+        return 0
+
+    def _on_term(self, signum, frame) -> None:  # noqa: ARG002 - signal handler signature
+        self.stopping = True
+
+    def _reap(self) -> None:
+        for pid, exit_file in list(self.children.items()):
+            try:
+                done, status = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                done, status = pid, None
+            if not done:
+                continue
+            del self.children[pid]
+            if exit_file and status is not None:
+                # As subprocess reports it: the exit status, or minus the signal that ended it.
+                code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.waitstatus_to_exitcode(status)
+                try:
+                    partial = Path(f"{exit_file}.partial")
+                    partial.write_text(str(code))
+                    os.replace(partial, exit_file)
+                except OSError as e:
+                    log.warning("learner %d exited with %d; could not record it in %s: %s", pid, code, exit_file, e)
+
+    def _handle(self, conn: socket.socket, listener: socket.socket) -> None:
+        conn.settimeout(REQUEST_TIMEOUT_S)
+        try:
+            request = json.loads(_read_line(conn) or b"{}")
+        except (OSError, ValueError) as e:
+            log.warning("bad request: %s", e)
+            return
+        op = request.get("op")
+        if op == "retire":
+            self.stopping = True
+            conn.sendall(b'{"ok": true}\n')
+            return
+        if op != "fork":
+            conn.sendall(json.dumps({"error": f"unknown op {op!r}"}).encode() + b"\n")
+            return
+        try:
+            argv = [str(a) for a in request["argv"]]
+            env = {str(k): str(v) for k, v in request["env"].items()}
+            cwd, log_path = str(request["cwd"]), str(request["log"])
+            exit_template = request.get("exit_file")
+        except (KeyError, AttributeError, TypeError) as e:
+            conn.sendall(json.dumps({"error": f"malformed fork request: {e}"}).encode() + b"\n")
+            return
+        ready_r, ready_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the learner
+            os.close(ready_r)
+            _become_learner(argv, env, cwd, log_path, ready_w, close=(listener, conn))
+        os.close(ready_w)
+        self.children[pid] = str(exit_template).replace("{pid}", str(pid)) if exit_template else None
+        with os.fdopen(ready_r, "rb") as ready:
+            status = ready.read()
+        if status == b"1":
+            conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+            log.info("forked learner %d (%s)", pid, " ".join(argv))
+        else:
+            conn.sendall(json.dumps({"error": status.decode(errors="replace") or "the child died"}).encode() + b"\n")
+
+
+def _become_learner(argv: list[str], env: dict[str, str], cwd: str, log_path: str, ready_w: int,
+                    close: tuple[socket.socket, ...]) -> None:
+    """In the forked child: set up the process as ``LearnerProcess.start`` would, run the learner, exit."""
+    code = 1
+    try:
+        try:
+            for s in close:
+                s.close()  # the child's copies only: the zygote keeps serving its own
+            os.setsid()
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGPIPE):
+                signal.signal(sig, signal.SIG_DFL)
+            out = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            devnull = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(devnull, 0)
+            os.dup2(out, 1)
+            os.dup2(out, 2)
+            os.close(out)
+            os.close(devnull)
+            os.chdir(cwd)
+            os.environ.clear()
+            os.environ.update(env)
+        except BaseException as e:  # noqa: BLE001 - reported to the requester
+            os.write(ready_w, f"learner setup failed: {type(e).__name__}: {e}".encode())
+            os.close(ready_w)
+            os._exit(1)
+        os.write(ready_w, b"1")
+        os.close(ready_w)
+        for handler in list(logging.root.handlers):
+            logging.root.removeHandler(handler)
+        sys.argv = ["python -m gradlab.learn", *argv]
+        from gradlab.learn.__main__ import main
+
+        code = main(argv)
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    except BaseException:  # noqa: BLE001 - the learner's log gets the traceback
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gradlab.learn.zygote", description=__doc__.splitlines()[0])
+    parser.add_argument("--dir", required=True, type=Path, help="The zygote folder ($GRADLAB_HOME/zygote).")
+    parser.add_argument("--keeper-pid", type=int, default=None, help="Exit once this process is gone.")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level="INFO", stream=sys.stderr,
+                        format=f"%(asctime)s zygote[{os.getpid()}] %(levelname)s: %(message)s")
+    args.dir.mkdir(parents=True, exist_ok=True)
+    try:
+        return _Zygote(args.dir, args.keeper_pid).serve()
+    finally:
+        (args.dir / f"{os.getpid()}.pending").unlink(missing_ok=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
