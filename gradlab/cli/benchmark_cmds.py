@@ -16,12 +16,14 @@ def learner(
     cartpole_steps: int = typer.Option(65536, help="Env steps per CartPole run."),
     breakout_steps: int = typer.Option(8192, help="Env steps per Breakout run."),
     case: list[str] = typer.Option(["cartpole", "breakout"], help="Cases to run: cartpole, breakout."),
+    rounds: int = typer.Option(3, min=1, help="Alternating runs per side, each in a fresh process; the fastest counts."),
     as_json: bool = typer.Option(False, "--json", help="Print the rows as one JSON document."),
 ) -> None:
     """sb3.ppo through gradlab's learner vs plain SB3 PPO.learn: steps/s and the ratio (goal >= 0.95)."""
     from gradlab.benchmarks.learner import main
 
-    main(cartpole_steps=cartpole_steps, breakout_steps=breakout_steps, cases=tuple(case), as_json=as_json)
+    main(cartpole_steps=cartpole_steps, breakout_steps=breakout_steps, cases=tuple(case), rounds=rounds,
+         as_json=as_json)
 
 
 @benchmark_app.command("envs")

@@ -1,0 +1,25 @@
+"""`gradlab benchmark learner` compares like with like: both sides train the same policy."""
+
+from __future__ import annotations
+
+import pytest
+
+from gradlab.benchmarks.learner import measure
+
+
+def test_plain_and_gradlab_sides_end_with_the_same_parameters() -> None:
+    # CartPole-v1/ppo: 8 lanes x n_steps 32 = 256 steps per rollout; 512 steps = 2 rollouts, 2 updates.
+    plain = measure("cartpole", "plain", 512)
+    ours = measure("cartpole", "gradlab", 512)
+    assert (plain.steps, ours.steps) == (512, 512)
+    # Same seeds, same vector env, same hyperparameters -> the same actions and the same updates:
+    # the ratio of the two timings is the learner's own overhead, nothing else.
+    assert ours.params_sha256 == plain.params_sha256
+    assert len(ours.params_sha256) == 64
+    # The phases add up to the total on both sides; gradlab reports its own parts of "other".
+    for m in (plain, ours):
+        assert m.rollout_s > 0 and m.update_s > 0
+        assert m.rollout_s + m.update_s + m.other_s == pytest.approx(m.seconds)
+    assert set(ours.detail) == {"bookkeeping_s", "checkpoint_s"}
+    assert ours.detail["checkpoint_s"] > 0  # the final checkpoint (512 < checkpoint_freq 16384)
+    assert plain.detail == {}
