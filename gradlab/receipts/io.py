@@ -71,7 +71,16 @@ def create_or_agree(
         existing = read_model(store, key, type(model))
         if agree(existing, model):
             return existing
-        raise Conflict(
-            f"{store.url(key)}: {what} already exists and disagrees: existing "
-            f"{existing.model_dump_json()} vs new {model.model_dump_json()}"
-        ) from None
+        raise Conflict(f"{store.url(key)}: {what} already exists and disagrees: {_differences(existing, model)}") from None
+
+
+def _differences(existing: BaseModel, new: BaseModel, limit: int = 160) -> str:
+    """The top-level fields that differ, each as ``field: existing → new`` (values cut to ``limit`` chars)."""
+    old, now = existing.model_dump(mode="json"), new.model_dump(mode="json")
+
+    def short(value: object) -> str:
+        text = json.dumps(value, sort_keys=True)
+        return text if len(text) <= limit else text[: limit - 1] + "…"
+
+    fields = [k for k in {**old, **now} if old.get(k) != now.get(k)]
+    return "; ".join(f"{k}: {short(old.get(k))} → {short(now.get(k))}" for k in fields) or "(same fields)"

@@ -248,8 +248,11 @@ def test_terminal_receipt_shape_and_create_only(stores: Stores) -> None:
     assert doc["learner"] == {"exit_code": 0, "stop_reason": "stop_requested"}
     assert doc["sealed_at"] == "2026-01-02T03:04:05Z"
     assert seal_terminal(stores, _receipt(at=T0 + timedelta(1))) == receipt  # a retried seal agrees
-    with pytest.raises(Conflict):
+    with pytest.raises(Conflict) as conflict:
         seal_terminal(stores, _receipt(outcome="failed"))
+    # Only what differs, in one readable line (sealed_at differs too; the inventories are not repeated).
+    message = str(conflict.value)
+    assert message.endswith('terminal receipt already exists and disagrees: outcome: "succeeded" → "failed"')
     assert read_terminal(stores, RUN, "attempt-001") == receipt
 
 
