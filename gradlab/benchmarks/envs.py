@@ -9,11 +9,13 @@ Bare loops:
     gymnasium  ``gymnasium.vector.SyncVectorEnv`` of ``gym.make`` (next-step autoreset); a
                reference row gives the plain single env's own loop.
     ale        ``ale_py.vector_env.AtariVectorEnv`` with the goal's settings (v5, 84×84×4).
-    vizdoom    ``DoomGame.make_action(action, 4)`` lanes stepped in one process (ViZDoom has no
-               vector env), GRAY8 160×120 resized to 84×84 with PIL as gradlab does (gradlab
-               additionally stacks 4 frames and runs the task program).
-    retro      one ``stable_retro`` env repeating each action 4 frames (gradlab: a worker process
-               per lane, grayscale, 84×84, 4 stacked).
+    vizdoom    :func:`bare_vizdoom_loop`: ``DoomGame.make_action(action, 4)`` lanes stepped in one
+               process (ViZDoom has no vector env), GRAY8 160×120 resized to 84×84 with PIL and
+               stacked 4 deep by hand, the same preprocessing calls gradlab makes (gradlab
+               additionally runs the task program and keeps final observations).
+    retro      :func:`bare_retro_loop`: one ``stable_retro`` env repeating each action 4 frames,
+               grayscale and 84×84 with PIL, 4 stacked, as gradlab does (gradlab, ``auto``:
+               one lane in-process, two in a worker process each).
 """
 
 from __future__ import annotations
@@ -44,13 +46,20 @@ def _timed(step: Callable[[int], None], n_lanes: int, seconds: float, warmup: in
 
 
 def _gradlab(spec: EnvironmentSpec, seconds: float, n_actions: int) -> float:
+    return _gradlab_mode(spec, seconds, n_actions)[0]
+
+
+def _gradlab_mode(spec: EnvironmentSpec, seconds: float, n_actions: int) -> tuple[float, str]:
+    """(lane steps per second, the vectorization actually built: sync, async or native)."""
+    from gradlab.envs.lanes import AsyncLanes, SyncLanes
     from gradlab.envs.vector import make_vector_env
 
     venv = make_vector_env(spec, seed=0)
     try:
+        mode = {SyncLanes: "sync", AsyncLanes: "async"}.get(type(venv.backend), "native")
         venv.reset()
         acts = np.random.default_rng(0).integers(0, n_actions, size=(4096, spec.n_envs))
-        return _timed(lambda i: venv.step(acts[i % 4096]), spec.n_envs, seconds)
+        return _timed(lambda i: venv.step(acts[i % 4096]), spec.n_envs, seconds), mode
     finally:
         venv.close()
 
@@ -89,12 +98,39 @@ def _bare_ale(game: str, n: int, seconds: float) -> float:
     return rate
 
 
-def _bare_vizdoom(scenario: str, n: int, seconds: float) -> float:
-    import vizdoom as vzd
+def _bare_timed(make: Callable[[], tuple[Callable[[int], Any], Callable[[], None]]], n: int, seconds: float) -> float:
+    step, close = make()
+    try:
+        return _timed(step, n, seconds)
+    finally:
+        close()
+
+
+def _doom_frame(game: Any) -> np.ndarray:
     from PIL import Image
 
+    return np.asarray(Image.fromarray(game.get_state().screen_buffer).resize((84, 84), Image.BILINEAR))
+
+
+def bare_vizdoom_loop(scenario: str, n: int) -> tuple[Callable[[int], Any], Callable[[], None]]:
+    """The loop a user writes for ``n`` ViZDoom lanes with the goals' settings, no gradlab.
+
+    Each lane: a hidden, silent ``DoomGame`` (160×120 GRAY8, the scenario's own timeout); one
+    step is ``make_action(buttons, 4)``, a ``new_episode()`` when the episode finished, the
+    screen buffer resized to 84×84 with PIL (bilinear, as gradlab does) and pushed on a 4-frame
+    stack; the step returns the stacked batch (n, 4, 84, 84) uint8, rewards (n,) float64 and
+    episode ends (n,) bool. Random actions come from ``default_rng(0)``; lane ``i`` is seeded
+    ``seed32(i)`` like gradlab's lane ``i`` of run seed 0, so both loops play the same episodes.
+
+    Returns:
+        ``(step(i), close())``: ``step`` does one vector step with the i-th action row.
+    """
+    import vizdoom as vzd
+
+    from gradlab.envs.backend import seed32
+
     games = []
-    for _ in range(n):
+    for lane in range(n):
         g = vzd.DoomGame()
         g.load_config(os.path.join(vzd.scenarios_path, scenario + ".cfg"))
         g.set_window_visible(False)
@@ -102,44 +138,97 @@ def _bare_vizdoom(scenario: str, n: int, seconds: float) -> float:
         g.set_screen_resolution(vzd.ScreenResolution.RES_160X120)
         g.set_screen_format(vzd.ScreenFormat.GRAY8)
         g.init()
+        g.set_seed(seed32(lane))  # the seed gradlab's lane gets from run seed 0: the same episodes
         g.new_episode()
         games.append(g)
     n_buttons = len(games[0].get_available_buttons())
     actions = [[0] * n_buttons] + [[int(j == i) for j in range(n_buttons)] for i in range(n_buttons)]
-    acts = np.random.default_rng(0).integers(0, len(actions), size=(4096, n))
+    acts = np.random.default_rng(0).integers(0, len(actions), size=(4096, n)).tolist()
+    stacks = np.zeros((n, 4, 84, 84), dtype=np.uint8)
+    for lane, g in enumerate(games):
+        stacks[lane] = _doom_frame(g)
+    rewards = np.zeros(n)
+    dones = np.zeros(n, dtype=np.bool_)
 
-    def step(i: int) -> None:
+    def step(i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        row = acts[i % 4096]
         for lane, g in enumerate(games):
-            g.make_action(actions[acts[i % 4096, lane]], 4)
-            if g.is_episode_finished():
+            rewards[lane] = g.make_action(actions[row[lane]], 4)
+            dones[lane] = done = g.is_episode_finished()
+            if done:
                 g.new_episode()
+                stacks[lane] = _doom_frame(g)
             else:
-                # The frame a learner reads, resized as gradlab's preprocessing does (PIL bilinear).
-                Image.fromarray(g.get_state().screen_buffer).resize((84, 84), Image.BILINEAR)
+                stacks[lane, :-1] = stacks[lane, 1:]
+                stacks[lane, -1] = _doom_frame(g)
+        return stacks.copy(), rewards.copy(), dones.copy()
 
-    rate = _timed(step, n, seconds)
-    for g in games:
-        g.close()
-    return rate
+    def close() -> None:
+        for g in games:
+            g.close()
+
+    return step, close
+
+
+def bare_retro_loop(game: str) -> tuple[Callable[[int], Any], Callable[[], None]]:
+    """The loop a user writes for one stable-retro env with the goal's settings, no gradlab.
+
+    ``stable_retro.make(game, use_restricted_actions=DISCRETE)``; one step repeats the action for
+    4 frames (summing rewards, stopping at the episode's end), converts the last screen to
+    grayscale and 84×84 with PIL (``convert("L")``, bilinear resize, as gradlab does) and pushes
+    it on a 4-frame stack; an ended episode resets and refills the stack. Returns the stack
+    (4, 84, 84) uint8, the reward and the end flag. Must run in a process without an emulator.
+
+    Returns:
+        ``(step(i), close())``.
+    """
+    import stable_retro as retro
+    from PIL import Image
+
+    env = retro.make(game, use_restricted_actions=retro.Actions.DISCRETE, render_mode=None)
+
+    def frame(screen: np.ndarray) -> np.ndarray:
+        return np.asarray(Image.fromarray(screen).convert("L").resize((84, 84), Image.BILINEAR))
+
+    screen, _ = env.reset(seed=0)
+    stack = np.repeat(frame(screen)[None], 4, axis=0)
+    acts = np.random.default_rng(0).integers(0, env.action_space.n, size=4096).tolist()
+
+    def step(i: int) -> tuple[np.ndarray, float, bool]:
+        total = 0.0
+        a = acts[i % 4096]
+        for _ in range(4):
+            screen, reward, te, tr, _ = env.step(a)
+            total += reward
+            if te or tr:
+                break
+        if te or tr:
+            screen, _ = env.reset()
+            stack[:] = frame(screen)
+        else:
+            stack[:-1] = stack[1:]
+            stack[-1] = frame(screen)
+        return stack.copy(), total, te or tr
+
+    return step, env.close
+
+
+def bare_loop(lib: str, n: int) -> tuple[Callable[[int], Any], Callable[[], None]]:
+    """The bare loop of ``lib`` ("viz": ViZDoom basic, "retro": Airstriker) with ``n`` lanes, for
+    instruction counts (``valgrind --tool=callgrind``) and wall-clock timing alike."""
+    if lib == "viz":
+        return bare_vizdoom_loop("basic", n)
+    if n != 1:
+        raise ValueError(f"bare_loop: retro runs one emulator per process, found n={n}")
+    return bare_retro_loop("Airstriker-Genesis-v0")
+
+
+def _bare_vizdoom(scenario: str, n: int, seconds: float) -> float:
+    return _bare_timed(lambda: bare_vizdoom_loop(scenario, n), n, seconds)
 
 
 def _bare_retro(game: str, seconds: float) -> float:
-    import stable_retro as retro
-
-    env = retro.make(game, use_restricted_actions=retro.Actions.DISCRETE, render_mode=None)
-    env.reset(seed=0)
-    acts = np.random.default_rng(0).integers(0, env.action_space.n, size=4096)
-
-    def step(i: int) -> None:
-        for _ in range(4):
-            _, _, te, tr, _ = env.step(int(acts[i % 4096]))
-            if te or tr:
-                env.reset()
-                break
-
-    rate = _timed(step, 1, seconds)
-    env.close()
-    return rate
+    return _bare_timed(lambda: bare_retro_loop(game), 1, seconds)
 
 
 def _spec(provider: str, env_id: str, n: int, **kw: Any) -> EnvironmentSpec:
@@ -180,12 +269,10 @@ def run(cases: tuple[str, ...], seconds: float) -> list[dict[str, Any]]:
             ours = _gradlab(_spec("vizdoom", "basic", n, vectorization=mode), seconds, 4)
             add("vizdoom", "basic", n, mode, ours, _bare_vizdoom("basic", n, seconds), "DoomGame loop")
     if "retro" in cases:
-        ours = _gradlab(_spec("retro", "Airstriker-Genesis-v0", 1), seconds, 126)
-        add("retro", "Airstriker-Genesis-v0", 1, "async", ours,
-            _retro_in_subprocess("Airstriker-Genesis-v0", seconds), "RetroEnv loop")
-        ours = _gradlab(_spec("retro", "Airstriker-Genesis-v0", 2), seconds, 126)
-        add("retro", "Airstriker-Genesis-v0", 2, "async", ours,
-            _retro_in_subprocess("Airstriker-Genesis-v0", seconds), "RetroEnv loop (1 lane)")
+        for n in (1, 2):  # vectorization auto: 1 lane in-process, 2 in worker processes
+            ours, mode = _gradlab_mode(_spec("retro", "Airstriker-Genesis-v0", n), seconds, 126)
+            add("retro", "Airstriker-Genesis-v0", n, mode, ours, _retro_in_subprocess("Airstriker-Genesis-v0", seconds),
+                "RetroEnv loop" + (" (1 lane)" if n > 1 else ""))
     return rows
 
 

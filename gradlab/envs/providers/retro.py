@@ -17,12 +17,17 @@ Named starts (``eval.starts``, ``VectorEnv.set_next_start``) are the game's save
 loads that state with ``RetroEnv.load_state`` first; the next reset without a name returns to the
 default state (``preprocessing.state`` or the game's own default).
 
-stable-retro allows one emulator per process, so lanes always run in worker processes, one each.
+Vectorization: stable-retro allows one emulator per process. ``auto`` (and ``native``) steps a
+single lane in this process (``sync``: no pipe round trip per step) when this process holds no
+emulator yet, and otherwise puts one lane per worker process (``async``). ``sync`` with more than
+one lane, or while this process already holds an emulator (a gradlab lane or the caller's own
+``stable_retro.make``), is a :class:`EmulatorInUse` error that says what to change, never a crash.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import os
 from typing import Any
 
@@ -31,8 +36,22 @@ import numpy as np
 from gradlab.contracts.environment import EnvironmentSpec, RetroPreprocessing
 from gradlab.envs.backend import EnvInfo, LaneBackend, Provider
 from gradlab.envs.frames import FrameStack
-from gradlab.envs.lanes import AsyncLanes
+from gradlab.envs.lanes import AsyncLanes, SyncLanes
 from gradlab.errors import ConfigError, NotFound
+
+logger = logging.getLogger(__name__)
+
+#: In-process emulators held by open :class:`RetroLane` objects of this process (0 or 1).
+_open_lanes = 0
+
+
+class EmulatorInUse(ConfigError):
+    """This process already holds a stable-retro emulator, and stable-retro allows one per process."""
+
+
+def emulator_in_process() -> bool:
+    """Whether a :class:`RetroLane` of this process holds the process's one emulator right now."""
+    return _open_lanes > 0
 
 
 def _integrations(roms_dir: str) -> Any:
@@ -61,23 +80,38 @@ class RetroLane:
 
         acts = {"discrete": retro.Actions.DISCRETE, "multi_discrete": retro.Actions.MULTI_DISCRETE,
                 "filtered": retro.Actions.FILTERED}[pre.use_restricted_actions]
+        global _open_lanes
         inttype = _integrations(roms_dir)
-        self.env = retro.make(game, state=pre.state or retro.State.DEFAULT, use_restricted_actions=acts,
-                              inttype=inttype, render_mode=None)
-        self._inttype = inttype
-        core = self.env.unwrapped
-        # The default start, restored after an episode that began from a named state.
-        self._default_state = (core.initial_state, core.statename)
-        self._state_name: str | None = None
-        #: The game's save states a reset can start from (None when it has none).
-        self.starts = tuple(retro.data.list_states(game, inttype)) or None
-        self.render_mode = render_mode
-        self.frame_skip = pre.frame_skip
-        raw_shape = tuple(self.env.observation_space.shape)
-        self.frames = FrameStack(grayscale=pre.grayscale, resize=pre.resize, stack=pre.frame_stack, in_shape=raw_shape)
-        self.observation_space = Box(0, 255, shape=self.frames.shape, dtype=np.uint8)
-        self.action_space = self.env.action_space
-        self._raw: np.ndarray | None = None
+        if _open_lanes:
+            raise _in_use(game, "a gradlab retro lane of this process is still open")
+        try:
+            self.env = retro.make(game, state=pre.state or retro.State.DEFAULT, use_restricted_actions=acts,
+                                  inttype=inttype, render_mode=None)
+        except RuntimeError as e:
+            if "multiple emulator" not in str(e):
+                raise
+            raise _in_use(game, f"stable-retro said: {e}") from None
+        _open_lanes += 1
+        self._open = True
+        try:
+            self._inttype = inttype
+            core = self.env.unwrapped
+            # The default start, restored after an episode that began from a named state.
+            self._default_state = (core.initial_state, core.statename)
+            self._state_name: str | None = None
+            #: The game's save states a reset can start from (None when it has none).
+            self.starts = tuple(retro.data.list_states(game, inttype)) or None
+            self.render_mode = render_mode
+            self.frame_skip = pre.frame_skip
+            raw_shape = tuple(self.env.observation_space.shape)
+            self.frames = FrameStack(grayscale=pre.grayscale, resize=pre.resize, stack=pre.frame_stack,
+                                     in_shape=raw_shape)
+            self.observation_space = Box(0, 255, shape=self.frames.shape, dtype=np.uint8)
+            self.action_space = self.env.action_space
+            self._raw: np.ndarray | None = None
+        except BaseException:
+            self.close()
+            raise
 
     def reset(self, *, seed: int | None = None, options: Any = None) -> tuple[np.ndarray, dict]:
         start = (options or {}).get("start")
@@ -96,17 +130,16 @@ class RetroLane:
         return self.frames.reset(obs), dict(info)
 
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
+        # RetroEnv.step returns a new info dict and Python bools each frame: no copies needed here.
+        step = self.env.step
         total = 0.0
-        terminated = truncated = False
-        info: dict = {}
-        obs = self._raw
         for _ in range(self.frame_skip):
-            obs, reward, terminated, truncated, info = self.env.step(action)
-            total += float(reward)
+            obs, reward, terminated, truncated, info = step(action)
+            total += reward
             if terminated or truncated:
                 break
         self._raw = obs
-        return self.frames.push(obs), total, bool(terminated), bool(truncated), dict(info)
+        return self.frames.push(obs), float(total), terminated, truncated, info
 
     def get_ram(self) -> np.ndarray:
         return np.asarray(self.env.unwrapped.get_ram(), dtype=np.uint8)
@@ -128,7 +161,25 @@ class RetroLane:
         return np.asarray(self._raw)
 
     def close(self) -> None:
+        global _open_lanes
         self.env.close()
+        if self._open:
+            self._open = False
+            _open_lanes -= 1
+
+    def __del__(self) -> None:  # pragma: no cover - best effort for a lane dropped without close()
+        if getattr(self, "_open", False):
+            try:
+                self.close()
+            except Exception:  # noqa: BLE001
+                pass
+
+
+def _in_use(game: str, why: str) -> EmulatorInUse:
+    return EmulatorInUse(
+        f"retro:{game}: stable-retro allows one emulator per process and this process already holds one ({why}); "
+        "expected vectorization auto or async (a worker process per lane), or close the other environment "
+        "first, found an in-process (sync) lane")
 
 
 def _make_lane(game: str, pre: RetroPreprocessing, roms_dir: str, *, lane: int, render_mode: str | None) -> RetroLane:
@@ -170,6 +221,22 @@ class RetroProvider(Provider):
     def make_backend(self, spec: EnvironmentSpec, *, render_mode: str | None) -> LaneBackend:
         pre, roms_dir = self._check(spec)
         factory = functools.partial(_make_lane, spec.env_id, pre, roms_dir)
+        mode = spec.vectorization
+        if mode == "sync":
+            if spec.n_envs > 1:
+                raise ConfigError(
+                    f"retro:{spec.env_id}: vectorization: sync steps every lane in this process, but stable-retro "
+                    f"allows one emulator per process; expected n_envs 1 or vectorization auto/async, found "
+                    f"n_envs {spec.n_envs}")
+            return SyncLanes(factory, 1, render_mode=render_mode)
+        if mode != "async" and spec.n_envs == 1:  # auto, native: in-process when the emulator is free
+            if not emulator_in_process():
+                try:
+                    return SyncLanes(factory, 1, render_mode=render_mode)
+                except EmulatorInUse:  # the caller's own stable_retro env holds it
+                    pass
+            logger.info("retro:%s: this process already holds an emulator; the lane runs in a worker process",
+                        spec.env_id)
         return AsyncLanes(factory, spec.n_envs, render_mode=render_mode, lanes_per_worker=1, name=f"retro-{spec.env_id}")
 
     def describe(self, spec: EnvironmentSpec) -> EnvInfo:

@@ -15,7 +15,9 @@ finished). Any other end of the episode (the monster killed, the player dead) is
 its final observation repeats the last frame seen (it is never bootstrapped from).
 ``info`` holds the scenario's game variables (lower-case names) and ``dead``.
 
-Lanes run in worker processes by default (``vectorization: auto`` = async).
+``vectorization: auto`` steps a single lane in this process (``sync``: a worker process would only
+add a pipe round trip per step) and several lanes in worker processes (``async``: the engines then
+run in parallel). Each ``DoomGame`` runs its engine in a process of its own either way.
 """
 
 from __future__ import annotations
@@ -85,28 +87,28 @@ class DoomLane:
 
     def _observe(self, reset: bool) -> tuple[np.ndarray, dict[str, Any]]:
         """Read the state once: (observation, info)."""
-        state = self.game.get_state()
-        info: dict[str, Any] = {"dead": bool(self.game.is_player_dead())}
-        if self.variables and state.game_variables is not None:
-            info.update({k: float(v) for k, v in zip(self.variables, state.game_variables, strict=False)})
-        self._raw = state.screen_buffer
-        obs = self.frames.reset(self._raw) if reset else self.frames.push(self._raw)
-        return obs, info
+        game = self.game
+        state = game.get_state()
+        values = state.game_variables
+        info: dict[str, Any] = dict(zip(self.variables, values.tolist(), strict=False)) if values is not None else {}
+        info["dead"] = game.is_player_dead()
+        self._raw = raw = state.screen_buffer
+        return (self.frames.reset(raw) if reset else self.frames.push(raw)), info
 
     def reset(self, *, seed: int | None = None, options: Any = None) -> tuple[np.ndarray, dict]:
         if seed is not None:
             self.game.set_seed(seed32(seed))
         self.game.new_episode()
-        self._start = int(self.game.get_episode_time())
+        self._start = self.game.get_episode_time()
         return self._observe(reset=True)
 
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
-        reward = float(self.game.make_action(self._actions[int(action)], self.frame_skip))
-        if self.game.is_episode_finished():
-            return self.frames.repeat_last(), reward, True, False, {"dead": bool(self.game.is_player_dead())}
+        game = self.game
+        reward = game.make_action(self._actions[action], self.frame_skip)
+        if game.is_episode_finished():
+            return self.frames.repeat_last(), reward, True, False, {"dead": game.is_player_dead()}
         obs, info = self._observe(reset=False)
-        truncated = self.timeout > 0 and int(self.game.get_episode_time()) - self._start >= self.timeout
-        return obs, reward, False, truncated, info
+        return obs, reward, False, self.timeout > 0 and game.get_episode_time() - self._start >= self.timeout, info
 
     def render(self) -> np.ndarray:
         if self._raw is None:
@@ -125,7 +127,7 @@ def _make_lane(scenario: str, pre: VizdoomPreprocessing, *, lane: int, render_mo
 class VizdoomProvider(Provider):
     name = "vizdoom"
     package = "vizdoom"
-    default_vectorization = "async"
+    default_vectorization = "async"  # for several lanes; a single lane runs in-process (make_backend)
 
     def env_ids(self) -> list[str]:
         return scenario_names()
@@ -145,7 +147,8 @@ class VizdoomProvider(Provider):
     def make_backend(self, spec: EnvironmentSpec, *, render_mode: str | None) -> LaneBackend:
         pre = self._check(spec)
         factory = functools.partial(_make_lane, spec.env_id, pre)
-        return build_lanes(factory, spec, default="async", render_mode=render_mode, name=f"vizdoom-{spec.env_id}")
+        default = "sync" if spec.n_envs == 1 else "async"
+        return build_lanes(factory, spec, default=default, render_mode=render_mode, name=f"vizdoom-{spec.env_id}")
 
     def describe(self, spec: EnvironmentSpec) -> EnvInfo:
         pre = self._check(spec)
