@@ -100,6 +100,7 @@ def train(
     spec, paths = operations.prepare_spec(settings, recipe=ref, seed=seed, overrides=list(overrides or []),
                                           run_id=new_run_id(), evaluate=not no_eval)
     learner = LearnerProcess.start(paths, zygote=zygote_dir(settings.home))
+    _cancel_on_ctrl_c()
     err_console.print(f"run [bold]{spec.run_id}[/] ({escape(spec.display_name)}), learner pid {learner.pid}", highlight=False)
     api = configure_prefect()
     err_console.print(f"Prefect API: {escape(api)}", highlight=False)
@@ -115,9 +116,13 @@ def train(
                                    learner_pid=learner.pid)
     except KeyboardInterrupt:
         interrupted = True
-    except Exception as e:  # Prefect could not start or reach its API: nothing was recorded
+    except Exception as e:  # Prefect could not start, or lost its API mid-run
         stop_display.set()
-        learner.stop("the supervising flow could not start", grace_s=10.0)
+        learner.stop("the supervising flow failed", grace_s=10.0)
+        if _attempt_opened(spec.run_id):
+            fail(f"run {spec.run_id}: the supervising flow failed ({type(e).__name__}: {e}). The run is in the "
+                 f"receipt store with what it published: `gradlab runs retry {spec.run_id}` resumes it (or "
+                 f"drains it if the learner had finished); `gradlab runs reconcile {spec.run_id}` closes it.")
         fail(f"run {spec.run_id}: the training-run flow could not start ({type(e).__name__}: {e}). "
              f"Nothing was recorded in the receipt store; the learner's local files are in {paths.root}. "
              "Start a Prefect server with `gradlab server start` (or set PREFECT_API_URL) and run again.")
@@ -132,12 +137,43 @@ def train(
     _keep_zygote_warm(settings)
     if receipt is None:
         why = " (interrupted)" if interrupted else (f": {state.message}" if state is not None and state.message else "")
-        fail(f"run {spec.run_id}: no terminal receipt was sealed{why}; "
-             f"`gradlab runs reconcile {spec.run_id}` closes the attempt")
+        if not _attempt_opened(spec.run_id):
+            fail(f"run {spec.run_id}: stopped before the run was recorded{why}; nothing to reconcile")
+        fail(f"run {spec.run_id}: no terminal receipt was sealed{why}; `gradlab runs reconcile {spec.run_id}` "
+             "closes the attempt once its writer lease has expired (at most a minute)")
     _summary(receipt, elapsed)
     if json_out:
         print_json(receipt)
     raise typer.Exit(0 if receipt["outcome"] == "succeeded" else 1)
+
+
+def _cancel_on_ctrl_c() -> None:
+    """First Ctrl-C: cancel cleanly (the supervisor stops the learner and seals ``cancelled``);
+    second: interrupt at once."""
+    import signal
+
+    from gradlab.runs.driver import USER_CANCEL
+
+    def on_sigint(signum, frame) -> None:  # noqa: ARG001 - signal handler signature
+        if USER_CANCEL.is_set():
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            raise KeyboardInterrupt
+        USER_CANCEL.set()
+        err_console.print("cancelling: the learner stops and a cancelled receipt is sealed "
+                          "(Ctrl-C again to abort at once, without a receipt)")
+
+    signal.signal(signal.SIGINT, on_sigint)
+
+
+def _attempt_opened(run_id: str) -> bool:
+    """True when the receipt store holds an attempt of this run (False when it cannot be read)."""
+    from gradlab.receipts import rules
+    from gradlab.stores import open_stores
+
+    try:
+        return bool(rules.list_attempts(open_stores(), run_id))
+    except Exception:  # noqa: BLE001 - the store is down: say what we know
+        return False
 
 
 def _keep_zygote_warm(settings) -> None:

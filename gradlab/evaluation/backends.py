@@ -20,13 +20,15 @@ from __future__ import annotations
 
 import base64
 import concurrent.futures
+import contextlib
 import itertools
 import logging
 import multiprocessing
 import os
+import signal
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -137,6 +139,22 @@ def _warm_worker_main(conn: Any) -> None:
     _worker_main(request_json, conn)
 
 
+@contextlib.contextmanager
+def _sigint_blocked() -> Iterator[None]:
+    """Start processes with SIGINT blocked: they inherit the mask, so a Ctrl-C in the terminal (sent
+    to the whole foreground process group) reaches only the supervisor, which cancels the run and
+    ends its evaluations itself."""
+    from multiprocessing import resource_tracker
+
+    # Started first: starting it unblocks SIGINT in this thread (multiprocessing.resource_tracker).
+    resource_tracker.ensure_running()
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 def prewarm(count: int = 1) -> None:
     """Keep ``count`` spare evaluation processes warm (spawned now; they import in the background)."""
     global _SPARE_TARGET
@@ -147,7 +165,8 @@ def prewarm(count: int = 1) -> None:
         while len(_SPARES) < _SPARE_TARGET:
             parent, child = ctx.Pipe(duplex=True)
             process = ctx.Process(target=_warm_worker_main, args=(child,), daemon=True, name="gradlab-eval-spare")
-            process.start()
+            with _sigint_blocked():
+                process.start()
             child.close()
             _SPARES.append((process, parent))
 
@@ -229,7 +248,8 @@ class LocalBackend:
             parent, child = self._ctx.Pipe(duplex=False)
             job.process = self._ctx.Process(target=_worker_main, args=(job.request_json, child), daemon=True,
                                             name=f"gradlab-eval-{job.handle.id}")
-            job.process.start()
+            with _sigint_blocked():
+                job.process.start()
             child.close()
             job.conn = parent
             logger.info("evaluation %s started (pid %s)", job.handle.id, job.process.pid)

@@ -44,6 +44,7 @@ import os
 import secrets
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -63,10 +64,14 @@ PRELOAD = (
 #: Environment variables read when those modules are imported (thread pools, CUDA, the import
 #: path): a zygote only forks for a requester whose values are the same.
 IMPORT_ENV_PREFIXES = ("OMP_", "MKL_", "OPENBLAS_", "KMP_", "GOMP_", "CUDA_", "NVIDIA_", "PYTORCH_", "TORCH",
-                       "PYTHON", "LD_", "VIRTUAL_ENV")
+                       "PYTHONPATH", "PYTHONHOME", "PYTHONHASHSEED", "PYTHONOPTIMIZE", "LD_")
 
-#: Seconds a requester waits for the zygote's answer (the fork itself takes milliseconds).
+#: Seconds a requester waits for the zygote's answer (the fork itself takes milliseconds), and the
+#: zygote for the requester's confirmation.
 REQUEST_TIMEOUT_S = 10.0
+
+#: Seconds the zygote waits for a request line after a connection (a requester writes at once).
+READ_TIMEOUT_S = 2.0
 
 
 class ZygoteInfo(BaseModel):
@@ -128,9 +133,9 @@ def ready_zygotes(directory: Path) -> list[ZygoteInfo]:
             info = ZygoteInfo.model_validate_json(path.read_bytes())
         except (OSError, ValueError):
             continue
-        if _alive(info.pid):
+        if _is_zygote(info.pid, directory):
             found.append(info)
-        else:
+        else:  # gone (or its pid now names another process): never signal it
             path.unlink(missing_ok=True)
     return found
 
@@ -143,7 +148,7 @@ def starting_zygotes(directory: Path) -> list[int]:
             pid = int(path.stem)
         except ValueError:
             continue
-        if _alive(pid):
+        if _is_zygote(pid, directory):
             pids.append(pid)
         else:
             path.unlink(missing_ok=True)
@@ -180,16 +185,14 @@ def fork_learner(directory: Path, argv: list[str], *, log_path: Path, env: dict[
         if info.import_env != wanted_env:
             log.info("zygote %d was started with other import-time settings: not used", info.pid)
             continue
+        request = {"op": "fork", "argv": list(argv), "env": env, "cwd": str(cwd or Path.cwd()),
+                   "log": str(log_path), "exit_file": exit_file}
         try:
-            answer = _request(info.address, {"op": "fork", "argv": list(argv), "env": env,
-                                             "cwd": str(cwd or Path.cwd()), "log": str(log_path),
-                                             "exit_file": exit_file})
+            pid = _request_fork(info.address, request)
         except (OSError, ValueError) as e:
-            log.warning("zygote %d did not answer (%s): starting the learner the ordinary way", info.pid, e)
+            log.warning("zygote %d did not fork a learner (%s): starting the learner the ordinary way", info.pid, e)
             continue
-        if "pid" in answer:
-            return int(answer["pid"])
-        log.warning("zygote %d could not fork a learner: %s", info.pid, answer.get("error"))
+        return pid
     return None
 
 
@@ -207,7 +210,7 @@ def start_zygote(directory: Path, *, keeper_pid: int | None) -> int:
     It is ready once ``<pid>.json`` appears (~5 s here); until then ``<pid>.pending`` says it is
     coming. It exits when ``keeper_pid`` (if given) is gone.
     """
-    directory = Path(directory)
+    directory = Path(directory).absolute()
     directory.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "gradlab.learn.zygote", "--dir", str(directory)]
     if keeper_pid is not None:
@@ -220,20 +223,17 @@ def start_zygote(directory: Path, *, keeper_pid: int | None) -> int:
 
 
 def ensure_zygote(directory: Path, *, keeper_pid: int | None) -> int | None:
-    """Start a zygote unless one is ready with this checkout's code or one is starting; retire
-    zygotes that run other code (each holds ~700 MB).
+    """Start a zygote unless one is ready with this checkout's code and settings or one is starting;
+    the others are retired first (each holds ~700 MB), so a folder keeps at most one.
 
     Returns the pid of a zygote started now, else None.
     """
-    mine = fingerprint()
-    current = False
-    for info in ready_zygotes(directory):
-        if info.fingerprint != mine:
-            retire(info)
-        elif info.import_env == import_env(os.environ):
-            current = True
-    if current or starting_zygotes(directory):
+    mine, wanted = fingerprint(), import_env(os.environ)
+    ready = ready_zygotes(directory)
+    if any(info.fingerprint == mine and info.import_env == wanted for info in ready) or starting_zygotes(directory):
         return None
+    for info in ready:  # at most one zygote per folder: the newest code and settings win
+        retire(info)
     return start_zygote(directory, keeper_pid=keeper_pid)
 
 
@@ -258,6 +258,26 @@ def _request(address: str, payload: dict, timeout_s: float = REQUEST_TIMEOUT_S) 
     return json.loads(answer)
 
 
+def _request_fork(address: str, payload: dict, timeout_s: float = REQUEST_TIMEOUT_S) -> int:
+    """Ask for a learner, confirm it, and return its pid once the zygote says it runs.
+
+    Raises:
+        OSError: no answer in time (a learner forked meanwhile is killed by the zygote unborn).
+        ValueError: the zygote answered with an error.
+    """
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout_s)
+        s.connect(address)
+        s.sendall(json.dumps(payload).encode() + b"\n")
+        answer = json.loads(_read_line(s) or b"{}")
+        if "pid" not in answer:
+            raise ValueError(answer.get("error") or "no answer")
+        s.sendall(b"go\n")
+        if _read_line(s) != b"ok":
+            raise OSError(f"learner {answer['pid']} was not confirmed")
+        return int(answer["pid"])
+
+
 def _read_line(s: socket.socket, limit: int = 16 << 20) -> bytes:
     data = b""
     while not data.endswith(b"\n"):
@@ -268,6 +288,17 @@ def _read_line(s: socket.socket, limit: int = 16 << 20) -> bytes:
         if len(data) > limit:
             raise ValueError(f"message over {limit} bytes")
     return data.strip()
+
+
+def _is_zygote(pid: int, directory: Path) -> bool:
+    """True when ``pid`` is alive and is a zygote of ``directory`` (a recycled pid is not)."""
+    if not _alive(pid):
+        return False
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return not Path("/proc/self").exists()  # no /proc here: liveness is all we can know
+    return b"gradlab.learn.zygote" in cmdline and str(Path(directory).absolute()).encode() in cmdline
 
 
 def _alive(pid: int) -> bool:
@@ -318,6 +349,7 @@ class _Zygote:
     def serve(self) -> int:
         started = time.monotonic()
         env_at_start = import_env(os.environ)  # before the imports: torch sets some variables itself
+        code = fingerprint()  # before the imports too: a file edited meanwhile makes it stale, not wrong
         for name in PRELOAD:
             __import__(name)
         import torch
@@ -332,7 +364,7 @@ class _Zygote:
         listener.bind(address)
         listener.listen(16)
         listener.settimeout(0.25)
-        info = ZygoteInfo(pid=os.getpid(), address=address, fingerprint=fingerprint(),
+        info = ZygoteInfo(pid=os.getpid(), address=address, fingerprint=code,
                           import_env=env_at_start, keeper_pid=self.keeper_pid, ready_at=time.time())
         partial = self.info_path.with_suffix(".partial")
         partial.write_text(info.model_dump_json())
@@ -381,11 +413,21 @@ class _Zygote:
                     log.warning("learner %d exited with %d; could not record it in %s: %s", pid, code, exit_file, e)
 
     def _handle(self, conn: socket.socket, listener: socket.socket) -> None:
-        conn.settimeout(REQUEST_TIMEOUT_S)
+        # Only processes of this user may ask (an abstract socket has no file permissions).
+        pid_uid_gid = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        peer_pid, peer_uid, _ = struct.unpack("3i", pid_uid_gid)
+        if peer_uid != os.getuid():
+            log.warning("request from pid %d of uid %d refused (this zygote serves uid %d)", peer_pid, peer_uid,
+                        os.getuid())
+            return
+        conn.settimeout(READ_TIMEOUT_S)  # a requester writes at once; a silent one must not stall others
         try:
             request = json.loads(_read_line(conn) or b"{}")
         except (OSError, ValueError) as e:
             log.warning("bad request: %s", e)
+            return
+        if not isinstance(request, dict):
+            conn.sendall(json.dumps({"error": "expected a JSON object"}).encode() + b"\n")
             return
         op = request.get("op")
         if op == "retire":
@@ -404,22 +446,43 @@ class _Zygote:
             conn.sendall(json.dumps({"error": f"malformed fork request: {e}"}).encode() + b"\n")
             return
         ready_r, ready_w = os.pipe()
+        go_r, go_w = os.pipe()
         pid = os.fork()
         if pid == 0:  # the learner
             os.close(ready_r)
-            _become_learner(argv, env, cwd, log_path, ready_w, close=(listener, conn))
+            os.close(go_w)
+            _become_learner(argv, env, cwd, log_path, ready_w, go_r, close=(listener, conn))
         os.close(ready_w)
+        os.close(go_r)
         self.children[pid] = str(exit_template).replace("{pid}", str(pid)) if exit_template else None
         with os.fdopen(ready_r, "rb") as ready:
             status = ready.read()
-        if status == b"1":
-            conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+        with os.fdopen(go_w, "wb", buffering=0) as go:
+            if status != b"1":
+                conn.sendall(json.dumps({"error": status.decode(errors="replace") or "the child died"}).encode() + b"\n")
+                return
+            # The requester confirms it still wants this learner (it may have given up waiting and
+            # started one of its own): only then does the child run; otherwise it is killed unborn.
+            try:
+                conn.settimeout(REQUEST_TIMEOUT_S)
+                conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+                confirmed = _read_line(conn) == b"go"
+                if confirmed:
+                    go.write(b"g")
+                    conn.sendall(b"ok\n")
+            except OSError:
+                confirmed = False
+        if confirmed:
             log.info("forked learner %d (%s)", pid, " ".join(argv))
         else:
-            conn.sendall(json.dumps({"error": status.decode(errors="replace") or "the child died"}).encode() + b"\n")
+            log.warning("requester of learner %d went away before confirming: killed unborn", pid)
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
-def _become_learner(argv: list[str], env: dict[str, str], cwd: str, log_path: str, ready_w: int,
+def _become_learner(argv: list[str], env: dict[str, str], cwd: str, log_path: str, ready_w: int, go_r: int,
                     close: tuple[socket.socket, ...]) -> None:
     """In the forked child: set up the process as ``LearnerProcess.start`` would, run the learner, exit."""
     code = 1
@@ -446,6 +509,10 @@ def _become_learner(argv: list[str], env: dict[str, str], cwd: str, log_path: st
             os._exit(1)
         os.write(ready_w, b"1")
         os.close(ready_w)
+        go = os.read(go_r, 1)  # b"g" once the requester confirmed; b"" (EOF) when it went away
+        os.close(go_r)
+        if go != b"g":
+            os._exit(1)
         for handler in list(logging.root.handlers):
             logging.root.removeHandler(handler)
         sys.argv = ["python -m gradlab.learn", *argv]

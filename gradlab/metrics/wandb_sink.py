@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import re
+import signal
 import struct
 import threading
 import time
@@ -106,6 +107,10 @@ class WandbSink:
 
     def _init(self, *, project, entity, name, tags, config, init_timeout_s, finish_timeout_s) -> None:
         run_id, mode = self.run_id, self.mode
+        if threading.current_thread() is not threading.main_thread():
+            # W&B's service process inherits this thread's signal mask: a Ctrl-C in the terminal
+            # (sent to the whole process group) then leaves it running until finish() closes it.
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
             import wandb
 
@@ -182,9 +187,13 @@ class WandbSink:
             self._high_water = int(event_seq)
             return True
 
-    def finish(self) -> None:
-        """Flush and close the W&B run, waiting at most ``finish_timeout_s``; never raises."""
-        self._ready.wait(self.init_timeout_s + 5.0)
+    def finish(self, timeout_s: float | None = None) -> None:
+        """Flush and close the W&B run, waiting at most ``timeout_s`` (default ``finish_timeout_s``)
+        seconds, plus up to ``init_timeout_s`` for a background start; never raises."""
+        finish_timeout_s = self.finish_timeout_s if timeout_s is None else timeout_s
+        if not self._ready.wait(self.init_timeout_s + 5.0 if timeout_s is None else timeout_s):
+            self._fail("finish", TimeoutError("W&B was still starting"))
+            return
         with self._lock:
             run, self._run = self._run, None
         if run is None:
@@ -197,12 +206,12 @@ class WandbSink:
             except BaseException as e:  # noqa: BLE001 - reported as pending
                 failure.append(e)
 
-        deadline = time.monotonic() + self.finish_timeout_s
+        deadline = time.monotonic() + finish_timeout_s
         thread = threading.Thread(target=close, name=f"wandb-finish-{self.run_id}", daemon=True)
         thread.start()
-        thread.join(self.finish_timeout_s)
+        thread.join(finish_timeout_s)
         if thread.is_alive():
-            self._fail("finish", TimeoutError(f"did not finish in {self.finish_timeout_s} s"))
+            self._fail("finish", TimeoutError(f"did not finish in {finish_timeout_s} s"))
         elif failure:
             self._fail("finish", failure[0])
         elif self._run_folder is not None and not _wait_for_exit_record(self._run_folder, deadline):

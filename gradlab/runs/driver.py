@@ -11,6 +11,7 @@ checkpoint already published stays published and no checkpoint is published afte
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,6 +27,10 @@ from gradlab.runs.paths import RunPaths
 from gradlab.runs.process import LearnerProcess
 from gradlab.runs.supervisor import CheckpointTrack, Future, JournalSink, Supervisor, WandbMetricSink
 from gradlab.stores import Stores
+
+#: Set by ``gradlab train``'s Ctrl-C handler: the attempt supervised in this process is cancelled
+#: at the next tick (a clean ``cancelled`` receipt) instead of being interrupted wherever it is.
+USER_CANCEL = threading.Event()
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +139,9 @@ class AttemptDriver:
         return self._finish(learner_exit)
 
     def _check_cancel(self) -> None:
+        if USER_CANCEL.is_set():
+            self.cancelled_reason = "cancelled: interrupted by the user (Ctrl-C)"
+            raise Cancelled(self.cancelled_reason)
         now = time.monotonic()
         if now - self._cancel_checked_at < self.cancel_poll_s:
             return
@@ -215,18 +223,23 @@ class AttemptDriver:
             log.warning("run %s: metric delivery after cancel failed: %s", self.spec.run_id, e)
         finished = sup.learner_finished or self._earlier_finish()
         return self._seal(outcome, reason, (finished or {}).get("final_step", sup.last_step or None), drained=False,
-                          learner=LearnerExit(exit_code=code, stop_reason=(finished or {}).get("stop_reason")))
+                          learner=LearnerExit(exit_code=code, stop_reason=(finished or {}).get("stop_reason")),
+                          wandb_wait_s=self.grace_s)
 
-    def _seal(self, outcome: str, reason: str, final_step: int | None, *, drained: bool, learner: LearnerExit) -> TerminalReceipt:
+    def _seal(self, outcome: str, reason: str, final_step: int | None, *, drained: bool, learner: LearnerExit,
+              wandb_wait_s: float | None = None) -> TerminalReceipt:
+        """Seal the receipt. ``wandb_wait_s`` bounds the wait for W&B (a cancelled run should not wait
+        on an unreachable W&B: what it did not take is reported pending)."""
         wandb_hw = None
         pending: list[str] = []
         if self.wandb is not None:
-            if self.wandb.mode != "disabled" and self.wandb.wait_ready(self.wandb.init_timeout_s):
+            wait_s = self.wandb.init_timeout_s if wandb_wait_s is None else wandb_wait_s
+            if self.wandb.mode != "disabled" and self.wandb.wait_ready(wait_s):
                 try:  # events kept back while W&B was starting
                     self.supervisor.deliver_metrics()
                 except Exception as e:  # noqa: BLE001 - reported below as pending
                     log.warning("run %s: last W&B delivery failed: %s", self.spec.run_id, e)
-            self.wandb.finish()
+            self.wandb.finish(timeout_s=wandb_wait_s)
             wandb_hw = self.wandb.high_water
         local = self.outbox.high_water("journal")
         if wandb_hw is not None and (wandb_hw < local or self.wandb.status == "pending"):

@@ -11,6 +11,7 @@ with its imports already done.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import socket
@@ -24,6 +25,8 @@ from pathlib import Path
 from gradlab.errors import TransientError
 from gradlab.learn.zygote import ensure_zygote, stop_zygotes, zygote_dir
 from gradlab.settings import Settings
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -84,7 +87,7 @@ def start_server(settings: Settings, *, port: int | None = None, timeout_s: floa
     """
     existing = running_server(settings)
     if existing is not None:
-        ensure_zygote(zygote_dir(settings.home), keeper_pid=existing.pid)
+        _warm_learner(settings, existing.pid)
         return existing
     home = prefect_home(settings)
     home.mkdir(parents=True, exist_ok=True)
@@ -99,7 +102,7 @@ def start_server(settings: Settings, *, port: int | None = None, timeout_s: floa
         )
     state = ServerState(pid=popen.pid, url=f"http://127.0.0.1:{port}", home=str(home))
     # A warm learner parent beside the server: it imports while the server starts (see gradlab.learn.zygote).
-    ensure_zygote(zygote_dir(settings.home), keeper_pid=popen.pid)
+    _warm_learner(settings, popen.pid)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if popen.poll() is not None:
@@ -112,9 +115,20 @@ def start_server(settings: Settings, *, port: int | None = None, timeout_s: floa
     raise TransientError(f"prefect server not healthy after {timeout_s:.0f} s; see {home / 'server.log'}")
 
 
+def _warm_learner(settings: Settings, server_pid: int) -> None:
+    """Start the zygote beside the server; a convenience, so a failure only warns."""
+    try:
+        ensure_zygote(zygote_dir(settings.home), keeper_pid=server_pid)
+    except OSError as e:
+        log.warning("no warm learner (%s): runs start a fresh learner process instead", e)
+
+
 def stop_server(settings: Settings) -> bool:
     """Stop the recorded server (SIGTERM, then SIGKILL of its group) and its zygote. True if a server was running."""
-    stop_zygotes(zygote_dir(settings.home))
+    try:
+        stop_zygotes(zygote_dir(settings.home))
+    except OSError as e:
+        log.warning("could not stop the warm learner: %s", e)
     path = _state_file(settings)
     try:
         state = ServerState(**json.loads(path.read_text()))

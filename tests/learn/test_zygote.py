@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -184,4 +185,59 @@ def test_a_malformed_request_is_answered_and_the_zygote_keeps_serving(warm) -> N
     directory, info = warm
     assert "error" in zygote._request(info.address, {"op": "fork", "argv": ["x"]})
     assert "unknown op" in zygote._request(info.address, {"op": "launch"})["error"]
+    for payload in (b"[1]\n", b"null\n", b"5\n"):  # valid JSON, not an object
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(5)
+            s.connect(info.address)
+            s.sendall(payload)
+            assert json.loads(zygote._read_line(s)) == {"error": "expected a JSON object"}
     assert zygote.ready_zygotes(directory)[0].pid == info.pid
+
+
+def test_a_silent_client_does_not_stall_the_zygote(warm, tmp_path: Path) -> None:
+    directory, info = warm
+    paths = _run_dir(tmp_path, timesteps=1024, run_id="gradlab-20260101T000000-51e9c0a7")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as silent:
+        silent.connect(info.address)  # and never writes
+        started = time.monotonic()
+        learner = LearnerProcess.start(paths, zygote=directory)
+        waited = time.monotonic() - started
+    assert learner._popen is None and waited < zygote.READ_TIMEOUT_S + 3.0
+    assert learner.wait(60) == 0
+
+
+def test_a_requester_that_goes_away_gets_no_learner(warm, tmp_path: Path) -> None:
+    """A requester that gave up (and started a learner of its own) must not get a second one."""
+    directory, info = warm
+    paths = _run_dir(tmp_path, timesteps=1024, run_id="gradlab-20260101T000000-90a3e11c")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(10)
+        s.connect(info.address)
+        s.sendall(json.dumps({"op": "fork", "argv": ["--spec", str(paths.spec), "--run-dir", str(paths.root)],
+                              "env": dict(os.environ), "cwd": str(tmp_path), "log": str(paths.learner_log),
+                              "exit_file": str(paths.root / "learner-{pid}.exit")}).encode() + b"\n")
+        pid = json.loads(zygote._read_line(s))["pid"]
+    # Closed without confirming: the child is killed before it runs the learner.
+    exit_file = paths.root / f"learner-{pid}.exit"
+    _wait(exit_file.exists, 10, "the unborn learner reaped")
+    assert int(exit_file.read_text()) in (-signal.SIGKILL, 1)
+    assert not paths.outbox.exists()
+    assert zygote.ready_zygotes(directory)[0].pid == info.pid
+
+
+def test_a_recycled_pid_is_never_taken_for_a_zygote(tmp_path: Path) -> None:
+    """A zygote killed by SIGKILL leaves its files; its pid may name another process later."""
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        info = zygote.ZygoteInfo(pid=other.pid, address="\0nowhere", fingerprint=zygote.fingerprint(),
+                                 import_env=zygote.import_env(os.environ), keeper_pid=None, ready_at=0.0)
+        (tmp_path / f"{other.pid}.json").write_text(info.model_dump_json())
+        (tmp_path / f"{other.pid}.pending").write_text("0")
+        assert zygote.ready_zygotes(tmp_path) == [] and zygote.starting_zygotes(tmp_path) == []
+        assert not (tmp_path / f"{other.pid}.json").exists() and not (tmp_path / f"{other.pid}.pending").exists()
+        (tmp_path / f"{other.pid}.json").write_text(info.model_dump_json())
+        assert zygote.stop_zygotes(tmp_path, grace_s=1.0) == 0
+        assert other.poll() is None  # untouched
+    finally:
+        other.kill()
+        other.wait()

@@ -61,9 +61,11 @@ def run_gradlab(args: list[str], env: dict[str, str], timeout_s: float = 300) ->
                           env=env, timeout=timeout_s)
 
 
-def start_gradlab(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+def start_gradlab(args: list[str], env: dict[str, str], *, own_group: bool = False) -> subprocess.Popen[str]:
+    """Start ``gradlab ARGS``; ``own_group`` puts it in a process group of its own, as a shell puts a
+    foreground command (so ``os.killpg(proc.pid, SIGINT)`` is a terminal's Ctrl-C)."""
     return subprocess.Popen([sys.executable, "-m", "gradlab.cli.app", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=REPO, env=env)
+                            stderr=subprocess.PIPE, text=True, cwd=REPO, env=env, start_new_session=own_group)
 
 
 def last_json_line(stdout: str) -> dict:

@@ -76,6 +76,46 @@ def test_sigkill_of_the_learner_then_retry_resumes_to_the_planned_steps(prefect_
 
 
 @pytest.mark.slow
+def test_ctrl_c_in_a_terminal_cancels_cleanly_while_evaluating(prefect_api: str, gradlab_home: Path) -> None:
+    """A terminal's Ctrl-C goes to the whole foreground process group: the evaluation processes and
+    W&B's service get it too. The run must still end ``cancelled``, without tracebacks."""
+    env = gradlab_env(prefect_api)
+    proc = start_gradlab(["train", "CartPole-v1/ppo", "--json"], env, own_group=True)
+    try:
+        run_dir = _started_run(gradlab_home)
+        wait_for(lambda: len(_publications(run_dir.name)) >= 1, 120, "a published checkpoint")
+        learner = _learner_pid(run_dir)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 1, err[-3000:]
+    receipt = last_json_line(out)
+    assert (receipt["outcome"], receipt["reason"]) == ("cancelled", "cancelled: interrupted by the user (Ctrl-C)")
+    assert receipt["metrics"]["pending"] == []  # W&B (offline) survived the Ctrl-C and got every event
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err and "Crash detected" not in err, err[-3000:]
+    assert "cancelling: the learner stops" in err
+    wait_for(lambda: not pid_alive(learner) and not group_alive(learner), 15, "learner gone")
+
+
+@pytest.mark.slow
+def test_ctrl_c_before_the_flow_has_started_still_seals_cancelled(prefect_api: str, gradlab_home: Path) -> None:
+    env = gradlab_env(prefect_api)
+    proc = start_gradlab(LONG_BANDIT, env, own_group=True)
+    try:
+        _started_run(gradlab_home)  # the learner is up; the flow is still importing Prefect
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 1, err[-3000:]
+    assert last_json_line(out)["outcome"] == "cancelled", err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+
+
+@pytest.mark.slow
 def test_ctrl_c_cancels_cleanly(prefect_api: str, gradlab_home: Path) -> None:
     env = gradlab_env(prefect_api)
     proc = start_gradlab(LONG_BANDIT, env)
