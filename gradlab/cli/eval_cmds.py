@@ -240,7 +240,33 @@ def resolve_checkpoint(ref: str, *, settings: Settings | None = None, stores: St
                    f"{stores.control.url(keys.run_prefix(run_id))}, nothing under {run_dir / 'checkpoints'})")
 
 
-def _render(result: Any, goal: Any, *, protocol: bool) -> None:
+def outcome_counts(result: Any) -> str:
+    """The completed episodes' outcomes as ``"success 95/100, failure 5/100"`` (in ``OUTCOMES`` order).
+
+    Args:
+        result: a :class:`gradlab.evaluation.result.EvalResult`; the denominator is its completed
+            episode count (its rows), outcomes that never happened are left out.
+    """
+    from collections import Counter
+
+    from gradlab.evaluation.names import OUTCOMES
+
+    counts = Counter(row.outcome for row in result.episodes)
+    total = len(result.episodes)
+    return ", ".join(f"{o} {counts[o]}/{total}" for o in OUTCOMES if counts[o]) or "none"
+
+
+def _render(result: Any, goal: Any, *, protocol: bool, success_defined: bool) -> None:
+    """Print the human table of an evaluation.
+
+    Args:
+        result: the :class:`gradlab.evaluation.result.EvalResult`.
+        goal: the run spec's goal (its acceptance rules are listed with their values).
+        protocol: False when episodes or policy were overridden (the verdict is then not the goal's).
+        success_defined: the evaluation environment's task program names ``termination.success``
+            events; without them no episode can be a success, so the success rate (always 0) is not
+            shown, only the outcome counts.
+    """
     from rich.table import Table
 
     agg = result.aggregates
@@ -255,9 +281,11 @@ def _render(result: Any, goal: Any, *, protocol: bool) -> None:
     table.add_row("return", f"{agg['eval/episode/return/mean']:.3f} ± {agg['eval/episode/return/std']:.3f} "
                             f"(median {agg['eval/episode/return/median']:.3f}, min {agg['eval/episode/return/min']:.3f}, "
                             f"max {agg['eval/episode/return/max']:.3f})")
-    table.add_row("success rate", f"{agg['eval/outcome/success/rate']:.3f} "
-                                  f"[95% CI {agg['eval/outcome/success/rate_ci95_low']:.3f}, "
-                                  f"{agg['eval/outcome/success/rate_ci95_high']:.3f}]")
+    table.add_row("outcomes", outcome_counts(result))
+    if success_defined:
+        table.add_row("success rate", f"{agg['eval/outcome/success/rate']:.3f} "
+                                      f"[95% CI {agg['eval/outcome/success/rate_ci95_low']:.3f}, "
+                                      f"{agg['eval/outcome/success/rate_ci95_high']:.3f}]")
     table.add_row("length", f"{agg['eval/episode/length/mean']:.1f} steps (mean)")
     reasons = {k.split("/")[3]: v for k, v in agg.items() if k.startswith("eval/outcome/failure/") and k.count("/") == 4}
     if reasons:
@@ -315,4 +343,5 @@ def eval_command(
     if json_out:
         print_json(result.as_json())
     else:
-        _render(result, spec.goal, protocol=protocol)
+        _render(result, spec.goal, protocol=protocol,
+                success_defined=bool(spec.eval_environment.task.termination.success))

@@ -30,9 +30,14 @@ def fail(message: str, code: int = 1) -> NoReturn:
 
 
 def fail_with_problems(error: Any) -> NoReturn:
-    """Print every problem of a ``ConfigError`` (one line each: file, key path, message) and exit 1."""
+    """Print every problem of a ``ConfigError`` and exit 1.
+
+    One line each, with the ``error:`` prefix of :func:`fail`: ``error: file: key path: message``
+    (e.g. ``error: --set: train.timestepz: unknown key (did you mean timesteps?)``).
+    """
     from rich.markup import escape
 
     for problem in error.problems:
-        err_console.print(escape(problem.render()), highlight=False)
+        err_console.print(f"[bold red]error:[/] {escape(problem.render())}", highlight=False, markup=True,
+                          soft_wrap=True)
     raise typer.Exit(1)

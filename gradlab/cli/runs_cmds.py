@@ -55,6 +55,37 @@ def run_view(stores, run_id: str) -> dict:
     }
 
 
+def live_attempts(stores, *, now=None) -> list[tuple[str, str]]:
+    """Every attempt that is training now: ``(run_id, attempt_id)``, sorted by run id.
+
+    An attempt is live when it has no terminal receipt and holds the run's writer lease, not
+    released and not expired at ``now`` (the rule :func:`gradlab.receipts.rules.reconcile_run` uses to
+    leave an attempt open). The lease is taken before ``attempt.json`` is written, so an attempt
+    still starting counts too. An attempt ``gradlab runs list`` shows as running whose lease expired
+    (its process died without a receipt) is not live.
+
+    Args:
+        stores: :class:`gradlab.stores.Stores` (only the control store is read).
+        now: the time leases are judged at (default: now, UTC).
+
+    Raises:
+        StoreUnavailable: the control store cannot be reached (transient).
+    """
+    from gradlab.receipts import rules
+    from gradlab.receipts.lease import read_lease
+    from gradlab.receipts.models import utcnow
+
+    at = now or utcnow()
+    live = []
+    for run_id in rules.list_runs(stores):
+        held = read_lease(stores.control, run_id)
+        if held is None or not held.lease.is_live(at):
+            continue
+        if rules.read_terminal(stores, run_id, held.lease.holder) is None:
+            live.append((run_id, held.lease.holder))
+    return live
+
+
 @runs_app.command("list")
 def list_runs(json_out: JsonOption = False) -> None:
     """Every run in the receipt store with its latest attempt's outcome."""

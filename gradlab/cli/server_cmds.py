@@ -15,23 +15,59 @@ server_app = typer.Typer(help="Keep a local Prefect server up so runs skip Prefe
 def start(port: Annotated[int | None, typer.Option(help="Port on 127.0.0.1 (default: a free one).")] = None) -> None:
     """Start a Prefect server on 127.0.0.1 and a warm learner in the background (no-op when up)."""
     from gradlab.errors import TransientError
-    from gradlab.runs.server import start_server
+    from gradlab.runs.server import running_server, start_server
     from gradlab.settings import load_settings
 
+    settings = load_settings()
+    was_up = running_server(settings) is not None
     try:
-        state = start_server(load_settings(), port=port)
+        state = start_server(settings, port=port)  # also (re)starts the warm learner beside a running one
     except TransientError as e:
         fail(str(e))
-    console.print(f"Prefect server up at {state.url} (pid {state.pid}); UI: {state.url}")
+    if was_up:
+        console.print(f"Prefect server already up at {state.url} (pid {state.pid}); UI: {state.url}")
+    else:
+        console.print(f"Prefect server up at {state.url} (pid {state.pid}); UI: {state.url}")
 
 
 @server_app.command("stop")
-def stop() -> None:
-    """Stop the server started by gradlab server start, and its warm learner."""
-    from gradlab.runs.server import stop_server
+def stop(
+    force: Annotated[bool, typer.Option("--force", help="Stop even while runs are training (they then hang and "
+                                                         "end without a receipt).")] = False,
+) -> None:
+    """Stop the server started by gradlab server start, and its warm learner.
+
+    Refused (exit 1) while the server is up and any run of this GRADLAB_HOME's stores is training
+    (see :func:`gradlab.cli.runs_cmds.live_attempts`), unless ``--force``.
+    """
+    from gradlab.runs.server import running_server, stop_server
     from gradlab.settings import load_settings
 
-    console.print("stopped" if stop_server(load_settings()) else "no server was running")
+    settings = load_settings()
+    if not force and running_server(settings) is not None:  # with no server up, no run depends on it
+        refuse_while_training(settings)
+    console.print("stopped" if stop_server(settings) else "no server was running")
+
+
+def refuse_while_training(settings) -> None:
+    """Exit 1 with one line naming the live runs when any attempt is training now; return otherwise.
+
+    Args:
+        settings: :class:`gradlab.settings.Settings` whose stores are read (control store only).
+    """
+    from gradlab.cli.runs_cmds import live_attempts
+    from gradlab.stores import open_stores
+
+    try:
+        live = live_attempts(open_stores(settings))
+    except Exception as e:  # noqa: BLE001 - any store failure: say so, stop nothing
+        fail(f"cannot tell whether runs are training ({settings.control_store_url}: {e}); "
+             "pass --force to stop the server anyway")
+    if live:
+        runs = ", ".join(f"{run_id} ({attempt_id})" for run_id, attempt_id in live)
+        fail(f"refusing to stop the server: {len(live)} run(s) still training: {runs}; stopping it now would "
+             "leave them hanging without a receipt. Wait for them to end, cancel them with Ctrl-C, "
+             "or pass --force")
 
 
 @server_app.command("status")

@@ -19,7 +19,10 @@ def wilson_interval(successes: int, n: int, *, z: float = Z_95) -> tuple[float, 
         z: normal quantile; the default gives a 95% interval.
 
     Returns:
-        ``(low, high)`` in [0, 1]. Example: 95 of 100 gives ``(0.8883, 0.9785)``.
+        ``(low, high)`` in [0, 1]. Example: 95 of 100 gives ``(0.8883, 0.9785)``. The bounds the
+        formula makes exact are returned exactly: ``low == 0.0`` when ``successes == 0`` and
+        ``high == 1.0`` when ``successes == n`` (in floating point ``centre - half`` leaves a residue
+        like ``3.5e-18`` there); every bound is clamped to [0, 1].
 
     Raises:
         ValueError: ``successes`` outside ``[0, n]``.
@@ -37,7 +40,10 @@ def wilson_interval(successes: int, n: int, *, z: float = Z_95) -> tuple[float, 
     denom = 1.0 + z2 / n
     centre = (p + z2 / (2 * n)) / denom
     half = z / denom * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
-    return max(0.0, centre - half), min(1.0, centre + half)
+    # k = 0: half == centre == (z²/2n)/denom exactly, so low is 0; k = n: centre + half is 1 exactly.
+    low = 0.0 if successes == 0 else min(1.0, max(0.0, centre - half))
+    high = 1.0 if successes == n else min(1.0, max(0.0, centre + half))
+    return low, high
 
 
 def summarize(values: Sequence[float]) -> dict[str, float]:

@@ -31,9 +31,31 @@ ACTION_MEANINGS: dict[str, list[str]] = {
 }
 
 
+def _headless_sdl() -> None:
+    """Point SDL (pygame) at its dummy video and audio drivers unless the user chose others.
+
+    gymnasium's classic-control and Box2D envs draw ``rgb_array`` frames on an off-screen
+    ``pygame.Surface`` but call ``pygame.init()``, which opens SDL's default video driver; without a
+    display session that prints ``error: XDG_RUNTIME_DIR is invalid or not set in the environment.``
+    on stderr (SDL itself, not Python logging). The dummy drivers need no display and give the same
+    pixels: the frame is read back from the surface, never from a window. SDL reads these variables
+    when pygame initialises, so this must run before the env's first ``render()``; gradlab never
+    renders to a window (``render_mode="human"``), whose lanes are left alone.
+
+    Source: SDL2 ``SDL_VIDEODRIVER``/``SDL_AUDIODRIVER`` hints (wiki.libsdl.org/SDL2/FAQUsingSDL).
+    """
+    import os
+
+    for name in ("SDL_VIDEODRIVER", "SDL_AUDIODRIVER"):
+        if not os.environ.get(name):  # unset or empty (SDL fails on an empty driver name)
+            os.environ[name] = "dummy"
+
+
 def _make_lane(env_id: str, kwargs: dict[str, Any], frame_stack: int, *, lane: int, render_mode: str | None) -> Any:
     import gymnasium as gym
 
+    if render_mode == "rgb_array":
+        _headless_sdl()
     env = gym.make(env_id, render_mode=render_mode, disable_env_checker=True, **kwargs)
     if frame_stack > 1:
         from gymnasium.wrappers import FrameStackObservation
