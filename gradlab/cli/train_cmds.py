@@ -28,6 +28,9 @@ def configure_prefect() -> str:
     Returns a short description of the API in use.
     """
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # Prefect's client telemetry (and its first-run notice, printed into the progress display): off,
+    # as the server's analytics are; a user who wants it sets DO_NOT_TRACK=0.
+    os.environ.setdefault("DO_NOT_TRACK", "1")
     # Prefect waits 20 s for its ephemeral server by default; a loaded 2-core box needs longer.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
