@@ -104,7 +104,10 @@ def train(
                                           run_id=new_run_id(), evaluate=not no_eval)
     learner = LearnerProcess.start(paths, zygote=zygote_dir(settings.home))
     _cancel_on_ctrl_c()
-    err_console.print(f"run [bold]{spec.run_id}[/] ({escape(spec.display_name)}), learner pid {learner.pid}", highlight=False)
+    start = ("warm: forked by the warm learner" if learner.forked
+             else "cold: a new process, ~5 s of imports; `gradlab server start` keeps a warm learner")
+    err_console.print(f"run [bold]{spec.run_id}[/] ({escape(spec.display_name)}), learner pid {learner.pid} ({start})",
+                      highlight=False)
     api = configure_prefect()
     err_console.print(f"Prefect API: {escape(api)}", highlight=False)
     stop_display = threading.Event()
@@ -132,6 +135,8 @@ def train(
     finally:
         stop_display.set()
         display.join(timeout=2)
+        if not err_console.is_terminal:  # the last periodic line may be up to 10 s old
+            _print_final_progress(paths.outbox, spec.recipe.train.timesteps)
         if learner.exit_code() is None:  # the flow never took the learner over (e.g. it failed to start)
             learner.stop("the supervising flow ended", grace_s=10.0)
     if receipt is None:
@@ -244,15 +249,24 @@ def _wandb_key_configured() -> bool:
 
 
 def _progress_line(progress) -> str:
+    """One line, most important first (so a narrow terminal cuts the least useful part)."""
     rate = progress.steps_per_s
-    return " ".join(filter(None, [
+    return " · ".join(filter(None, [
         f"step {progress.step:,}/{progress.timesteps:,}",
-        f"{rate:,.0f} steps/s" if rate else None,
+        f"accepted {progress.accepted}" + (f" (stop: {progress.stop})" if progress.stop else ""),
+        "learner done, finishing evaluations" if progress.finished else (f"{rate:,.0f} steps/s" if rate else None),
         f"return {progress.recent_return:.1f}" if progress.recent_return is not None else None,
-        f"checkpoints {progress.checkpoints} published {progress.published} evaluated {progress.evaluated} "
-        f"accepted {progress.accepted}",
-        f"stop: {progress.stop}" if progress.stop else None,
+        f"checkpoints {progress.checkpoints}, published {progress.published}, evaluated {progress.evaluated}",
     ]))
+
+
+def _print_final_progress(outbox_path, timesteps: int) -> None:
+    from gradlab.runs.progress import RunProgress
+
+    try:
+        err_console.print(_progress_line(RunProgress(outbox_path, timesteps).refresh()), highlight=False)
+    except Exception:  # noqa: BLE001 - the display must never disturb the run
+        pass
 
 
 def _show_progress(outbox_path, timesteps: int, stop: threading.Event) -> None:
@@ -262,15 +276,18 @@ def _show_progress(outbox_path, timesteps: int, stop: threading.Event) -> None:
     from gradlab.runs.progress import RunProgress
 
     progress = RunProgress(outbox_path, timesteps)
-    if not err_console.is_terminal:
-        while not stop.wait(10.0):
+    if not err_console.is_terminal:  # a line every 10 s, from readings every second (for steps/s)
+        ticks = 0
+        while not stop.wait(1.0):
+            ticks += 1
             try:
-                err_console.print(_progress_line(progress.refresh()), highlight=False)
+                progress.refresh()
+                if ticks % 10 == 0:
+                    err_console.print(_progress_line(progress), highlight=False)
             except Exception:  # noqa: BLE001 - the display must never disturb the run
                 continue
         return
-    columns = (TextColumn("[bold]training"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-               TimeRemainingColumn())
+    columns = (BarColumn(bar_width=20), MofNCompleteColumn(), TimeRemainingColumn(), TextColumn("{task.fields[info]}"))
     with Progress(*columns, console=err_console, transient=False) as bar:
         task = bar.add_task("train", total=timesteps, info="")
         while not stop.wait(0.5):
@@ -278,5 +295,5 @@ def _show_progress(outbox_path, timesteps: int, stop: threading.Event) -> None:
                 progress.refresh()
             except Exception:  # noqa: BLE001 - the display must never disturb the run
                 continue
-            info = _progress_line(progress).split(" ", 2)[-1]  # the bar shows the step itself
+            info = _progress_line(progress).split(" · ", 1)[-1]  # the bar shows the step itself
             bar.update(task, completed=min(progress.step, timesteps), info=info)

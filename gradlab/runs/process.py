@@ -78,6 +78,11 @@ class LearnerProcess:
         or another one)."""
         return cls(pid=pid, paths=paths, _popen=_CHILDREN.get(pid))
 
+    @property
+    def forked(self) -> bool:
+        """True when the warm zygote forked this learner (not a process started here)."""
+        return self._popen is None and self.pid not in _CHILDREN
+
     def exit_code(self) -> int | None:
         """The exit code once the process has ended, else None (negative: the signal that ended it).
 

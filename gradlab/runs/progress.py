@@ -63,7 +63,8 @@ class RunProgress:
 
     @property
     def steps_per_s(self) -> float | None:
-        if len(self._rate_window) < 2:
+        """Env steps per second over the last 10 s; None before two readings and once the learner is done."""
+        if len(self._rate_window) < 2 or self.finished:
             return None
         (t0, s0), (t1, s1) = self._rate_window[0], self._rate_window[-1]
         return (s1 - s0) / (t1 - t0) if t1 > t0 and s1 > s0 else None
