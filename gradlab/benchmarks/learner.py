@@ -293,7 +293,7 @@ def render(rows: list[Row], as_json: bool) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 200)  # piped: keep the table whole
     table = Table(title="gradlab learner vs plain SB3 PPO.learn (steps/s, fastest of the rounds, same vector env)")
     for col in ("case", "steps", "rounds", "gradlab", "plain SB3", "ratio", "extra outside phases", "same params"):
         table.add_column(col, justify="left" if col == "case" else "right")

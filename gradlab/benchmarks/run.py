@@ -198,7 +198,7 @@ def render(rows: list[Row], as_json: bool) -> None:
         table.add_row(f"{case} median (min–max)", "", "", "", f"{statistics.median(walls):.1f}",
                       f"{statistics.median(firsts):.1f}" if firsts else "", "", "",
                       f"{min(walls):.1f}–{max(walls):.1f}")
-    Console().print(table)
+    Console(width=None if sys.stdout.isatty() else 200).print(table)
 
 
 def main(cases: tuple[str, ...], seeds: int, start_server: bool, as_json: bool) -> None:

@@ -104,6 +104,10 @@ def train(
                                           run_id=new_run_id(), evaluate=not no_eval)
     learner = LearnerProcess.start(paths, zygote=zygote_dir(settings.home))
     _cancel_on_ctrl_c()
+    if spec.evaluate and spec.goal.evaluation_mode == "evaluated":
+        # The flow (in this process) takes its evaluation worker from here: it imports torch while
+        # Prefect starts, instead of after, and is ready when the first checkpoint is published.
+        operations.prewarm_evaluation(eval_backend)
     start = ("warm: forked by the warm learner" if learner.forked
              else "cold: a new process, ~5 s of imports; `gradlab server start` keeps a warm learner")
     err_console.print(f"run [bold]{spec.run_id}[/] ({escape(spec.display_name)}), learner pid {learner.pid} ({start})",

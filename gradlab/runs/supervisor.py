@@ -219,6 +219,8 @@ class Supervisor:
             for track in sorted(self.tracks.values(), key=lambda t: t.step):
                 if in_flight >= self.max_parallel_evals:
                     break
+                if track.publication is None and track.publish_error is None:
+                    break  # lowest step first: a lower checkpoint still publishing goes before the rest
                 if track.publication is not None and track.eval_future is None and not track.evaluation_done:
                     track.eval_future = self.submit_evaluate(track)
                     track.eval_submitted_at = self.clock()
