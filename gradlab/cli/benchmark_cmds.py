@@ -29,13 +29,14 @@ def learner(
 @benchmark_app.command("envs")
 def envs(
     case: list[str] = typer.Option(["gymnasium", "ale", "vizdoom", "retro"], help="Providers to measure."),
-    seconds: float = typer.Option(3.0, min=0.1, help="Timed seconds per measurement."),
+    seconds: float = typer.Option(1.0, min=0.1, help="Timed seconds per measurement."),
+    rounds: int = typer.Option(3, min=1, help="Alternating measurements per side; the fastest counts."),
     as_json: bool = typer.Option(False, "--json", help="Print the rows as one JSON document."),
 ) -> None:
     """gradlab's vector envs vs the bare libraries' loops: lane steps/s and the ratio (goal >= 0.9)."""
     from gradlab.benchmarks.envs import main
 
-    main(cases=tuple(case), seconds=seconds, as_json=as_json)
+    main(cases=tuple(case), seconds=seconds, as_json=as_json, rounds=rounds)
 
 
 @benchmark_app.command("run")
