@@ -49,3 +49,22 @@ class ProcessWatch:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+def pid_alive(pid: int) -> bool:
+    """True while process ``pid`` exists and has not exited (a zombie awaiting its parent has).
+
+    ``kill(pid, 0)`` also answers for a zombie (someone else's exited child not yet reaped), so
+    ``/proc/<pid>/stat`` decides where it exists.
+    """
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except OSError:
+        return True

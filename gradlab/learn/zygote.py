@@ -53,6 +53,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from gradlab.learn.watch import pid_alive
+
 log = logging.getLogger(__name__)
 
 #: Modules a learner imports before its first env step, heaviest first.
@@ -292,7 +294,7 @@ def _read_line(s: socket.socket, limit: int = 16 << 20) -> bytes:
 
 def _is_zygote(pid: int, directory: Path) -> bool:
     """True when ``pid`` is alive and is a zygote of ``directory`` (a recycled pid is not)."""
-    if not _alive(pid):
+    if not pid_alive(pid):
         return False
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
@@ -300,19 +302,6 @@ def _is_zygote(pid: int, directory: Path) -> bool:
         return not Path("/proc/self").exists()  # no /proc here: liveness is all we can know
     return b"gradlab.learn.zygote" in cmdline and str(Path(directory).absolute()).encode() in cmdline
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
-    except OSError:
-        return True
 
 
 def _terminate(pid: int, grace_s: float = 5.0) -> None:
@@ -322,7 +311,7 @@ def _terminate(pid: int, grace_s: float = 5.0) -> None:
         return
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
-        if not _alive(pid):
+        if not pid_alive(pid):
             return
         time.sleep(0.05)
     try:

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gradlab.learn.watch import pid_alive
 from gradlab.runs.paths import RunPaths
 
 log = logging.getLogger(__name__)
@@ -95,7 +96,7 @@ class LearnerProcess:
             return self._popen.poll()
         if self._code is not None:
             return self._code
-        if _alive(self.pid):
+        if pid_alive(self.pid):
             return None
         recorded = self.paths.root / f"learner-{self.pid}.exit"
         deadline = time.monotonic() + 1.0  # the zygote reaps its children every 0.25 s
@@ -160,17 +161,3 @@ class LearnerProcess:
         except (ProcessLookupError, PermissionError):
             pass
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie of someone else's child still answers kill(0); /proc tells.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return True

@@ -75,6 +75,17 @@ def test_sigkill_of_the_learner_then_retry_resumes_to_the_planned_steps(prefect_
     assert max(step for step, _ in after) == 65536
 
 
+def _ctrl_c(proc) -> tuple[str, str]:
+    """A terminal's Ctrl-C (SIGINT to the command's whole process group); its output once it ends."""
+    try:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)
+        return proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
 @pytest.mark.slow
 def test_ctrl_c_in_a_terminal_cancels_cleanly_while_evaluating(prefect_api: str, gradlab_home: Path) -> None:
     """A terminal's Ctrl-C goes to the whole foreground process group: the evaluation processes and
@@ -85,11 +96,8 @@ def test_ctrl_c_in_a_terminal_cancels_cleanly_while_evaluating(prefect_api: str,
         run_dir = _started_run(gradlab_home)
         wait_for(lambda: len(_publications(run_dir.name)) >= 1, 120, "a published checkpoint")
         learner = _learner_pid(run_dir)
-        os.killpg(proc.pid, signal.SIGINT)
-        out, err = proc.communicate(timeout=90)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+        out, err = _ctrl_c(proc)
     assert proc.returncode == 1, err[-3000:]
     receipt = last_json_line(out)
     assert (receipt["outcome"], receipt["reason"]) == ("cancelled", "cancelled: interrupted by the user (Ctrl-C)")
@@ -105,11 +113,8 @@ def test_ctrl_c_before_the_flow_has_started_still_seals_cancelled(prefect_api: s
     proc = start_gradlab(LONG_BANDIT, env, own_group=True)
     try:
         _started_run(gradlab_home)  # the learner is up; the flow is still importing Prefect
-        os.killpg(proc.pid, signal.SIGINT)
-        out, err = proc.communicate(timeout=90)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+        out, err = _ctrl_c(proc)
     assert proc.returncode == 1, err[-3000:]
     assert last_json_line(out)["outcome"] == "cancelled", err[-3000:]
     assert "Traceback" not in err, err[-3000:]
