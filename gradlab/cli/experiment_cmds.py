@@ -239,6 +239,36 @@ def _exit_code(status: dict[str, Any]) -> int:
     return 0 if status["stores"] and status["stores"]["outcome"] == "succeeded" else 1
 
 
+def _queue(client: Any, api_url: str, deployment: str, parameters: dict[str, Any], run_id: str, headline: str, *,
+           follow_: bool, json_out: bool, follow_flow_run: bool) -> None:
+    """Create the flow run, say so, and with ``follow_`` follow it to the end (exit code from the receipt).
+
+    ``follow_flow_run`` follows the new flow run itself; otherwise the run id's latest flow run.
+    """
+    from gradlab.cli.prefect_runs import create_run, ui_url
+    from gradlab.errors import NotFound
+
+    try:
+        flow_run = create_run(client, deployment, parameters, run_id)
+    except NotFound as e:
+        fail(str(e))
+    queued = {"run_id": run_id, "flow_run_id": str(flow_run.id), "deployment": deployment,
+              "ui_url": ui_url(api_url, flow_run.id), "parameters": parameters}
+    if not json_out:
+        console.print(headline, highlight=False)
+        console.print(f"  flow run {flow_run.id}\n  {queued['ui_url']}", highlight=False)
+    if not follow_:
+        if json_out:
+            print_json(queued)
+        return
+    status = _follow(client, api_url, str(flow_run.id) if follow_flow_run else run_id)
+    if json_out:
+        print_json({**queued, "status": status})
+    else:
+        _render_status(status)
+    raise typer.Exit(_exit_code(status))
+
+
 @experiment_app.command("launch")
 def launch(
     ref: Annotated[str, typer.Argument(help="GOAL/RECIPE, e.g. CartPole-v1/ppo.")],
@@ -257,10 +287,8 @@ def launch(
     the flow's `run_id`, so the run is known before a worker takes it.
     """
     from gradlab.cli.contracts_cmds import resolve_or_exit
-    from gradlab.cli.prefect_runs import create_run, ui_url
     from gradlab.contracts.goal import MAX_RUN_SEED
     from gradlab.contracts.run_spec import new_run_id
-    from gradlab.errors import NotFound
 
     resolve_or_exit(ref, overrides)
     if not 0 <= seed <= MAX_RUN_SEED:
@@ -278,25 +306,9 @@ def launch(
     if no_eval:
         parameters["evaluate"] = False
     with _prefect() as (client, api_url):
-        try:
-            flow_run = create_run(client, deployment, parameters, run_id)
-        except NotFound as e:
-            fail(str(e))
-        launched = {"run_id": run_id, "flow_run_id": str(flow_run.id), "deployment": deployment,
-                    "ui_url": ui_url(api_url, flow_run.id), "parameters": parameters}
-        if not json_out:
-            console.print(f"queued [bold]{run_id}[/] ({escape(ref)} seed {seed}) on {deployment}", highlight=False)
-            console.print(f"  flow run {flow_run.id}\n  {launched['ui_url']}", highlight=False)
-        if not follow_:
-            if json_out:
-                print_json(launched)
-            return
-        status = _follow(client, api_url, run_id)
-    if json_out:
-        print_json({**launched, "status": status})
-    else:
-        _render_status(status)
-    raise typer.Exit(_exit_code(status))
+        _queue(client, api_url, deployment, parameters, run_id,
+               f"queued [bold]{run_id}[/] ({escape(ref)} seed {seed}) on {deployment}",
+               follow_=follow_, json_out=json_out, follow_flow_run=False)
 
 
 @experiment_app.command("status")
@@ -431,9 +443,8 @@ def retry(
     """Queue a new attempt of the run (a new flow run with its run id and no recipe): refused while a
     flow run of it is live or its lease is held; resumes from the last published checkpoint, or only
     drains when the learner had finished (DESIGN.md section 8)."""
-    from gradlab.cli.prefect_runs import FLOW_NAME, create_run, deployment_names, ui_url
+    from gradlab.cli.prefect_runs import FLOW_NAME, deployment_names
     from gradlab.cli.runs_cmds import _stores
-    from gradlab.errors import NotFound
     from gradlab.receipts.lease import read_lease
 
     with _prefect() as (client, api_url):
@@ -458,25 +469,9 @@ def retry(
         for key in ("wandb_mode", "eval_backend"):  # the machine-side choices of its last flow run
             if previous is not None and (previous.parameters or {}).get(key) is not None:
                 parameters[key] = previous.parameters[key]
-        try:
-            flow_run = create_run(client, deployment, parameters, run_id)
-        except NotFound as e:
-            fail(str(e))
-        queued = {"run_id": run_id, "flow_run_id": str(flow_run.id), "deployment": deployment,
-                  "ui_url": ui_url(api_url, flow_run.id), "parameters": parameters}
-        if not json_out:
-            console.print(f"queued a new attempt of [bold]{run_id}[/] on {deployment}", highlight=False)
-            console.print(f"  flow run {flow_run.id}\n  {queued['ui_url']}", highlight=False)
-        if not follow_:
-            if json_out:
-                print_json(queued)
-            return
-        result = _follow(client, api_url, str(flow_run.id))
-    if json_out:
-        print_json({**queued, "status": result})
-    else:
-        _render_status(result)
-    raise typer.Exit(_exit_code(result))
+        _queue(client, api_url, deployment, parameters, run_id,
+               f"queued a new attempt of [bold]{run_id}[/] on {deployment}",
+               follow_=follow_, json_out=json_out, follow_flow_run=True)
 
 
 @experiment_app.command("list")

@@ -35,6 +35,8 @@ class LearnerProcess:
     paths: RunPaths
     _popen: subprocess.Popen | None = field(default=None, repr=False)
     _code: int | None = field(default=None, repr=False)
+    #: True when the warm zygote forked this learner (it is then not this process's child).
+    forked: bool = False
 
     @classmethod
     def start(cls, paths: RunPaths, *, resume_from: Path | None = None, env: dict[str, str] | None = None,
@@ -61,7 +63,7 @@ class LearnerProcess:
                                exit_file=str(paths.root / "learner-{pid}.exit"))
             if pid is not None:
                 log.info("learner forked by the zygote: pid %d, run dir %s", pid, paths.root)
-                return cls(pid=pid, paths=paths)
+                return cls(pid=pid, paths=paths, forked=True)
         cmd = [sys.executable, "-m", "gradlab.learn", *args]
         log_file = paths.learner_log.open("ab")
         try:
@@ -78,11 +80,6 @@ class LearnerProcess:
         """A handle on a learner started earlier (by the CLI before the flow began, in this process
         or another one)."""
         return cls(pid=pid, paths=paths, _popen=_CHILDREN.get(pid))
-
-    @property
-    def forked(self) -> bool:
-        """True when the warm zygote forked this learner (not a process started here)."""
-        return self._popen is None and self.pid not in _CHILDREN
 
     def exit_code(self) -> int | None:
         """The exit code once the process has ended, else None (negative: the signal that ended it).

@@ -63,9 +63,8 @@ def test_forked_learner_is_set_up_like_a_started_one(warm, tmp_path: Path) -> No
     paths = _run_dir(tmp_path, timesteps=10_000_000)
     cwd = tmp_path / "elsewhere"
     cwd.mkdir()
-    env = {**os.environ, "GRADLAB_ZYGOTE_TEST_MARKER": "forked-42"}
     args = ["--spec", str(paths.spec), "--run-dir", str(paths.root), "--parent-pid", str(os.getpid())]
-    pid = zygote.fork_learner(directory, args, log_path=paths.learner_log, env=env, cwd=cwd)
+    pid = zygote.fork_learner(directory, args, log_path=paths.learner_log, cwd=cwd)
     assert pid is not None
     try:
         # Its own session and process group; the zygote is its parent; the requester's cwd.
@@ -96,7 +95,7 @@ def test_learner_process_start_uses_the_zygote_and_trains_to_its_budget(warm, tm
     directory, info = warm
     paths = _run_dir(tmp_path, timesteps=2048, run_id="gradlab-20260101T000000-b0d9e7a1")
     learner = LearnerProcess.start(paths, zygote=directory)
-    assert learner._popen is None  # forked by the zygote, not a child of this process
+    assert learner.forked and learner._popen is None  # forked by the zygote, not our child
     assert learner.wait(60) == 0
     outbox = Outbox(paths.outbox)
     assert outbox.last("learner_finished").payload == {"final_step": 2048, "stop_reason": "budget"}
@@ -109,7 +108,7 @@ def test_a_killed_forked_learner_reports_the_signal(warm, tmp_path: Path) -> Non
     directory, _ = warm
     paths = _run_dir(tmp_path, timesteps=10_000_000, run_id="gradlab-20260101T000000-9e1f0c2b")
     learner = LearnerProcess.start(paths, zygote=directory)
-    assert learner._popen is None
+    assert learner.forked and learner._popen is None
     outbox = Outbox(paths.outbox)
     _wait(lambda: outbox.count("metrics") >= 1, 60, "training under way")
     outbox.close()
@@ -202,7 +201,7 @@ def test_a_silent_client_does_not_stall_the_zygote(warm, tmp_path: Path) -> None
         started = time.monotonic()
         learner = LearnerProcess.start(paths, zygote=directory)
         waited = time.monotonic() - started
-    assert learner._popen is None and waited < zygote.READ_TIMEOUT_S + 3.0
+    assert learner.forked and waited < zygote.READ_TIMEOUT_S + 3.0
     assert learner.wait(60) == 0
 
 
