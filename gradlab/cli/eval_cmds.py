@@ -197,7 +197,8 @@ def resolve_checkpoint(ref: str, *, settings: Settings | None = None, stores: St
     except NotFound:
         if not run_dir.is_dir():
             raise NotFound(f"{ref}: neither a checkpoint directory nor a run (no {spec_url} in the control store "
-                           f"and no {run_dir})") from None
+                           f"and no {run_dir}); expected RUN_ID[:STEP] (see `gradlab runs list`) or a "
+                           "checkpoint folder") from None
         spec, spec_source = _read_spec_file(run_dir / SPEC_FILE), str(run_dir / SPEC_FILE)
     publications = rules.list_publications(stores, run_id)
     promotion = rules.read_promotion(stores, run_id)

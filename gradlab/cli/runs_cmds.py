@@ -33,7 +33,7 @@ def run_view(stores, run_id: str) -> dict:
     try:
         record = rules.read_run(stores, run_id)
     except NotFound:
-        fail(f"no run {run_id} in {stores.control.base_url}")
+        fail(f"no run {run_id} in {stores.control.base_url}; `gradlab runs list` lists the runs there")
     attempts = []
     receipt = None
     for attempt in rules.list_attempts(stores, run_id):
