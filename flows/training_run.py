@@ -2,7 +2,7 @@
 
 The flow body only composes: resolve the spec, open the attempt (task), start or attach the
 learner (task), then hand the domain driver (:class:`gradlab.runs.driver.AttemptDriver`) the
-tasks it submits. DESIGN.md section 8 has the phases; ``gradlab/runs/driver.py`` orders them.
+tasks it submits. docs/ARCHITECTURE.md section 8 has the phases; ``gradlab/runs/driver.py`` orders them.
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ def training_run(
             so training overlaps Prefect's start-up).
 
     Returns:
-        The terminal receipt as JSON (DESIGN.md section 8) when it says ``succeeded``; otherwise a
+        The terminal receipt as JSON (docs/ARCHITECTURE.md section 8) when it says ``succeeded``; otherwise a
         Cancelled or Failed state carrying it. The run succeeded only if the receipt says so.
     """
     from gradlab.learn.zygote import zygote_dir

@@ -1,4 +1,4 @@
-"""Immutable, content-addressed checkpoints (DESIGN.md section 6).
+"""Immutable, content-addressed checkpoints (docs/ARCHITECTURE.md section 6).
 
 Folder layout: ``<run_dir>/checkpoints/<step:012d>-<sha16>/`` with ``policy.zip`` (SB3),
 ``policy.safetensors`` + ``policy_spec.json`` (weights only), ``resume/`` (optimizer, RNG

@@ -21,7 +21,7 @@ class FileEntry(BaseModel):
 
 
 class CheckpointManifest(BaseModel):
-    """``manifest.json`` of a checkpoint (DESIGN.md section 6).
+    """``manifest.json`` of a checkpoint (docs/ARCHITECTURE.md section 6).
 
     ``sha256`` is the checkpoint's identity: the sha256 of the policy file (``policy.zip`` for sb3
     backends). ``files`` maps every other file's POSIX path inside the checkpoint folder

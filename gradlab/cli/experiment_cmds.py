@@ -1,4 +1,4 @@
-"""``gradlab experiment``: queued runs on Prefect deployments (DESIGN.md section 11).
+"""``gradlab experiment``: queued runs on Prefect deployments (docs/ARCHITECTURE.md section 11).
 
 ``preflight`` checks, read-only, every service a queued run needs and says what is missing
 (see :mod:`gradlab.deploy.preflight`). It imports neither prefect nor torch.
@@ -101,7 +101,7 @@ def _resolve(client: Any, ref: str) -> tuple[str | None, list[Any]]:
 
 
 def _store_view(run_id: str | None) -> dict[str, Any] | None:
-    """What the stores hold about ``run_id`` in compact form (DESIGN.md 8), or None before it is opened.
+    """What the stores hold about ``run_id`` in compact form (docs/ARCHITECTURE.md section 8), or None before it is opened.
 
     Returns:
         ``{"goal_id", "recipe_id", "seed", "attempts": [{"attempt_id", "mode", "outcome"}],
@@ -442,7 +442,7 @@ def retry(
 ) -> None:
     """Queue a new attempt of the run (a new flow run with its run id and no recipe): refused while a
     flow run of it is live or its lease is held; resumes from the last published checkpoint, or only
-    drains when the learner had finished (DESIGN.md section 8)."""
+    drains when the learner had finished (docs/ARCHITECTURE.md section 8)."""
     from gradlab.cli.prefect_runs import FLOW_NAME, deployment_names
     from gradlab.cli.runs_cmds import _stores
     from gradlab.receipts.lease import read_lease

@@ -152,7 +152,7 @@ def cancel_flow_run(client: SyncPrefectClient, flow_run: FlowRun) -> str:
 
     A run that has not started (SCHEDULED, PAUSED, or PENDING with no process yet) is moved straight
     to CANCELLED; a running one to CANCELLING: its worker then SIGTERMs the flow-run process, and the
-    flow stops its learner and seals a ``cancelled`` receipt (DESIGN.md section 8).
+    flow stops its learner and seals a ``cancelled`` receipt (docs/ARCHITECTURE.md section 8).
 
     Raises:
         ConfigError: the flow run is already final, or Prefect refused the transition (reason given).

@@ -57,7 +57,7 @@ def run_flow(**params):
 
     from flows.training_run import training_run
 
-    # The engine joins a heartbeat thread at flow end (~1 s, FIELD-NOTES.md): off for local runs.
+    # The engine joins a heartbeat thread at flow end (~1 s, docs/ARCHITECTURE.md, field notes): off for local runs.
     with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
         state = training_run(**params, return_state=True)
     receipt = state.result(raise_on_failure=False) if state.is_completed() else None

@@ -21,7 +21,7 @@ from gradlab.contracts.recipe import Recipe
 
 
 def new_run_id(now: datetime | None = None) -> str:
-    """``gradlab-<utc yyyymmddThhmmss>-<8 hex>`` (DESIGN.md section 1)."""
+    """``gradlab-<utc yyyymmddThhmmss>-<8 hex>`` (docs/ARCHITECTURE.md section 1)."""
     now = now or datetime.now(UTC)
     return f"gradlab-{now.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(4)}"
 
@@ -46,7 +46,7 @@ class RunSpec(Contract):
 
     @property
     def display_name(self) -> str:
-        """``<goal>__<recipe>__s<seed>__<8 hex>`` (DESIGN.md section 1)."""
+        """``<goal>__<recipe>__s<seed>__<8 hex>`` (docs/ARCHITECTURE.md section 1)."""
         return f"{self.goal_id}__{self.recipe_id}__s{self.seed}__{self.run_id[-8:]}"
 
     @property

@@ -1,6 +1,6 @@
 """Queued runs: the project's ``prefect.yaml``, work-pool definitions, worker commands, preflight.
 
-Domain-free helpers for DESIGN.md section 11. Nothing here imports prefect (an import-linter
+Domain-free helpers for docs/ARCHITECTURE.md section 11. Nothing here imports prefect (an import-linter
 contract keeps it so): files are read with PyYAML/JSON, the flow's parameters are read from its
 source with :mod:`ast`, and the Prefect API is probed over plain HTTP. Code that talks to Prefect's
 Python client lives in ``gradlab/cli/pools_cmds.py``.

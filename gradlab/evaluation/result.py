@@ -1,6 +1,6 @@
 """Evaluation request and result models, aggregates, verdict, and the result validator.
 
-The result's JSON shape (DESIGN.md section 8, ``gradlab eval --json``)::
+The result's JSON shape (docs/ARCHITECTURE.md section 8, ``gradlab eval --json``)::
 
     {"checkpoint_sha256", "checkpoint_step", "run_id", "goal_id", "policy",
      "hashes": {"checkpoint_sha256", "goal_contract_sha256", "recipe_sha256", "environment_sha256",

@@ -259,7 +259,7 @@ def run_evaluation(request: EvalRequest | Mapping[str, Any]) -> EvalResult:
         request: the request or its JSON.
 
     Returns:
-        The result (DESIGN.md section 8 shape).
+        The result (docs/ARCHITECTURE.md section 8 shape).
 
     Raises:
         NotFound: no checkpoint at ``checkpoint_dir``.

@@ -1,4 +1,4 @@
-"""Training backends and the learner process (DESIGN.md section 5).
+"""Training backends and the learner process (docs/ARCHITECTURE.md section 5).
 
 Public names:
     run_learner(spec, run_dir, *, resume_from=None, ...) -> LearnerResult: train one run in-process.

@@ -8,7 +8,7 @@
 - ``event_seq`` is W&B's ``step`` and is logged as ``orchestration/event_seq``. The sink keeps a
   high-water mark (seeded from the outbox's acknowledged mark for sink ``wandb``) and skips any
   ``event_seq`` at or below it, so a replayed delivery cannot add a point. (Offline, W&B's own
-  ``resume`` is not enforced and its internal step restarts per process: FIELD-NOTES.md; the mark
+  ``resume`` is not enforced and its internal step restarts per process: docs/ARCHITECTURE.md, field notes; the mark
   is ours.)
 - A failure to initialise or log (no network, no key, server error) is caught: the sink reports
   ``status == "pending"`` with the error, ``log`` returns False, and the run is not failed; the

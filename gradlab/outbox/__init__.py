@@ -1,4 +1,4 @@
-"""The SQLite WAL outbox between the learner and its supervisor (DESIGN.md section 5).
+"""The SQLite WAL outbox between the learner and its supervisor (docs/ARCHITECTURE.md section 5).
 
 The learner appends events; the supervisor reads them, writes control values (``stop_requested``)
 and records per-sink delivery high-water marks. The file lives at ``<run_dir>/outbox.sqlite``.

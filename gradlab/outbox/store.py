@@ -1,6 +1,6 @@
 """The outbox file: schema, appends, reads, control values and delivery marks.
 
-Schema (DESIGN.md section 5)::
+Schema (docs/ARCHITECTURE.md section 5)::
 
     events(event_seq INTEGER PRIMARY KEY AUTOINCREMENT, event_id TEXT UNIQUE, kind, step,
            payload JSON, created_at)
@@ -29,7 +29,7 @@ from gradlab.errors import ContractViolation
 logger = logging.getLogger(__name__)
 
 EVENT_KINDS = ("learner_started", "metrics", "checkpoint_ready", "stop_observed", "learner_finished")
-"""Event kinds the learner writes (payloads: interfaces.md, "Outbox")."""
+"""Event kinds the learner writes (payloads: docs/ARCHITECTURE.md section 5)."""
 
 STOP_KEY = "stop_requested"
 BUSY_TIMEOUT_S = 30.0

@@ -1,4 +1,4 @@
 """The web player's server side (``gradlab play``): not built yet.
 
-DESIGN.md section 12 describes it; no issue has asked for it so far.
+docs/ARCHITECTURE.md section 12 describes it; no issue has asked for it so far.
 """

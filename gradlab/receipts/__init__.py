@@ -3,7 +3,7 @@
 Models (frozen pydantic, ``extra="forbid"``; :mod:`gradlab.receipts.models`):
     RunRecord, Attempt, Lease, CheckpointPublication, RunIndex (+ IndexEntry, PromotionRef),
     EvaluationIntent (content key :func:`evaluation_intent_key`), EvaluationRecord, StopRequest,
-    Promotion, TerminalReceipt (DESIGN.md section 8; + TerminalCheckpoint, TerminalEvaluation,
+    Promotion, TerminalReceipt (docs/ARCHITECTURE.md section 8; + TerminalCheckpoint, TerminalEvaluation,
     TerminalPromotion, TerminalMetrics, LearnerExit), CheckpointRef.
 
 Rules (:mod:`gradlab.receipts.rules`, :mod:`.lease`, :mod:`.index`), each idempotent so a retried

@@ -1,7 +1,7 @@
 """Receipt models: frozen pydantic records of facts, written once (or by compare-and-swap) to a store.
 
 Every model refuses unknown keys. Times are timezone-aware UTC datetimes, serialized as ISO 8601.
-The terminal receipt's JSON shape is DESIGN.md section 8.
+The terminal receipt's JSON shape is docs/ARCHITECTURE.md section 8.
 """
 
 from __future__ import annotations
@@ -224,7 +224,7 @@ class EvaluationRecord(Contract):
     checkpoint_sha256: str
     status: EvaluationStatus
     return_mean: float | None = None
-    result: dict[str, Any] | None = Field(default=None, description="The evaluation result JSON (DESIGN.md 8).")
+    result: dict[str, Any] | None = Field(default=None, description="The evaluation result JSON (docs/ARCHITECTURE.md section 8).")
     result_sha256: str | None = Field(default=None, description="sha256_json(result).")
     error: str | None = Field(default=None, description="Why the evaluation failed or was deferred.")
     recorded_at: AwareDatetime

@@ -1,6 +1,6 @@
 """The learner child process: started in its own process group, stopped in three escalating steps.
 
-Stop protocol (DESIGN.md section 8): write ``stop_requested`` to the outbox (the learner reads it
+Stop protocol (docs/ARCHITECTURE.md section 8): write ``stop_requested`` to the outbox (the learner reads it
 after its current update), wait ``grace_s``; then SIGTERM (the learner finishes the update and
 writes a final checkpoint), wait ``grace_s``; then SIGKILL the whole process group so no child
 (vector-env workers) survives.

@@ -1,7 +1,7 @@
 """A local Prefect server kept up between commands (``gradlab server start|stop|status``).
 
 Prefect's ephemeral mode starts a server subprocess for every command (12–20 s here, see
-FIELD-NOTES.md); a server kept running on 127.0.0.1 costs that once. Its state file
+docs/ARCHITECTURE.md, field notes); a server kept running on 127.0.0.1 costs that once. Its state file
 ``$GRADLAB_HOME/prefect/server.json`` records pid and URL; ``gradlab train`` uses the server when
 the state file names a live, healthy one and ``PREFECT_API_URL`` is not set. Beside the server runs
 a warm learner parent (``gradlab.learn.zygote``, kept by the server's pid), so a learner starts

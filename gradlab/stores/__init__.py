@@ -81,7 +81,7 @@ def open_store(url: str, *, endpoint_url: str | None = None) -> ObjectStore:
 
 @dataclass(frozen=True)
 class Stores:
-    """The three logical stores of DESIGN.md section 9."""
+    """The three logical stores of docs/ARCHITECTURE.md section 9."""
 
     control: ObjectStore
     eval: ObjectStore

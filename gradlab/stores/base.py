@@ -106,7 +106,7 @@ class ObjectStore(ABC):
     def put_verified(self, key: str, data: bytes) -> str:
         """Create-only upload, then re-read the object and compare sha256 with ``data``.
 
-        ETags are never used as checksums (R2 multipart ETags are not MD5s; FIELD-NOTES.md).
+        ETags are never used as checksums (R2 multipart ETags are not MD5s; docs/ARCHITECTURE.md, field notes).
 
         Returns:
             The object's etag.

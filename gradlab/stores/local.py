@@ -6,7 +6,7 @@ would not), the temp file is unlinked and the directory fsynced. A reader theref
 object or the whole object. Compare-and-swap takes an exclusive ``fcntl.flock`` on a per-key lock
 file around read-compare-replace, and replaces with ``os.replace`` inside one directory.
 The etag of a file object is the hex sha256 of its bytes. fsspec's local ``pipe_file(mode="create")``
-is not atomic (FIELD-NOTES.md), hence plain ``os`` calls here.
+is not atomic (docs/ARCHITECTURE.md, field notes), hence plain ``os`` calls here.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The S3 client is used directly (botocore, the library under both boto3 and s3fs, already a
 dependency through s3fs/aiobotocore) rather than through s3fs, because s3fs loses information on
 conditional writes: a lost ``If-Match`` surfaces from s3fs as ``OSError(EINVAL)`` while the client
-gives a clean HTTP 412 (FIELD-NOTES.md). Conditional writes:
+gives a clean HTTP 412 (docs/ARCHITECTURE.md, field notes). Conditional writes:
 
 - create-only: ``PutObject`` with ``If-None-Match: *``. 412 (or 409, which some stores answer to a
   concurrent create: "lost the race") → re-read; identical bytes are success, different bytes are a

@@ -140,7 +140,7 @@ def queue(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Queue]:
         wait_for(lambda: q.online_workers() >= 1, 60, "worker-1 online")
         yield q
     finally:
-        _stop_groups([w.pid for w in q.workers], grace_s=5)  # workers before the server (FIELD-NOTES.md)
+        _stop_groups([w.pid for w in q.workers], grace_s=5)  # workers before the server (docs/ARCHITECTURE.md, field notes)
         for worker in q.workers:
             worker.wait(timeout=10)
         for pid in _our_processes(home):  # a flow run or learner a stopped worker left behind
