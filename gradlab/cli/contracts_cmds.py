@@ -33,10 +33,12 @@ def _experiments():
 
 
 def validate(json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False) -> None:
-    """Compose and validate every goal, recipe, preset and the catalog."""
+    """Compose and validate every goal, recipe, preset, the catalog and prefect.yaml; check that every goal's
+    environment exists in its provider, with valid provider arguments and its ROM present (no emulator starts)."""
     experiments = _experiments()
     report = experiments.validate_all()
     report.problems += _deployment_problems(experiments)
+    report.problems += _environment_problems(experiments)
     if json_out:
         print_json({"goals": report.goals, "recipes": report.recipes, "presets": report.presets,
                     "errors": [p.as_json() for p in report.problems]})
@@ -47,6 +49,13 @@ def validate(json_out: Annotated[bool, typer.Option("--json", help="Print one JS
         console.print(f"{report.goals} goals, {report.recipes} recipes, {report.presets} presets: {status}")
     if not report.ok:
         raise typer.Exit(1)
+
+
+def _environment_problems(experiments, refs: list[str] | None = None) -> list:
+    """Every goal's environment checked against its provider (env id, provider args, ROM), no emulator."""
+    from gradlab.envs.preflight import environment_problems
+
+    return environment_problems(experiments, refs)
 
 
 def _deployment_problems(experiments) -> list:
@@ -108,6 +117,21 @@ def recipe_show(
     for name, value in resolved.hashes.as_dict().items():
         console.print(f"  {name}: {value}")
     console.print(escape(yaml.safe_dump(resolved.contract(), sort_keys=False)), highlight=False)
+
+
+def runnable_or_exit(resolved) -> None:
+    """Exit 1 naming every problem when ``resolved``'s training environment cannot be built on this
+    machine (unknown env id, bad provider arguments, missing ROM); found without starting an emulator."""
+    from gradlab.envs.preflight import static_check
+    from gradlab.errors import ConfigProblem
+
+    env, goal_env = resolved.environment, resolved.goal.train.environment
+    same = (env.provider, env.env_id, env.provider_args) == (goal_env.provider, goal_env.env_id, goal_env.provider_args)
+    file = resolved.goal_file if same else ("--set" if resolved.overrides else resolved.recipe_file)
+    problems = [ConfigProblem(file=file, key_path=".".join(("train", "environment", key)).rstrip("."), message=message)
+                for key, message in static_check(env)]
+    if problems:
+        fail_with_problems(ConfigError(problems))
 
 
 def resolve_or_exit(ref: str, overrides: list[str] | None):

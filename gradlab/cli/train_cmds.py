@@ -18,7 +18,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from gradlab.cli.contracts_cmds import SetOption, resolve_or_exit
+from gradlab.cli.contracts_cmds import SetOption, resolve_or_exit, runnable_or_exit
 from gradlab.cli.output import err_console, fail, print_json
 
 
@@ -92,7 +92,8 @@ def train(
         fail("--wandb online: no W&B API key (set WANDB_API_KEY or run `wandb login`); "
              "use --wandb offline to keep metrics locally and sync later")
     started = time.monotonic()
-    resolve_or_exit(ref, overrides)  # every contract problem before any compute is spent
+    # Every contract problem, and an environment this machine cannot build, before anything is created.
+    runnable_or_exit(resolve_or_exit(ref, overrides))
     from gradlab.contracts.run_spec import new_run_id
     from gradlab.learn.zygote import zygote_dir
     from gradlab.runs import operations

@@ -208,6 +208,15 @@ class Experiments:
             raise ConfigError(problems)
         return goal, comp
 
+    def goal_problem(self, goal_id: str, path: tuple[str, ...], message: str) -> ConfigProblem:
+        """A problem at key ``path`` of goal ``goal_id``, blamed on the file (and line) that set it.
+
+        Raises:
+            NotFound, ConfigError: the goal does not compose.
+        """
+        _goal, comp = self._load_goal(goal_id)
+        return comp.problem(tuple(p for p in path if p), message)
+
     # -- recipes ---------------------------------------------------------------------------
     def resolve(self, ref: str, overrides: list[str] | tuple[str, ...] = ()) -> ResolvedRecipe:
         """Compose and validate ``GOAL/RECIPE`` with ``--set`` overrides applied, and hash it.

@@ -158,6 +158,27 @@ class Provider:
         """Spaces, action meanings, render shape and native limit of ``spec``'s environment."""
         raise NotImplementedError
 
+    def check(self, spec: EnvironmentSpec) -> list[tuple[str, str]]:
+        """What stops ``spec`` from being built here, found without starting an emulator.
+
+        The env id exists (with a did-you-mean), ``provider_args`` and ``preprocessing`` are valid
+        for this provider, and files the environment needs (ROMs) are present. Must be cheap (no
+        emulator, no environment instance): ``gradlab validate`` runs it for every goal.
+
+        Returns:
+            ``[(key, message)]``: ``key`` is the spec field at fault (``env_id``, ``provider_args``,
+            ``preprocessing``); empty when the environment can be built. The default checks the env id
+            against :meth:`env_ids` only.
+        """
+        ids = self.env_ids()
+        if spec.env_id in ids:
+            return []
+        import difflib
+
+        hint = difflib.get_close_matches(spec.env_id, ids, n=1)
+        return [("env_id", f"provider '{self.name}' has no environment '{spec.env_id}'"
+                 + (f" (did you mean {hint[0]}?)" if hint else ""))]
+
     def make_backend(self, spec: EnvironmentSpec, *, render_mode: str | None) -> LaneBackend:
         """Build ``spec.n_envs`` lanes of ``spec``'s environment (preprocessing applied)."""
         raise NotImplementedError
@@ -175,3 +196,37 @@ def seed32(seed: int) -> int:
     and distinct seeds collide only by chance (probability ~2**-31 per pair).
     """
     return int(np.random.SeedSequence(int(seed)).generate_state(1, dtype=np.uint32)[0] & 0x7FFFFFFF)
+
+
+def args_problems(model: type, spec: EnvironmentSpec) -> list[tuple[str, str]]:
+    """``spec.provider_args`` checked against a pydantic ``model``, as :meth:`Provider.check` problems.
+
+    Returns:
+        ``[("provider_args.<key>", message)]``; an unknown key's message offers the closest field name.
+    """
+    import difflib
+
+    from pydantic import ValidationError
+
+    try:
+        model.model_validate(spec.provider_args)
+    except ValidationError as e:
+        problems = []
+        for err in e.errors(include_url=False):
+            key = ".".join(str(p) for p in ("provider_args", *err["loc"]))
+            if err["type"] == "extra_forbidden":
+                valid = sorted(model.model_fields)
+                hint = difflib.get_close_matches(str(err["loc"][-1]), valid, n=1)
+                msg = "unknown key" + (f" (did you mean {hint[0]}?)" if hint
+                                       else f" (expected one of: {', '.join(valid) or 'none'})")
+            else:
+                msg = f"{err['msg']} (found {err.get('input')!r})"
+            problems.append((key, f"{spec.provider}:{spec.env_id}: {msg}"))
+        return problems
+    return []
+
+
+def no_args_problems(spec: EnvironmentSpec) -> list[tuple[str, str]]:
+    """Problems for a provider that takes no ``provider_args``."""
+    return [(f"provider_args.{k}", f"{spec.provider}:{spec.env_id}: unknown key (this provider takes no provider_args)")
+            for k in sorted(spec.provider_args)]

@@ -137,3 +137,84 @@ def preflight(spec: EnvironmentSpec, *, steps: int = 200, seed: int = 0, target:
     finally:
         venv.close()
     return rep
+
+
+def static_check(spec: EnvironmentSpec) -> list[tuple[str, str]]:
+    """What stops ``spec`` from being built on this machine, found without starting an emulator.
+
+    The provider is registered and available, the env id exists in it (did-you-mean on a typo),
+    ``provider_args`` are valid and the ROM it needs is present (:meth:`Provider.check`). Cheap:
+    ``gradlab validate`` runs it for every goal and ``gradlab train`` before it creates a run.
+
+    Returns:
+        ``[(key, message)]`` with ``key`` the field of the environment spec at fault; empty when fine.
+    """
+    from gradlab.envs.registry import get_provider
+    from gradlab.errors import NotFound
+
+    try:
+        provider = get_provider(spec.provider)
+    except NotFound as e:
+        return [("provider", str(e))]
+    available, reason = provider.availability()
+    if not available:
+        return [("provider", f"provider '{spec.provider}' is not available here: {reason}")]
+    try:
+        return provider.check(spec)
+    except Exception as e:  # noqa: BLE001 - a broken third-party provider is a problem to report, not a crash
+        return [("", f"{spec.provider}:{spec.env_id}: cannot be checked: {type(e).__name__}: {e}")]
+
+
+def environment_problems(experiments: Any, refs: list[str] | None = None) -> list[Any]:
+    """:func:`static_check` of every goal's training environment (and of a recipe's, where it
+    changes the provider, env id or provider arguments), as ``ConfigProblem``s naming the file and
+    ``train.environment.<key>``.
+
+    Args:
+        experiments: a :class:`gradlab.contracts.Experiments`.
+        refs: ``GOAL/RECIPE`` refs to check (their goals and recipes only); None checks every goal
+            and recipe. Goals or recipes that do not compose are skipped (``validate`` reports those).
+    """
+    from gradlab.errors import ConfigError, ConfigProblem, NotFound
+
+    def identity(spec: EnvironmentSpec) -> tuple:
+        import json
+
+        return spec.provider, spec.env_id, json.dumps(spec.provider_args, sort_keys=True, default=str)
+
+    cache: dict[tuple, list[tuple[str, str]]] = {}
+
+    def check(spec: EnvironmentSpec) -> list[tuple[str, str]]:
+        key = identity(spec)
+        if key not in cache:
+            cache[key] = static_check(spec)
+        return cache[key]
+
+    wanted: dict[str, list[str] | None] = {}
+    if refs is None:
+        wanted = {goal_id: None for goal_id in experiments.goal_ids()}
+    else:
+        for ref in refs:
+            goal_id, _, recipe_id = ref.partition("/")
+            wanted.setdefault(goal_id, []).append(recipe_id)  # type: ignore[union-attr]
+    problems: list[ConfigProblem] = []
+    for goal_id, recipe_ids in wanted.items():
+        try:
+            goal = experiments.load_goal(goal_id)
+        except (ConfigError, NotFound):
+            continue
+        goal_env = goal.train.environment
+        for key, message in check(goal_env):
+            problems.append(experiments.goal_problem(goal_id, ("train", "environment", *key.split(".")), message))
+        for recipe_id in (experiments.recipe_ids(goal_id) if recipe_ids is None else recipe_ids):
+            try:
+                resolved = experiments.resolve(f"{goal_id}/{recipe_id}")
+            except (ConfigError, NotFound):
+                continue
+            if identity(resolved.environment) == identity(goal_env):
+                continue
+            for key, message in check(resolved.environment):
+                problems.append(ConfigProblem(file=resolved.recipe_file,
+                                              key_path=".".join(("train", "environment", key)).rstrip("."),
+                                              message=message))
+    return problems

@@ -97,3 +97,46 @@ def test_cheap_commands_import_neither_torch_nor_prefect(args: list[str]) -> Non
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "HEAVY=\n" in out.stderr, out.stderr[-500:]
+
+
+def _retarget(goal_file: Path, old: str, new: str) -> None:
+    text = goal_file.read_text()
+    assert f"env_id: {old}" in text
+    goal_file.write_text(text.replace(f"env_id: {old}", f"env_id: {new}"))
+
+
+def test_validate_refuses_an_env_id_typo_and_a_missing_rom(experiments_copy: Path, tmp_path: Path) -> None:
+    """Goals that compose but cannot run: checked against the providers, no emulator started."""
+    goals = experiments_copy / "goals"
+    _retarget(goals / "CartPole-v1" / "_goal.yaml", "CartPole-v1", "CartPol-v1")
+    # An integrated stable-retro game whose ROM is not bundled and was never imported here.
+    _retarget(goals / "Airstriker-Genesis-v0" / "_goal.yaml", "Airstriker-Genesis-v0", "SonicTheHedgehog-Genesis-v0")
+    (goals / "gradlab__bandit" / "_goal.yaml").write_text(
+        (goals / "gradlab__bandit" / "_goal.yaml").read_text().replace("n_arms: 4", "n_armz: 4"))
+    out = gradlab("validate", "--json")
+    assert out.returncode == 1, out.stderr
+    errors = {e["file"]: e for e in json.loads(out.stdout)["errors"]}
+    assert set(errors) == {"experiments/goals/CartPole-v1/_goal.yaml", "experiments/goals/Airstriker-Genesis-v0/_goal.yaml",
+                           "experiments/goals/gradlab__bandit/_goal.yaml"}
+    typo = errors["experiments/goals/CartPole-v1/_goal.yaml"]
+    assert typo["key_path"] == "train.environment.env_id" and typo["line"] is not None
+    assert "no environment 'CartPol-v1' (did you mean CartPole-v1?)" in typo["message"]
+    rom = errors["experiments/goals/Airstriker-Genesis-v0/_goal.yaml"]
+    assert rom["key_path"] == "train.environment.env_id"
+    assert "no ROM for this game" in rom["message"] and "gradlab rom import" in rom["message"]
+    args = errors["experiments/goals/gradlab__bandit/_goal.yaml"]
+    assert args["key_path"] == "train.environment.provider_args.n_armz" and "did you mean n_arms?" in args["message"]
+
+
+def test_train_refuses_an_unrunnable_goal_before_creating_anything(experiments_copy: Path, tmp_path: Path) -> None:
+    _retarget(experiments_copy / "goals" / "CartPole-v1" / "_goal.yaml", "CartPole-v1", "CartPol-v1")
+    home = tmp_path / "home"
+    out = gradlab("train", "CartPole-v1/ppo", env={"GRADLAB_HOME": str(home)})
+    assert out.returncode == 1
+    assert "train.environment.env_id" in out.stderr and "did you mean CartPole-v1?" in out.stderr
+    assert not (home / "runs").exists() and not (home / "stores").exists()
+    # An override that makes the environment unbuildable is blamed on the command line.
+    bad = gradlab("train", "gradlab__bandit/ppo", "--set", "train.environment.provider_args.n_arms=many",
+                  env={"GRADLAB_HOME": str(home)})
+    assert bad.returncode == 1 and "--set: train.environment.provider_args.n_arms" in bad.stderr, bad.stderr
+    assert not (home / "runs").exists()

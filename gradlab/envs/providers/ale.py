@@ -28,7 +28,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from gradlab.contracts.environment import AtariPreprocessing, EnvironmentSpec
-from gradlab.envs.backend import EnvInfo, LaneBackend, Provider, seed32
+from gradlab.envs.backend import EnvInfo, LaneBackend, Provider, args_problems, seed32
 from gradlab.envs.lanes import parse_provider_args
 from gradlab.errors import NotFound
 
@@ -152,6 +152,15 @@ class AleProvider(Provider):
             hint = difflib.get_close_matches(_camel(rom), self.env_ids(), n=1)
             raise NotFound(f"ale-py has no game '{env_id}' (ROM '{rom}')" + (f"; did you mean {hint[0]}?" if hint else ""))
         return rom
+
+    def check(self, spec: EnvironmentSpec) -> list[tuple[str, str]]:
+        """The game exists in ale-py (its ROMs ship with it) and ``provider_args`` are valid."""
+        problems = args_problems(AleArgs, spec)
+        try:
+            self._rom(spec.env_id)
+        except NotFound as e:
+            problems.insert(0, ("env_id", str(e)))
+        return problems
 
     def make_backend(self, spec: EnvironmentSpec, *, render_mode: str | None) -> LaneBackend:
         rom = self._rom(spec.env_id)

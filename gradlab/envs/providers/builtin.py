@@ -36,7 +36,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from gradlab.contracts.environment import EnvironmentSpec
-from gradlab.envs.backend import EnvInfo, LaneBackend, Provider
+from gradlab.envs.backend import EnvInfo, LaneBackend, Provider, args_problems
 from gradlab.envs.lanes import build_lanes, parse_provider_args
 from gradlab.errors import NotFound
 
@@ -271,6 +271,16 @@ class BuiltinProvider(Provider):
         if model is None:
             raise NotFound(f"provider 'gradlab' has no environment '{spec.env_id}'; it has {', '.join(_ENVS)}")
         return parse_provider_args(model, spec)
+
+    def check(self, spec: EnvironmentSpec) -> list[tuple[str, str]]:
+        model = _ENVS.get(spec.env_id)
+        if model is None:
+            import difflib
+
+            hint = difflib.get_close_matches(spec.env_id, list(_ENVS), n=1)
+            return [("env_id", f"provider 'gradlab' has no environment '{spec.env_id}'"
+                     + (f" (did you mean {hint[0]}?)" if hint else f"; it has {', '.join(_ENVS)}"))]
+        return args_problems(model, spec)
 
     def make_backend(self, spec: EnvironmentSpec, *, render_mode: str | None) -> LaneBackend:
         args = self._args(spec)

@@ -31,6 +31,10 @@ ACTION_MEANINGS: dict[str, list[str]] = {
 }
 
 
+#: Keyword arguments ``gymnasium.make`` takes itself (the rest go to the env's constructor).
+_MAKE_KWARGS = ("max_episode_steps",)
+
+
 def _headless_sdl() -> None:
     """Point SDL (pygame) at its dummy video and audio drivers unless the user chose others.
 
@@ -88,6 +92,41 @@ class GymnasiumProvider(Provider):
             raise ConfigError(f"{spec.provider}:{spec.env_id}: preprocessing.normalize_observation: expected false "
                               "(running statistics are learner state: use the backend's observation normalisation)")
         return pre
+
+    def check(self, spec: EnvironmentSpec) -> list[tuple[str, str]]:
+        """The id is registered, its dependencies import, and ``provider_args`` are parameters of
+        its constructor (or of ``gymnasium.make``). No environment is instantiated."""
+        import inspect
+
+        import gymnasium as gym
+
+        try:
+            self._check(spec)
+        except NotFound as e:
+            return [("env_id", str(e))]
+        except ConfigError as e:
+            return [("preprocessing", str(e))]
+        env_spec = gym.registry[spec.env_id]
+        try:
+            creator = (gym.envs.registration.load_env_creator(env_spec.entry_point)
+                       if isinstance(env_spec.entry_point, str) else env_spec.entry_point)
+        except Exception as e:  # noqa: BLE001 - DependencyNotInstalled (Box2D, MuJoCo...) or a broken entry point
+            return [("env_id", f"gymnasium:{spec.env_id}: {e}")]
+        try:
+            params = inspect.signature(creator).parameters
+        except (TypeError, ValueError):  # a builtin without a signature: nothing to check against
+            return []
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            return []
+        valid = sorted({*(n for n in params if n != "self"), *_MAKE_KWARGS} - {"render_mode"})
+        problems = []
+        for key in sorted(set(spec.provider_args) - set(valid)):
+            import difflib
+
+            hint = difflib.get_close_matches(key, valid, n=1)
+            problems.append((f"provider_args.{key}", f"gymnasium:{spec.env_id}: unknown key" + (
+                f" (did you mean {hint[0]}?)" if hint else f" (expected one of: {', '.join(valid) or 'none'})")))
+        return problems
 
     def _factory(self, spec: EnvironmentSpec) -> Any:
         pre = self._check(spec)

@@ -37,7 +37,7 @@ from gradlab.contracts.environment import EnvironmentSpec, RetroPreprocessing
 from gradlab.envs.backend import EnvInfo, LaneBackend, Provider
 from gradlab.envs.frames import FrameStack
 from gradlab.envs.lanes import AsyncLanes, SyncLanes
-from gradlab.errors import ConfigError, NotFound
+from gradlab.errors import ConfigError, IntegrityError, NotFound
 
 logger = logging.getLogger(__name__)
 
@@ -217,6 +217,18 @@ class RetroProvider(Provider):
             raise missing_rom_error(spec.env_id) from None
         verify_imported(spec.env_id)
         return pre, roms_dir
+
+    def check(self, spec: EnvironmentSpec) -> list[tuple[str, str]]:
+        """The game is integrated in stable-retro, its ROM is present (bundled or imported with
+        ``gradlab rom import``) and hashes as expected; no ``provider_args``. No emulator starts."""
+        from gradlab.envs.backend import no_args_problems
+
+        problems = no_args_problems(spec)
+        try:
+            self._check(spec.model_copy(update={"provider_args": {}}))
+        except (NotFound, ConfigError, IntegrityError) as e:  # unknown game, missing ROM, ROM with a bad hash
+            problems.insert(0, ("env_id", str(e)))
+        return problems
 
     def make_backend(self, spec: EnvironmentSpec, *, render_mode: str | None) -> LaneBackend:
         pre, roms_dir = self._check(spec)

@@ -144,6 +144,19 @@ class VizdoomProvider(Provider):
             raise ConfigError(f"vizdoom:{spec.env_id}: provider_args: expected none, found {sorted(spec.provider_args)}")
         return VizdoomPreprocessing.model_validate(spec.preprocessing)
 
+    def check(self, spec: EnvironmentSpec) -> list[tuple[str, str]]:
+        """The scenario is bundled with ViZDoom; no ``provider_args``."""
+        from gradlab.envs.backend import no_args_problems
+
+        problems = no_args_problems(spec)
+        names = scenario_names()
+        if spec.env_id not in names:
+            try:
+                self._check(spec)
+            except NotFound as e:
+                problems.insert(0, ("env_id", str(e)))
+        return problems
+
     def make_backend(self, spec: EnvironmentSpec, *, render_mode: str | None) -> LaneBackend:
         pre = self._check(spec)
         factory = functools.partial(_make_lane, spec.env_id, pre)
