@@ -43,13 +43,19 @@ def env_list(json_out: JsonOption = False) -> None:
 @env_app.command("inspect")
 def env_inspect(
     ref: Annotated[str, typer.Argument(help="PROVIDER:ENV_ID, e.g. gymnasium:CartPole-v1 or ale:Breakout")],
+    settings: Annotated[list[str] | None, typer.Option(
+        "--set", help="An environment setting: dotted.key=value (YAML scalar), e.g. preprocessing.frame_skip=2 or "
+                      "provider_args.use_fire_reset=true. Repeatable.")] = None,
     json_out: JsonOption = False,
 ) -> None:
-    """Observation space, action space, action meanings, render shape and native max steps."""
+    """Observation space, action space, action meanings, render shape, native max steps and the provider's
+    settings (for ale: frame skip, sticky actions, action set, noop max, max-pool, episode cap in frames and steps)."""
     from gradlab.envs.registry import describe
 
     try:
-        info = describe(ref)
+        info = describe(_inspect_spec(ref, settings or []))
+    except ConfigError as e:
+        fail_with_problems(e)
     except (GradlabError, ImportError) as e:
         fail(str(e))
     data = info.as_json()
@@ -58,10 +64,48 @@ def env_inspect(
         return
     table = Table("field", "value", show_header=False)
     for key in ("provider", "env_id", "version", "observation_space", "obs_dtype", "action_space", "n_actions",
-                "action_meanings", "render_shape", "native_max_steps", "extra"):
+                "action_meanings", "render_shape", "native_max_steps"):
         value = data[key]
         table.add_row(key, escape(", ".join(value) if key == "action_meanings" else str(value)))
+    for key, value in data["extra"].items():
+        table.add_row(escape(_EXTRA_LABELS.get(key, key.replace("_", " "))), escape(str(value)))
     console.print(table)
+
+
+#: Labels of provider facts in ``env inspect``'s table (the JSON keeps the field names).
+_EXTRA_LABELS = {
+    "repeat_action_probability": "sticky-action probability",
+    "max_pool": "max-pool (last 2 frames)",
+    "max_frames_per_episode": "episode cap (emulator frames)",
+    "max_steps_per_episode": "episode cap (agent steps)",
+}
+
+
+def _inspect_spec(ref: str, settings: list[str]):
+    """The EnvironmentSpec of ``PROVIDER:ENV_ID`` with ``--set`` settings applied (validated).
+
+    Raises:
+        NotFound: ``ref`` is not PROVIDER:ENV_ID. ConfigError: a malformed or invalid setting (names it).
+    """
+    from pydantic import ValidationError
+
+    from gradlab.contracts.compose import parse_override, set_path
+    from gradlab.contracts.environment import EnvironmentSpec
+    from gradlab.errors import ConfigProblem
+
+    provider, sep, env_id = ref.partition(":")
+    if not sep or not provider or not env_id:
+        raise NotFound(f"expected PROVIDER:ENV_ID, found {ref!r}")
+    data: dict = {"provider": provider, "env_id": env_id}
+    for text in settings:
+        key, value = parse_override(text)
+        set_path(data, key, value)
+    try:
+        return EnvironmentSpec.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError([ConfigProblem(file="--set", key_path=".".join(str(p) for p in err["loc"]),
+                                         message=err["msg"].removeprefix("Value error, "))
+                           for err in e.errors(include_url=False)]) from None
 
 
 @env_app.command("preflight")

@@ -178,11 +178,44 @@ class AleProvider(Provider):
         finally:
             lanes.close()
         h, w = obs_space.shape[1:]
+        max_steps = max_agent_steps(pre.frame_skip)
         return EnvInfo(provider=self.name, env_id=spec.env_id, observation_space=str(obs_space),
                        action_space=str(act_space), obs_shape=tuple(obs_space.shape), obs_dtype="uint8",
                        n_actions=int(act_space.n), action_meanings=meanings, render_shape=(h, w, 3),
-                       native_max_steps=MAX_FRAMES_PER_EPISODE // pre.frame_skip, version=self.version(),
-                       extra={"rom": rom, "convention": "ALE v5 (Machado et al. 2018)"})
+                       native_max_steps=max_steps, version=self.version(),
+                       extra={"rom": rom, "convention": "ALE v5 (Machado et al. 2018)", **ale_settings(pre)})
+
+
+def max_agent_steps(frame_skip: int) -> int:
+    """Agent steps until ALE's episode cap of :data:`MAX_FRAMES_PER_EPISODE` emulator frames.
+
+    Each agent step emulates ``frame_skip`` frames and the cap is checked after a step, so the
+    episode is truncated at step ``ceil(108000 / frame_skip)`` (27,000 at frame skip 4; measured
+    with ale-py's ``AtariVectorEnv``: a 100-frame cap truncates at step 25 with skip 4, 15 with
+    skip 7). Reset no-ops (``noop_max``) use frames of the same budget, so an episode may end a few
+    steps earlier.
+    """
+    return -(-MAX_FRAMES_PER_EPISODE // frame_skip)
+
+
+def ale_settings(pre: AtariPreprocessing) -> dict[str, Any]:
+    """The emulator settings ``gradlab env inspect`` prints for an ``ale`` environment.
+
+    Keys: ``frame_skip`` (emulator frames per agent step), ``repeat_action_probability`` (sticky
+    actions), ``action_set`` (``minimal``: the game's own actions, or ``full``: all 18),
+    ``noop_max`` (up to this many random no-ops at reset), ``max_pool`` (max over the last two
+    frames of a skip), ``max_frames_per_episode`` (ALE's cap, emulator frames) and
+    ``max_steps_per_episode`` (the same cap in agent steps, :func:`max_agent_steps`).
+    """
+    return {
+        "frame_skip": pre.frame_skip,
+        "repeat_action_probability": pre.repeat_action_probability,
+        "action_set": "full" if pre.full_action_space else "minimal",
+        "noop_max": pre.noop_max,
+        "max_pool": pre.max_pool,
+        "max_frames_per_episode": MAX_FRAMES_PER_EPISODE,
+        "max_steps_per_episode": max_agent_steps(pre.frame_skip),
+    }
 
 
 provider = AleProvider()
