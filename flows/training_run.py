@@ -137,7 +137,6 @@ def training_run(
         Cancelled or Failed state carrying it. The run succeeded only if the receipt says so.
     """
     from gradlab.learn.zygote import zygote_dir
-    from gradlab.metrics.wandb_sink import WandbSink
     from gradlab.runs import operations
     from gradlab.runs.driver import AttemptDriver
     from gradlab.runs.process import LearnerProcess
@@ -166,9 +165,7 @@ def training_run(
         if spec.evaluate and spec.goal.evaluation_mode == "evaluated":
             operations.prewarm_evaluation(eval_backend)
         mode = wandb_mode or settings.wandb_mode or spec.recipe.logging.wandb_mode
-        wandb = WandbSink(spec.run_id, mode, paths.wandb_dir, settings.wandb_project or spec.recipe.logging.wandb_project,
-                          config={"spec": spec.to_json()}, entity=settings.wandb_entity, name=spec.display_name,
-                          high_water=operations.outbox_high_water(paths, "wandb"), background=True)
+        wandb = operations.wandb_sink(settings, spec, paths, mode)
         attempt_id = plan.attempt.attempt_id
 
         def publish(track: CheckpointTrack) -> _Done:

@@ -9,7 +9,10 @@ under ``$GRADLAB_HOME/runs`` and the default file stores under ``$GRADLAB_HOME/s
 Secrets never appear in the config file. A key ending in ``_ref`` (any table) is a secret
 *reference*: ``"env:NAME"`` (the environment variable NAME) or ``"keyring:SERVICE/USERNAME"`` (the
 OS keyring, through the optional ``keyring`` package), resolved by :func:`resolve_secret`, e.g.
-``[stores] s3_secret_ref = "env:R2_SECRET"``. A file that names a secret reference must be readable
+``[stores] s3_secret_ref = "env:R2_SECRET"``. References are resolved where the credential is used
+(:meth:`Settings.secret`): ``[wandb] api_key_ref`` by the W&B sink, ``[stores] s3_access_key_id_ref``,
+``s3_secret_ref`` and ``s3_session_token_ref`` by the S3 client (:func:`gradlab.stores.s3_credentials`).
+A file that names a secret reference must be readable
 by its owner only (mode 0600) or it is refused; a secret-like key with a literal value
 (``secret_access_key = "..."``) is refused outright.
 """
@@ -43,6 +46,29 @@ class Settings:
     #: ``(dotted key, reference)`` for every ``*_ref`` key of the config file, e.g.
     #: ``("stores.s3_secret_ref", "env:R2_SECRET")``; resolve with :func:`resolve_secret`.
     secret_refs: tuple[tuple[str, str], ...] = ()
+
+    def secret(self, ref_key: str) -> str | None:
+        """The secret that the reference at dotted key ``ref_key`` (``wandb.api_key_ref``) points at.
+
+        Resolved on every call and never cached here: callers pass the value straight to the client
+        that uses it and write it nowhere.
+
+        Returns:
+            The value; None when the config file has no such reference.
+
+        Raises:
+            ConfigError: the reference names an unset variable or keyring entry (names the key, the
+                file and the reference, never a value), or needs the missing ``keyring`` package.
+        """
+        ref = dict(self.secret_refs).get(ref_key)
+        if ref is None:
+            return None
+        value = resolve_secret(ref)
+        if value is None:
+            raise ConfigError(f"{self.config_file}: {ref_key}: secret reference {ref} is not set "
+                              f"(expected {'the environment variable' if ref.startswith('env:') else 'a keyring entry'} "
+                              f"{ref.partition(':')[2]})")
+        return value
 
     @property
     def runs_dir(self) -> Path:

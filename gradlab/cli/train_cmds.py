@@ -20,6 +20,7 @@ from rich.markup import escape
 
 from gradlab.cli.contracts_cmds import SetOption, resolve_or_exit, runnable_or_exit
 from gradlab.cli.output import err_console, fail, print_json
+from gradlab.errors import ConfigError
 
 
 def configure_prefect() -> str:
@@ -89,8 +90,8 @@ def train(
         fail("--eval-backend modal: no Modal credentials (set MODAL_TOKEN_ID and MODAL_TOKEN_SECRET, or run "
              "`modal token new`); use --eval-backend local to evaluate on this machine")
     if wandb == "online" and not _wandb_key_configured():
-        fail("--wandb online: no W&B API key (set WANDB_API_KEY or run `wandb login`); "
-             "use --wandb offline to keep metrics locally and sync later")
+        fail("--wandb online: no W&B API key (set WANDB_API_KEY, [wandb] api_key_ref = \"env:NAME\" in the config "
+             "file, or run `wandb login`); use --wandb offline to keep metrics locally and sync later")
     started = time.monotonic()
     # Every contract problem, and an environment this machine cannot build, before anything is created.
     runnable_or_exit(resolve_or_exit(ref, overrides))
@@ -242,9 +243,17 @@ def _summary(receipt: dict, elapsed_s: float) -> None:
 
 
 def _wandb_key_configured() -> bool:
-    """True when W&B can authenticate: WANDB_API_KEY, or a key for api.wandb.ai in ~/.netrc."""
+    """True when W&B can authenticate: WANDB_API_KEY, a ``[wandb] api_key_ref`` that resolves, or a key
+    for api.wandb.ai in ~/.netrc. Exits 1 naming the reference when ``api_key_ref`` does not resolve."""
     if os.environ.get("WANDB_API_KEY"):
         return True
+    from gradlab.settings import load_settings
+
+    try:
+        if load_settings().secret("wandb.api_key_ref"):
+            return True
+    except ConfigError as e:
+        fail(f"--wandb online: {e}")
     import netrc
 
     try:

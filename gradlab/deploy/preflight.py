@@ -195,20 +195,21 @@ def check_deployment(api_url: str, flow_name: str, name: str, timeout_s: float) 
 
 
 @_timed
-def check_store(role: str, url: str, endpoint_url: str | None) -> CheckResult:
+def check_store(role: str, url: str, endpoint_url: str | None, settings: Settings | None = None) -> CheckResult:
     """Create-only probe ``_preflight/<hex>/probe`` then read back and compare the bytes."""
     from gradlab.stores import open_store
 
     key = f"{PREFLIGHT_PREFIX}/{secrets.token_hex(8)}/probe"
     body = json.dumps({"probe": key, "role": role, "at": time.time()}).encode()
     try:
-        store = open_store(url, endpoint_url=endpoint_url)
+        store = open_store(url, endpoint_url=endpoint_url, settings=settings)
         store.put_create_only(key, body)
         back = store.get(key)
     except GradlabError as e:
         return CheckResult(f"store:{role}", "fail", True, f"{url}: {type(e).__name__}: {e}",
-                           fix="start the store / check its URL and credentials (AWS_ACCESS_KEY_ID, "
-                               "AWS_SECRET_ACCESS_KEY, GRADLAB_S3_ENDPOINT_URL)")
+                           fix="start the store / check its URL and credentials ([stores] s3_secret_ref and "
+                               "s3_access_key_id_ref, or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; "
+                               "GRADLAB_S3_ENDPOINT_URL)")
     except OSError as e:
         return CheckResult(f"store:{role}", "fail", True, f"{url}: {type(e).__name__}: {e}",
                            fix="check the folder exists and is writable")
@@ -284,7 +285,7 @@ def run_preflight(settings: Settings | None = None, *, root: Path | None = None,
     root = root if root is not None else find_project_root()
     with ThreadPoolExecutor(max_workers=3) as pool:
         store_futures = [
-            pool.submit(check_store, role, url, settings.s3_endpoint_url)
+            pool.submit(check_store, role, url, settings.s3_endpoint_url, settings)
             for role, url in (("control", settings.control_store_url), ("eval", settings.eval_store_url),
                               ("model", settings.model_store_url))
         ]

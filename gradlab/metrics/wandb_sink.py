@@ -44,6 +44,25 @@ AXES = (
 )
 
 
+def resolve_api_key(settings: Any) -> str | None:
+    """The W&B API key to hand to :class:`WandbSink` for ``online`` mode.
+
+    ``WANDB_API_KEY`` in the environment wins (W&B reads it itself: None is returned); otherwise the
+    config file's ``[wandb] api_key_ref`` secret reference is resolved (docs/ARCHITECTURE.md section 13).
+
+    Returns:
+        The key, or None when W&B should find it itself (environment, ``~/.netrc``).
+
+    Raises:
+        ConfigError: ``api_key_ref`` names an unset variable or keyring entry.
+    """
+    import os
+
+    if os.environ.get("WANDB_API_KEY"):
+        return None
+    return settings.secret("wandb.api_key_ref")
+
+
 class WandbSink:
     """Deliver outbox metric events to one W&B run (see the module docstring).
 
@@ -57,6 +76,9 @@ class WandbSink:
         high_water: the last ``event_seq`` already delivered (the outbox's mark for sink ``wandb``).
         init_timeout_s: seconds ``wandb.init`` may take before the sink gives up (pending).
         finish_timeout_s: seconds :meth:`finish` waits for W&B to flush before reporting pending.
+        api_key: the W&B API key for ``online`` mode (a resolved ``[wandb] api_key_ref``:
+            :func:`resolve_api_key`), handed to ``wandb.init`` through ``wandb.Settings(api_key=)``
+            and kept nowhere else; None lets W&B find its key itself (``WANDB_API_KEY``, ``~/.netrc``).
         background: initialise in a background thread (``wandb.init`` takes seconds: it starts W&B's
             service process); until it has, :meth:`log` returns False (nothing is lost: the caller
             keeps the events and delivers them later) and :meth:`finish` waits for it.
@@ -81,6 +103,7 @@ class WandbSink:
         init_timeout_s: float = 30.0,
         finish_timeout_s: float = 30.0,
         background: bool = False,
+        api_key: str | None = None,
     ):
         if mode not in MODES:
             raise ConfigError(f"wandb mode: expected one of {', '.join(MODES)}, found {mode!r}")
@@ -99,13 +122,14 @@ class WandbSink:
             self._ready.set()
             return
         init = dict(project=project, entity=entity, name=name, tags=tags, config=config,
-                    init_timeout_s=init_timeout_s, finish_timeout_s=finish_timeout_s)
+                    init_timeout_s=init_timeout_s, finish_timeout_s=finish_timeout_s,
+                    api_key=api_key if mode == "online" else None)
         if background:
             threading.Thread(target=self._init, kwargs=init, name=f"wandb-init-{run_id}", daemon=True).start()
         else:
             self._init(**init)
 
-    def _init(self, *, project, entity, name, tags, config, init_timeout_s, finish_timeout_s) -> None:
+    def _init(self, *, project, entity, name, tags, config, init_timeout_s, finish_timeout_s, api_key) -> None:
         run_id, mode = self.run_id, self.mode
         if threading.current_thread() is not threading.main_thread():
             # W&B's service process inherits this thread's signal mask: a Ctrl-C in the terminal
@@ -132,6 +156,7 @@ class WandbSink:
                     silent=True,
                     console="off",  # stdout belongs to the CLI (`--json` prints the receipt last)
                     x_disable_stats=True,
+                    **({"api_key": api_key} if api_key else {}),
                 ),
             )
             self._run_folder = Path(run.dir).parent if mode == "offline" else None

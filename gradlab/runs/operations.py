@@ -99,6 +99,27 @@ def outbox_high_water(paths: RunPaths, sink: str) -> int:
     return Outbox(paths.outbox).high_water(sink)
 
 
+def wandb_sink(settings: Settings, spec: RunSpec, paths: RunPaths, mode: str) -> Any:
+    """The run's :class:`~gradlab.metrics.wandb_sink.WandbSink`, started in the background.
+
+    In ``online`` mode the API key comes from ``[wandb] api_key_ref`` when ``WANDB_API_KEY`` is not
+    set (:func:`~gradlab.metrics.wandb_sink.resolve_api_key`); a reference that does not resolve is
+    logged and W&B looks for its key itself (no key: the sink ends ``pending``, the run goes on).
+    """
+    from gradlab.errors import ConfigError
+    from gradlab.metrics.wandb_sink import WandbSink, resolve_api_key
+
+    api_key = None
+    if mode == "online":
+        try:
+            api_key = resolve_api_key(settings)
+        except ConfigError as e:
+            log.warning("run %s: W&B key: %s", spec.run_id, e)
+    return WandbSink(spec.run_id, mode, paths.wandb_dir, settings.wandb_project or spec.recipe.logging.wandb_project,
+                     config={"spec": spec.to_json()}, entity=settings.wandb_entity, name=spec.display_name,
+                     high_water=outbox_high_water(paths, "wandb"), background=True, api_key=api_key)
+
+
 def _run_exists(stores: Stores, run_id: str) -> bool:
     try:
         rules.read_run(stores, run_id)

@@ -1,7 +1,8 @@
 """Object stores: one interface over ``file://`` and ``s3://`` URLs, create-only and compare-and-swap.
 
 Public names:
-    open_store(url, *, endpoint_url=None) -> ObjectStore: a store for one URL.
+    open_store(url, *, endpoint_url=None, settings=None) -> ObjectStore: a store for one URL.
+    s3_credentials(settings): the S3 client credentials from `[stores]` secret references.
     open_stores(settings=None) -> Stores: the three logical stores (control, eval, model).
     ObjectStore: the interface (``put_create_only``, ``put_if_match``, ``get``, ``get_with_etag``,
         ``exists``, ``list``, ``put_verified``, ``url``). FileStore, S3Store: the backends.
@@ -38,7 +39,7 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from gradlab.errors import ContractViolation
+from gradlab.errors import ConfigError, ContractViolation
 from gradlab.stores import keys
 from gradlab.stores.base import ObjectStore, sha256_hex, validate_key
 from gradlab.stores.local import FileStore
@@ -48,32 +49,73 @@ if TYPE_CHECKING:
     from gradlab.stores.s3 import S3Store
 
 __all__ = [
-    "FileStore", "ObjectStore", "S3Store", "Stores", "keys", "open_store", "open_stores", "sha256_hex",
-    "validate_key",
+    "FileStore", "ObjectStore", "S3Store", "Stores", "keys", "open_store", "open_stores", "s3_credentials",
+    "sha256_hex", "validate_key",
 ]
 
+#: ``[stores]`` secret references → the botocore client argument each one supplies.
+S3_SECRET_REFS = {
+    "stores.s3_access_key_id_ref": "aws_access_key_id",
+    "stores.s3_secret_ref": "aws_secret_access_key",
+    "stores.s3_session_token_ref": "aws_session_token",
+}
 
-def open_store(url: str, *, endpoint_url: str | None = None) -> ObjectStore:
+
+def s3_credentials(settings: Settings) -> dict[str, str] | None:
+    """The S3 client's credentials from the config file's ``[stores]`` secret references.
+
+    ``s3_secret_ref`` (the secret access key), ``s3_access_key_id_ref`` and ``s3_session_token_ref``
+    are resolved now (docs/ARCHITECTURE.md section 13); a key id or secret without a reference comes
+    from ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``, since botocore takes both or neither.
+
+    Returns:
+        ``{"aws_access_key_id", "aws_secret_access_key"[, "aws_session_token"]}`` for
+        ``botocore``'s ``create_client``; None when the file names no S3 reference (botocore then
+        finds credentials itself: environment, AWS credential files).
+
+    Raises:
+        ConfigError: a reference is not set, or the pair is incomplete (names what is missing).
+    """
+    refs = dict(settings.secret_refs)
+    if not any(key in refs for key in S3_SECRET_REFS):
+        return None
+    creds = {arg: settings.secret(key) for key, arg in S3_SECRET_REFS.items() if key in refs}
+    fallback = {"aws_access_key_id": "AWS_ACCESS_KEY_ID", "aws_secret_access_key": "AWS_SECRET_ACCESS_KEY"}
+    for arg, env in fallback.items():
+        if arg not in creds:
+            value = os.environ.get(env)
+            if not value:
+                ref_key = next(k for k, a in S3_SECRET_REFS.items() if a == arg)
+                raise ConfigError(f"{settings.config_file}: [stores] names S3 secret reference(s) but no {arg}: set "
+                                  f"{ref_key.split('.')[1]} = \"env:NAME\" or {env}")
+            creds[arg] = value
+    return {k: v for k, v in creds.items() if v is not None}
+
+
+def open_store(url: str, *, endpoint_url: str | None = None, settings: Settings | None = None) -> ObjectStore:
     """An object store for ``url``.
 
     Args:
         url: ``file:///abs/folder`` (or a plain local path) or ``s3://bucket[/prefix]``.
         endpoint_url: S3 endpoint (``https://<account>.r2.cloudflarestorage.com`` for R2); default
             ``GRADLAB_S3_ENDPOINT_URL`` or the ``[stores] endpoint_url`` setting, else AWS.
+        settings: where S3 secret references and the endpoint setting come from (default:
+            :func:`gradlab.settings.load_settings`, read only for an ``s3://`` URL).
 
     Raises:
         ContractViolation: an unsupported URL scheme.
+        ConfigError: an S3 secret reference does not resolve (:func:`s3_credentials`).
     """
     if url.startswith("s3://"):
         from gradlab.stores.s3 import S3Store
 
-        if endpoint_url is None:
-            endpoint_url = os.environ.get("GRADLAB_S3_ENDPOINT_URL")
-        if endpoint_url is None:
+        if settings is None:
             from gradlab.settings import load_settings
 
-            endpoint_url = load_settings().s3_endpoint_url
-        return S3Store(url, endpoint_url=endpoint_url)
+            settings = load_settings()
+        if endpoint_url is None:
+            endpoint_url = os.environ.get("GRADLAB_S3_ENDPOINT_URL") or settings.s3_endpoint_url
+        return S3Store(url, endpoint_url=endpoint_url, credentials=s3_credentials(settings))
     if url.startswith("file://") or "://" not in url:
         return FileStore(url)
     raise ContractViolation(f"{url}: unsupported store URL (expected file:// or s3://)")
@@ -96,9 +138,9 @@ def open_stores(settings: Settings | None = None) -> Stores:
         settings = load_settings()
     endpoint = settings.s3_endpoint_url
     return Stores(
-        control=open_store(settings.control_store_url, endpoint_url=endpoint),
-        eval=open_store(settings.eval_store_url, endpoint_url=endpoint),
-        model=open_store(settings.model_store_url, endpoint_url=endpoint),
+        control=open_store(settings.control_store_url, endpoint_url=endpoint, settings=settings),
+        eval=open_store(settings.eval_store_url, endpoint_url=endpoint, settings=settings),
+        model=open_store(settings.model_store_url, endpoint_url=endpoint, settings=settings),
     )
 
 

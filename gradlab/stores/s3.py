@@ -13,7 +13,8 @@ gives a clean HTTP 412 (docs/ARCHITECTURE.md, field notes). Conditional writes:
 Connection failures, timeouts and 5xx answers become :class:`~gradlab.errors.StoreUnavailable`
 (transient) after botocore's own bounded retries, so callers retry only those. The endpoint URL
 comes from ``GRADLAB_S3_ENDPOINT_URL`` (or the ``[stores] endpoint_url`` setting); keys come from
-the standard AWS environment variables or credential files, never from gradlab's own files.
+the ``[stores]`` secret references of the config file (resolved when the store is opened, handed to
+the client, written nowhere), else the standard AWS environment variables or credential files.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from gradlab.stores.base import ObjectStore, sha256_hex, validate_key
 
 logger = logging.getLogger(__name__)
 
-_CLIENTS: dict[tuple[str | None, str], Any] = {}
+_CLIENTS: dict[tuple[str | None, str, str], Any] = {}
 _CLIENTS_LOCK = threading.Lock()
 
 #: Seconds to wait between re-reads when a 409 says another creator is mid-write.
@@ -38,10 +39,19 @@ _RACE_REREAD_DELAY_S = 0.05
 _RACE_REREAD_TRIES = 40
 
 
-def _client(endpoint_url: str | None) -> Any:
-    """A cached, thread-safe botocore S3 client for ``endpoint_url``."""
+def _client(endpoint_url: str | None, credentials: dict[str, str] | None = None) -> Any:
+    """A cached, thread-safe botocore S3 client for ``endpoint_url``.
+
+    ``credentials`` (``aws_access_key_id``, ``aws_secret_access_key``, optional
+    ``aws_session_token``: resolved secret references, :func:`gradlab.stores.s3_credentials`) go to
+    ``create_client``; None lets botocore find credentials itself. The cache is keyed by a sha256 of
+    the credentials, so the values are held only by the client.
+    """
+    import hashlib
+
     region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
-    key = (endpoint_url, region)
+    ident = hashlib.sha256(repr(sorted((credentials or {}).items())).encode()).hexdigest() if credentials else ""
+    key = (endpoint_url, region, ident)
     with _CLIENTS_LOCK:
         client = _CLIENTS.get(key)
         if client is None:
@@ -59,7 +69,8 @@ def _client(endpoint_url: str | None) -> Any:
                 response_checksum_validation="when_required",
             )
             session = botocore.session.get_session()
-            client = session.create_client("s3", endpoint_url=endpoint_url, region_name=region, config=config)
+            client = session.create_client("s3", endpoint_url=endpoint_url, region_name=region, config=config,
+                                           **(credentials or {}))
             _CLIENTS[key] = client
         return client
 
@@ -77,7 +88,7 @@ def _code(exc: Exception) -> str:
 class S3Store(ObjectStore):
     """An :class:`ObjectStore` in an S3 bucket under an optional prefix."""
 
-    def __init__(self, url: str, *, endpoint_url: str | None = None):
+    def __init__(self, url: str, *, endpoint_url: str | None = None, credentials: dict[str, str] | None = None):
         parsed = urlparse(url)
         if parsed.scheme != "s3" or not parsed.netloc:
             raise ContractViolation(f"{url}: expected s3://bucket[/prefix]")
@@ -85,7 +96,7 @@ class S3Store(ObjectStore):
         self.prefix = parsed.path.strip("/")
         self.base_url = f"s3://{self.bucket}" + (f"/{self.prefix}" if self.prefix else "")
         self.endpoint_url = endpoint_url
-        self._s3 = _client(endpoint_url)
+        self._s3 = _client(endpoint_url, credentials)
 
     # -- helpers -------------------------------------------------------------------------------
     def _object_key(self, key: str) -> str:
@@ -107,7 +118,7 @@ class S3Store(ObjectStore):
         where = self.url(key) if key else self.base_url
         if isinstance(exc, NoCredentialsError | PartialCredentialsError):
             raise ConfigError(
-                f"{where}: {op}: no S3 credentials (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)"
+                f"{where}: {op}: no S3 credentials (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or [stores] s3_access_key_id_ref and s3_secret_ref in the config file)"
             ) from exc
         if isinstance(exc, ClientError):
             status = _status(exc)

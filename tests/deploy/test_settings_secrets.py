@@ -75,3 +75,122 @@ def test_resolve_secret_reads_the_environment_and_needs_keyring_for_keyring(monk
     except ImportError:
         with pytest.raises(ConfigError, match="needs the 'keyring' package"):
             resolve_secret("keyring:gradlab/wandb")
+
+
+# -- secret references reach the clients that use them, and nothing else -------------------------
+
+def _files_containing(root: Path, needle: str) -> list[Path]:
+    return [p for p in root.rglob("*") if p.is_file() and needle.encode() in p.read_bytes()]
+
+
+def test_wandb_api_key_ref_reaches_wandb_init(gradlab_home: Path, monkeypatch: pytest.MonkeyPatch,
+                                              caplog: pytest.LogCaptureFixture) -> None:
+    """``[wandb] api_key_ref`` is resolved where the sink starts W&B and handed to ``wandb.init``
+    (captured at the SDK boundary: W&B's cloud cannot be reached here); it is written nowhere."""
+    import secrets
+
+    import wandb
+
+    from gradlab.contracts.run_spec import new_run_id
+    from gradlab.runs import operations
+
+    key = secrets.token_hex(20)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("GRADLAB_TEST_WANDB_KEY", key)
+    write_config(gradlab_home, '[wandb]\nmode = "online"\napi_key_ref = "env:GRADLAB_TEST_WANDB_KEY"\n', 0o600)
+    seen: list[dict] = []
+
+    def init(**kwargs):  # W&B's own entry point, replaced: the cloud is unreachable from here
+        seen.append(kwargs)
+        raise wandb.errors.CommError("W&B cloud not reachable from the test machine")
+
+    monkeypatch.setattr(wandb, "init", init)
+    settings = load_settings()
+    spec, paths = operations.prepare_spec(settings, recipe="gradlab__bandit/ppo", run_id=new_run_id())
+    with caplog.at_level("DEBUG"):
+        sink = operations.wandb_sink(settings, spec, paths, "online")
+        assert sink.wait_ready(30)
+    assert len(seen) == 1 and seen[0]["settings"].api_key == key and seen[0]["mode"] == "online"
+    assert sink.status == "pending" and key not in (sink.error or "")
+    assert key not in caplog.text and _files_containing(gradlab_home, key) == []
+
+    # WANDB_API_KEY wins: W&B reads it itself and the reference is not even resolved.
+    monkeypatch.setenv("WANDB_API_KEY", "from-the-environment")
+    monkeypatch.delenv("GRADLAB_TEST_WANDB_KEY")
+    sink = operations.wandb_sink(settings, spec, paths, "online")
+    assert sink.wait_ready(30) and seen[1]["settings"].api_key is None
+    # Offline never hands a key to W&B.
+    monkeypatch.setenv("GRADLAB_TEST_WANDB_KEY", key)
+    sink = operations.wandb_sink(settings, spec, paths, "offline")
+    assert sink.wait_ready(30) and seen[2]["settings"].api_key is None and seen[2]["mode"] == "offline"
+
+
+def test_train_online_accepts_a_resolving_wandb_ref_and_names_an_unset_one(gradlab_home: Path,
+                                                                            experiments_copy: Path) -> None:
+    import subprocess
+    import sys
+
+    goal = experiments_copy / "goals" / "gradlab__bandit" / "_goal.yaml"
+    goal.write_text(goal.read_text().replace("env_id: Bandit-v0", "env_id: Bandit-v9"))  # stops train before a run
+    write_config(gradlab_home, '[wandb]\napi_key_ref = "env:GRADLAB_TEST_WANDB_KEY"\n', 0o600)
+    env = {k: v for k, v in os.environ.items() if k not in ("WANDB_API_KEY", "GRADLAB_TEST_WANDB_KEY")}
+    env["HOME"] = str(gradlab_home)  # no ~/.netrc
+    cmd = [sys.executable, "-m", "gradlab.cli.app", "train", "gradlab__bandit/ppo", "--wandb", "online"]
+    unset = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    assert unset.returncode == 1
+    assert "wandb.api_key_ref: secret reference env:GRADLAB_TEST_WANDB_KEY is not set" in unset.stderr, unset.stderr
+    resolved = subprocess.run(cmd, capture_output=True, text=True, env={**env, "GRADLAB_TEST_WANDB_KEY": "k" * 40},
+                              timeout=120)
+    assert resolved.returncode == 1 and "no W&B API key" not in resolved.stderr
+    assert "no environment 'Bandit-v9'" in resolved.stderr, resolved.stderr  # got past the key check
+    assert not (gradlab_home / "runs").exists()
+
+
+def test_s3_secret_refs_reach_the_s3_client(gradlab_home: Path, monkeypatch: pytest.MonkeyPatch,
+                                            caplog: pytest.LogCaptureFixture) -> None:
+    """moto's S3 server with IAM authentication on: a request is served only when signed with the
+    secret key of a real IAM access key, so a store that works proves the reference reached the client."""
+    import json
+
+    import botocore.session
+    import moto.settings
+
+    from gradlab.stores import open_stores
+    from tests.s3server import running_s3_server
+
+    with running_s3_server(set_env=False) as server:
+        iam = botocore.session.get_session().create_client(
+            "iam", endpoint_url=server.endpoint_url, region_name="us-east-1",
+            aws_access_key_id="bootstrap", aws_secret_access_key="bootstrap")
+        iam.create_user(UserName="gradlab")
+        policy = iam.create_policy(PolicyName="s3-all", PolicyDocument=json.dumps({
+            "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}))
+        iam.attach_user_policy(UserName="gradlab", PolicyArn=policy["Policy"]["Arn"])
+        access = iam.create_access_key(UserName="gradlab")["AccessKey"]
+        monkeypatch.setattr(moto.settings, "INITIAL_NO_AUTH_ACTION_COUNT", 0)  # from now on every request is checked
+
+        for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+            monkeypatch.delenv(var, raising=False)
+        monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(gradlab_home / "no-aws-credentials"))
+        monkeypatch.setenv("AWS_CONFIG_FILE", str(gradlab_home / "no-aws-config"))
+        monkeypatch.setenv("GRADLAB_TEST_KEY_ID", access["AccessKeyId"])
+        monkeypatch.setenv("GRADLAB_TEST_SECRET", access["SecretAccessKey"])
+        write_config(gradlab_home, f'[stores]\ncontrol = "{server.url("control")}"\n'
+                     f'endpoint_url = "{server.endpoint_url}"\n'
+                     's3_access_key_id_ref = "env:GRADLAB_TEST_KEY_ID"\ns3_secret_ref = "env:GRADLAB_TEST_SECRET"\n',
+                     0o600)
+        with caplog.at_level("DEBUG", logger="gradlab"):
+            control = open_stores(load_settings()).control
+            control.put_create_only("probe/object.json", b'{"ok": true}')
+            assert control.get("probe/object.json") == b'{"ok": true}'
+
+        # The same access key id with another secret is refused by the server: the secret is what signs.
+        monkeypatch.setenv("GRADLAB_TEST_SECRET", access["SecretAccessKey"][::-1])
+        with pytest.raises(ConfigError, match="403"):
+            open_stores(load_settings()).control.get("probe/object.json")
+        # An unset reference is named, before any request.
+        monkeypatch.delenv("GRADLAB_TEST_SECRET")
+        with pytest.raises(ConfigError, match="stores.s3_secret_ref: secret reference env:GRADLAB_TEST_SECRET is not set"):
+            open_stores(load_settings())
+    secret = access["SecretAccessKey"]
+    assert secret not in caplog.text and _files_containing(gradlab_home, secret) == []
