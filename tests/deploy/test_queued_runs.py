@@ -1,8 +1,8 @@
 """Queued runs end to end: a real Prefect server, the pools, the deployments of prefect.yaml, real
 process workers, the real training-run flow and learner, and `gradlab experiment` over them.
 
-One server, one deployment and the workers are shared by the tests of this module (they run in
-file order: the second test adds a second worker). Everything the module starts -- workers, the
+One server, one deployment and two workers are shared by the tests of this module (the fixture
+starts both, so any test runs alone too: the two-seed test and ``long_runs`` need one run per worker). Everything the module starts -- workers, the
 flow-run processes and learners they started, the server -- is stopped at the end, failures included.
 """
 
@@ -134,10 +134,11 @@ def queue(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Queue]:
         assert created.returncode == 0, created.stderr
         assert {(r["name"], r["action"]) for r in json.loads(created.stdout)["applied"]} == {
             ("gradlab-local", "created"), ("gradlab-gpu", "created"), ("gpu", "created")}
-        q.start_worker("worker-1")  # it starts up while the deployments are made
+        q.start_worker("worker-1")  # they start up while the deployments are made
+        q.start_worker("worker-2")
         deployed = q.prefect("--no-prompt", "deploy", "--all")
         assert deployed.returncode == 0, deployed.stdout + deployed.stderr
-        wait_for(lambda: q.online_workers() >= 1, 60, "worker-1 online")
+        wait_for(lambda: q.online_workers() >= 2, 120, "worker-1 and worker-2 online")
         yield q
     finally:
         _stop_groups([w.pid for w in q.workers], grace_s=5)  # workers before the server (docs/ARCHITECTURE.md, field notes)
@@ -237,8 +238,7 @@ def test_prefect_deployment_run_completes_with_a_succeeded_receipt(queue: Queue,
 
 
 def test_launch_two_seeds_at_once_on_two_workers(queue: Queue, stores_of) -> None:
-    queue.start_worker("worker-2")
-    wait_for(lambda: queue.online_workers() >= 2, 60, "worker-2 online")
+    assert queue.online_workers() >= 2  # the fixture's two workers
     first = _launch(queue, "gradlab__bandit/ppo", "--seed", "1")
     assert first["parameters"] == {"recipe": "gradlab__bandit/ppo", "seed": 1, "overrides": [],
                                    "run_id": first["run_id"]}

@@ -86,6 +86,63 @@ def test_ale_has_no_starts():
             venv.set_next_start(0, "level2")
 
 
+def _save_state_after(game: str, frames: int, folder) -> np.ndarray:
+    """Play ``frames`` emulator frames of ``game`` from its default state (holding one button), save
+    the emulator state as ``<folder>/<game>/After<frames>.state`` (gzip, as stable-retro's own save
+    states), and return the raw screen a reset from it shows (stable-retro's reset: load the state,
+    one frame with no button pressed)."""
+    import gzip
+
+    import stable_retro as retro
+
+    env = retro.make(game, render_mode=None)
+    try:
+        em = env.unwrapped.em
+        env.reset(seed=0)
+        press = np.zeros(env.unwrapped.num_buttons, dtype=np.uint8)
+        press[env.unwrapped.buttons.index("RIGHT")] = 1
+        for _ in range(frames):
+            em.set_button_mask(press, 0)
+            em.step()
+        state = em.get_state()
+        em.set_state(state)
+        em.set_button_mask(np.zeros_like(press), 0)
+        em.step()
+        screen = em.get_screen().copy()
+    finally:
+        env.close()
+    (folder / game).mkdir(parents=True, exist_ok=True)
+    with gzip.open(folder / game / f"After{frames}.state", "wb") as f:
+        f.write(state)
+    return screen
+
+
+def test_retro_start_from_a_save_state_taken_after_n_steps(gradlab_home):
+    """A named start really starts elsewhere: a save state taken 120 frames into the game (not the
+    game's own Level1, which is its default) gives the screen of that moment, the default start
+    does not, and the next unnamed reset returns to the default."""
+    game = "Airstriker-Genesis-v0"
+    screen = _save_state_after(game, 120, gradlab_home / "roms" / "retro")  # the ROM cache is an integration path
+    spec = EnvironmentSpec.model_validate({
+        "provider": "retro", "env_id": game, "n_envs": 1, "vectorization": "sync",
+        "preprocessing": {"grayscale": False, "resize": None, "frame_stack": 1},
+        "task": {"termination": {"max_episode_steps": 2}}})
+    with make_vector_env(spec, seed=0) as venv:
+        assert venv.starts == ("After120", "Level1")
+        default_obs = venv.reset()
+        venv.set_next_start(0, "After120")
+        eps = _episodes(venv, 4)  # the reset at step 2 loads After120; the one at step 4 the default again
+        venv.set_next_start(0, "After120")
+        saved_obs = venv.reset()
+        again_default = venv.reset()
+    assert eps == [(2, 0, 2, None, None), (4, 0, 2, "After120", "After120")]
+    expected = np.ascontiguousarray(screen.transpose(2, 0, 1))  # observations are channel-first
+    assert saved_obs[0].shape == expected.shape
+    np.testing.assert_array_equal(saved_obs[0], expected)
+    assert not np.array_equal(saved_obs[0], default_obs[0])  # 120 frames in, the screen has changed
+    np.testing.assert_array_equal(again_default[0], default_obs[0])
+
+
 def test_retro_start_is_a_save_state():
     spec = EnvironmentSpec.model_validate({"provider": "retro", "env_id": "Airstriker-Genesis-v0", "n_envs": 1,
                                            "task": {"termination": {"max_episode_steps": 3}}})
@@ -96,8 +153,7 @@ def test_retro_start_is_a_save_state():
         default_obs = venv.reset()
         venv.set_next_start(0, "Level1")
         eps = _episodes(venv, 6)  # the reset at step 3 loads Level1; the one at step 6 the default
-        venv.set_next_start(0, "Level1")
-        level1_obs = venv.reset()
     assert eps == [(3, 0, 3, None, None), (6, 0, 3, "Level1", "Level1")]
-    # Airstriker's default state *is* Level1 (its metadata.json), so both starts show the same frame.
-    assert level1_obs.tobytes() == default_obs.tobytes()
+    # Airstriker's default state *is* Level1 (its metadata.json): that a named start starts elsewhere
+    # is shown with a save state of its own (test_retro_start_from_a_save_state_taken_after_n_steps).
+    assert default_obs.shape == (1, *venv.single_observation_space.shape)

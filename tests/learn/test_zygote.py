@@ -19,6 +19,8 @@ from gradlab.runs.paths import RunPaths
 from gradlab.runs.process import LearnerProcess
 from tests.learn.conftest import BANDIT, make_spec, write_spec
 
+pytestmark = pytest.mark.slow  # real zygote processes that import torch and SB3, real learners
+
 PPO = {"id": "sb3.ppo", "config": {"n_steps": 64, "batch_size": 128, "n_epochs": 2, "learning_rate": 3.0e-3}}
 
 

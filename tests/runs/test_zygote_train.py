@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from gradlab.learn.zygote import ready_zygotes, starting_zygotes, zygote_dir
 from gradlab.outbox import Outbox
 from tests.runs.conftest import gradlab_env, last_json_line, run_gradlab, wait_for
+
+pytestmark = pytest.mark.slow  # a Prefect server, its warm learner and a real training run
 
 
 def test_train_forks_its_learner_from_the_servers_zygote(prefect_server: tuple[str, Path, int]) -> None:

@@ -58,16 +58,23 @@ def _integrations(roms_dir: str) -> Any:
     """Register ``roms_dir`` (created if missing) as stable-retro's custom integration path.
 
     Paths registered earlier in this process that no longer exist are dropped first: stable-retro
-    lists every registered folder and fails on a missing one.
+    lists every registered folder and fails on a missing one. So is a ROM folder this module
+    registered for another ``GRADLAB_HOME``: its ROMs and save states are not this home's.
     """
     from stable_retro.data import Integrations
 
     os.makedirs(roms_dir, exist_ok=True)
     Integrations._init()
-    Integrations.CUSTOM_PATHS[:] = [p for p in Integrations.CUSTOM_PATHS if os.path.isdir(p)]
+    Integrations.CUSTOM_PATHS[:] = [p for p in Integrations.CUSTOM_PATHS
+                                    if os.path.isdir(p) and (p == roms_dir or p not in _REGISTERED)]
     if roms_dir not in Integrations.CUSTOM_PATHS:
         Integrations.add_custom_path(roms_dir)
+        _REGISTERED.add(roms_dir)
     return Integrations.ALL
+
+
+#: ROM folders :func:`_integrations` registered with stable-retro in this process.
+_REGISTERED: set[str] = set()
 
 
 class RetroLane:
