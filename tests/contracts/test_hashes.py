@@ -89,3 +89,50 @@ def test_training_and_evaluation_environments_hash_alike() -> None:
 
     resolved = Experiments().resolve("Breakout-Atari2600-v0/ppo", ["train.environment.preprocessing.noop_max=0"])
     assert environment_sha256(resolved.eval_environment) == resolved.hashes.environment_sha256
+
+
+# -- pinned identities --------------------------------------------------------------------------
+# The composed gradlab__bandit goal and its ppo recipe, written out as canonical JSON (sorted keys,
+# compact separators, defaults filled, cosmetic fields left out). Their sha256 is the identity every
+# stored result of these contracts is keyed by. If this test fails, canonicalisation or the models'
+# defaults changed and every stored result would be re-keyed: either that is a bug, or a deliberate
+# change to be stated in the change's notes, with these literals and digests updated by hand.
+BANDIT_GOAL_CANONICAL = (
+    '{"eval":{"acceptance":[{"metric":"eval/outcome/success/rate","operator":">=","threshold":0.95}],'
+    '"episodes":100,"n_envs":4,"policy":"deterministic","seed":0,"starts":[]},"evaluation_mode":"eval'
+    'uated","goal_id":"gradlab__bandit","objective":{"direction":"maximize","rank":"eval/outcome/succ'
+    'ess/rate"},"train":{"checkpoint_freq":2048,"early_stop":{"conditions":[],"on_acceptance":null},"'
+    'environment":{"env_id":"Bandit-v0","n_envs":8,"num_threads":null,"preprocessing":{"frame_stack":'
+    '1,"normalize_observation":false},"provider":"gradlab","provider_args":{"n_arms":4},"task":{"even'
+    'ts":{"hit":{"op":"equals","signal":"correct","steps":null,"value":true},"miss":{"op":"equals","s'
+    'ignal":"correct","steps":null,"value":false}},"progress":[],"reward":{"events":{},"reward_clip":'
+    'false,"reward_scale":1.0,"source":"native"},"signals":{"correct":{"address":null,"key":"correct"'
+    ',"source":"info"}},"termination":{"failure":["miss"],"max_episode_steps":null,"native_terminated'
+    '":"ended","outcome_precedence":["failure","success","timeout"],"success":["hit"],"timeout":[]}},'
+    '"vectorization":"auto"}}}'
+)
+GOAL_SHA256 = "a898a5db76603500af201022f9504c7622a41a39cd21e3ff333b9ac3e436a55a"
+
+BANDIT_PPO_RECIPE_CANONICAL = (
+    '{"logging":{"wandb_mode":"offline","wandb_project":"gradlab"},"recipe_id":"ppo","train":{"backen'
+    'd":{"config":{"batch_size":128,"clip_range":0.2,"clip_range_vf":null,"ent_coef":0.0,"gae_lambda"'
+    ':1.0,"gamma":0.0,"learning_rate":0.003,"max_grad_norm":0.5,"n_epochs":4,"n_steps":64,"normalize_'
+    'advantage":true,"target_kl":null,"vf_coef":0.5},"id":"sb3.ppo"},"checkpoint_freq":null,"device":'
+    '"auto","environment":{"n_envs":null,"num_threads":null,"preprocessing":null,"provider_args":null'
+    ',"vectorization":null},"normalize":{"clip_observation":10.0,"observation":false,"reward":false},'
+    '"policy_model":{"activation":"tanh","extractor":"auto","features_dim":512,"net_arch":[32],"ortho'
+    '_init":true,"share_features_extractor":true},"timesteps":16384,"torch_threads":1}}'
+)
+RECIPE_SHA256 = "1f45f07faafc1502e61dc1f4ba5a7be2317b04aa084b128760cc442328961d42"
+
+
+def test_identity_hashes_are_pinned_to_hand_written_canonical_json() -> None:
+    import hashlib
+    import json
+
+    for text, digest in ((BANDIT_GOAL_CANONICAL, GOAL_SHA256), (BANDIT_PPO_RECIPE_CANONICAL, RECIPE_SHA256)):
+        assert hashlib.sha256(text.encode("utf-8")).hexdigest() == digest  # the literal is what is pinned
+        assert canonical_json(json.loads(text)) == text.encode("utf-8")  # and it is canonical
+    hashes = Experiments().resolve("gradlab__bandit/ppo").hashes
+    assert hashes.goal_contract_sha256 == GOAL_SHA256
+    assert hashes.recipe_sha256 == RECIPE_SHA256
