@@ -274,6 +274,40 @@ def test_launch_two_seeds_at_once_on_two_workers(queue: Queue, stores_of) -> Non
     assert queue.gradlab("experiment", "list", "--goal", "CartPole-v1", "--json").stdout.strip() == "[]"
 
 
+def test_launch_validates_first_and_a_run_never_taken_is_refused_retry_then_cancelled(queue: Queue, stores_of) -> None:
+    """The refusals of `experiment launch|wait|retry|cancel`, on a run no worker takes: the
+    `gradlab-gpu` pool has no worker here, so a run queued on `training-run/gpu` stays Scheduled."""
+    with queue.client() as client:
+        before = len(client.read_flow_runs())
+    bad = queue.gradlab("experiment", "launch", "gradlab__bandit/ppo", "--set", "train.timestepz=1")
+    assert bad.returncode == 1 and "train.timestepz: unknown key (did you mean timesteps?)" in bad.stderr, bad.stderr
+    with queue.client() as client:
+        assert len(client.read_flow_runs()) == before  # validated before anything was queued
+
+    entry = _launch(queue, "gradlab__bandit/ppo", "--deployment", "training-run/gpu")
+    run_id = entry["run_id"]
+    waited = queue.gradlab("experiment", "wait", "--run", run_id, "--until", "running", "--timeout", "1s", "--json")
+    assert waited.returncode == 1, waited.stdout + waited.stderr  # timed out: never seen running
+    summary = json.loads(waited.stdout)
+    assert (summary["reached"], summary["outcome"]) == (False, None)
+    assert summary["state"] in ("Scheduled", "Late")  # Prefect renames a scheduled run that is overdue
+    live = queue.gradlab("experiment", "retry", "--run", run_id)
+    assert live.returncode == 1 and f"flow run {entry['flow_run_id']} is still" in live.stderr, live.stderr
+    assert "wait for it or cancel it first" in live.stderr
+
+    cancelled = queue.gradlab("experiment", "cancel", "--run", run_id, "--json")
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert json.loads(cancelled.stdout) == {"run_id": run_id, "cancelled": [
+        {"flow_run_id": entry["flow_run_id"], "state": "CANCELLED"}]}  # never started: cancelled at once
+    assert queue.flow_run(entry["flow_run_id"]).state.type.value == "CANCELLED"
+    # No worker ever opened it: nothing in the stores to retry, and nothing left to cancel.
+    never = queue.gradlab("experiment", "retry", "--run", run_id)
+    assert never.returncode == 1 and "was never opened in the stores: launch it again instead" in never.stderr
+    assert rules.list_attempts(stores_of, run_id) == []
+    again = queue.gradlab("experiment", "cancel", "--run", entry["flow_run_id"])
+    assert again.returncode == 1 and "nothing to cancel" in again.stderr
+
+
 @pytest.fixture(scope="module")
 def long_runs(queue: Queue) -> dict[str, dict]:
     """Two runs launched at once, one per worker (their start-ups overlap, which saves a minute):

@@ -56,6 +56,12 @@ def test_bandit_trains_and_is_promoted_with_file_stores(prefect_api: str, gradla
     folder = Path(first["uri"].removeprefix("file://"))
     manifest = json.loads((folder / "manifest.json").read_text())
     assert manifest["sha256"] == first["sha256"]
+    # A succeeded run is not retried, and there is nothing to reconcile.
+    retry = run_gradlab(["runs", "retry", receipt["run_id"]], env)
+    assert retry.returncode == 1
+    assert f"run {receipt['run_id']} already succeeded ({receipt['attempt_id']}): nothing to retry" in retry.stderr
+    reconcile = run_gradlab(["runs", "reconcile", receipt["run_id"], "--json"], env)
+    assert reconcile.returncode == 0 and json.loads(reconcile.stdout) == []
 
 
 @pytest.mark.slow

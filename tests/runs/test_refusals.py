@@ -1,0 +1,97 @@
+"""`gradlab runs retry` and `runs reconcile` refuse what would break a run, and reconcile closes a
+dead attempt, through the CLI over real file stores (no Prefect: every refusal comes before it)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from gradlab.cli.app import app
+from gradlab.contracts.run_spec import new_run_id
+from gradlab.receipts import rules
+from gradlab.receipts.lease import acquire_lease, read_lease
+from gradlab.receipts.models import utcnow
+from gradlab.runs import operations
+from gradlab.settings import load_settings
+from gradlab.stores import open_stores
+
+REPO = Path(__file__).resolve().parents[2]
+
+#: Opens a run's first attempt (writer lease + attempt.json) in a process that then exits: the
+#: lease stays live with an owner that no longer runs.
+_OPEN_IN_ANOTHER_PROCESS = """
+import sys
+from gradlab.receipts import rules
+from gradlab.receipts.lease import acquire_lease, read_lease
+from gradlab.stores import open_stores
+rules.begin_attempt(open_stores(), sys.argv[1], mode="fresh")
+"""
+
+
+def _opened_run(stores) -> str:
+    """A run opened in the stores (run.json, spec.json), no attempt yet."""
+    spec, _paths = operations.prepare_spec(load_settings(), recipe="gradlab__bandit/ppo", run_id=new_run_id())
+    rules.open_run(stores, spec)
+    return spec.run_id
+
+
+def _gradlab(*args: str):
+    return CliRunner().invoke(app, list(args))
+
+
+def test_retry_and_reconcile_refuse_while_the_owner_runs_here_even_with_an_expired_lease(gradlab_home: Path) -> None:
+    stores = open_stores()
+    run_id = _opened_run(stores)
+    # This process is the attempt's owner; its lease expired long ago (a suspended or swapping host).
+    rules.begin_attempt(stores, run_id, mode="fresh", ttl_s=1, now=utcnow() - timedelta(minutes=10))
+    for command in ("retry", "reconcile"):
+        out = _gradlab("runs", command, run_id)
+        assert out.exit_code == 1, out.output
+        assert "attempt attempt-001 is still running here" in out.output and "lease expired" in out.output
+    assert rules.read_terminal(stores, run_id, "attempt-001") is None  # nothing was sealed
+
+
+def test_retry_refuses_a_live_lease_and_reconcile_closes_the_attempt_once_it_expires(gradlab_home: Path) -> None:
+    stores = open_stores()
+    run_id = _opened_run(stores)
+    opened = subprocess.run([sys.executable, "-c", _OPEN_IN_ANOTHER_PROCESS, run_id], capture_output=True, text=True,
+                            cwd=REPO, timeout=120)
+    assert opened.returncode == 0, opened.stderr
+    out = _gradlab("runs", "retry", run_id)
+    assert out.exit_code == 1 and "attempt attempt-001 still holds the lease until" in out.output, out.output
+    assert "retry after it ends or expires" in out.output
+    live = _gradlab("runs", "reconcile", run_id, "--json")
+    assert live.exit_code == 0 and json.loads(live.stdout) == []  # a live lease is not a dead attempt
+
+    # The lease expires (as after the owner's SIGKILL): reconcile seals the attempt `failed`, once.
+    held = read_lease(stores.control, run_id)
+    acquire_lease(stores.control, run_id, held.lease.holder, ttl_s=1, owner=held.lease.owner,
+                        now=utcnow() - timedelta(minutes=10))
+    sealed = _gradlab("runs", "reconcile", run_id, "--json")
+    assert sealed.exit_code == 0, sealed.output
+    [receipt] = json.loads(sealed.stdout)
+    assert (receipt["attempt_id"], receipt["outcome"]) == ("attempt-001", "failed")
+    assert receipt["reason"].startswith("reconciled: attempt ended without sealing its receipt (lease expired at ")
+    assert receipt["checkpoints"] == [] and receipt["promotion"] is None  # it published nothing
+    assert rules.read_terminal(stores, run_id, "attempt-001").outcome == "failed"
+    again = _gradlab("runs", "reconcile", run_id)
+    assert again.exit_code == 0 and "nothing to reconcile" in again.output
+
+
+def test_reconcile_and_retry_of_an_unknown_run_say_where_they_looked(gradlab_home: Path) -> None:
+    missing = new_run_id()
+    for command in ("retry", "reconcile"):
+        out = _gradlab("runs", command, missing)
+        assert out.exit_code == 1
+        assert f"no run {missing} in {open_stores().control.base_url}" in out.output
+
+
+@pytest.fixture(autouse=True)
+def _wide_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "400")  # rich wraps error lines at the terminal width otherwise
