@@ -105,9 +105,18 @@ def wandb_sink(settings: Settings, spec: RunSpec, paths: RunPaths, mode: str) ->
     In ``online`` mode the API key comes from ``[wandb] api_key_ref`` when ``WANDB_API_KEY`` is not
     set (:func:`~gradlab.metrics.wandb_sink.resolve_api_key`); a reference that does not resolve is
     logged and W&B looks for its key itself (no key: the sink ends ``pending``, the run goes on).
+    W&B's own ``WANDB_INIT_TIMEOUT`` (seconds) bounds its start-up, default 30 s.
     """
+    import os
+
     from gradlab.errors import ConfigError
     from gradlab.metrics.wandb_sink import WandbSink, resolve_api_key
+
+    try:
+        init_timeout_s = float(os.environ.get("WANDB_INIT_TIMEOUT") or 30.0)
+    except ValueError:
+        log.warning("WANDB_INIT_TIMEOUT=%r is not a number of seconds; using 30", os.environ["WANDB_INIT_TIMEOUT"])
+        init_timeout_s = 30.0
 
     api_key = None
     if mode == "online":
@@ -117,7 +126,8 @@ def wandb_sink(settings: Settings, spec: RunSpec, paths: RunPaths, mode: str) ->
             log.warning("run %s: W&B key: %s", spec.run_id, e)
     return WandbSink(spec.run_id, mode, paths.wandb_dir, settings.wandb_project or spec.recipe.logging.wandb_project,
                      config={"spec": spec.to_json()}, entity=settings.wandb_entity, name=spec.display_name,
-                     high_water=outbox_high_water(paths, "wandb"), background=True, api_key=api_key)
+                     high_water=outbox_high_water(paths, "wandb"), background=True, api_key=api_key,
+                     init_timeout_s=init_timeout_s)
 
 
 def _run_exists(stores: Stores, run_id: str) -> bool:

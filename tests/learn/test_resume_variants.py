@@ -99,3 +99,46 @@ def test_ale_lanes_resume_with_exact_counters_and_schedules(tmp_path: Path) -> N
     straight, broken, saved = _straight_and_resumed(spec, tmp_path, 128)
     assert not saved  # ALE's emulators are not saved: episodes restart at the resume
     _counters_continue(straight, broken, "ppo", 128, 256)
+
+
+def test_resume_after_sigkill_ends_where_an_uninterrupted_run_ends(tmp_path: Path) -> None:
+    """A retry after a SIGKILL resumes from the newest complete checkpoint: compared with a run that
+    was never interrupted, not only its final step but its losses and final weights are the same."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.learn.conftest import write_spec
+
+    ppo = {"id": "sb3.ppo", "config": {"n_steps": 32, "batch_size": 128, "n_epochs": 1,
+                                       "learning_rate": {"kind": "linear", "initial": 3e-4, "final": 0.0}}}
+    spec = make_spec(CARTPOLE, ppo, timesteps=4096, checkpoint_freq=512, seed=7)  # 256 steps per update
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    run_learner(spec, straight, watch_parent=False)
+    proc = subprocess.Popen([sys.executable, "-m", "gradlab.learn", "--spec", str(write_spec(spec, tmp_path / "spec.json")),
+                             "--run-dir", str(killed), "--log-level", "WARNING"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 300
+        while len(list_checkpoints(killed)) < 2:  # two checkpoints, then somewhere in a later rollout
+            assert proc.poll() is None and time.monotonic() < deadline, "the learner ended before two checkpoints"
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)
+        assert proc.wait(timeout=60) == -signal.SIGKILL
+    finally:
+        proc.kill()
+    newest = list_checkpoints(killed)[-1]
+    k = verify_checkpoint(newest).step
+    assert 0 < k < 4096
+    resumed = run_learner(spec, killed, resume_from=newest, watch_parent=False)
+    assert (resumed.final_step, resumed.stop_reason) == (4096, "budget")
+    a, b = _updates(straight, "ppo"), _updates(killed, "ppo")
+    after = [s for s in sorted(a) if s > k]
+    assert after and all(s in b for s in after)
+    for step in after:
+        for name in ("train/algorithm/ppo/update/value_loss", "train/algorithm/ppo/update/learning_rate",
+                     "train/episode/count"):
+            assert b[step][name] == a[step][name], (step, name)
+    assert _same_weights(straight, killed)

@@ -9,7 +9,7 @@ import pytest
 
 from gradlab.outbox import Outbox
 from tests.runs.conftest import gradlab_env, last_json_line, only_run_dir, run_gradlab
-from tests.s3server import s3_server  # noqa: F401  (fixture)
+from tests.s3server import free_port, s3_server  # noqa: F401  (fixture)
 
 RECEIPT_KEYS = {"run_id", "attempt_id", "goal_id", "recipe_id", "seed", "outcome", "reason", "final_step", "checkpoints",
                 "evaluations", "promotion", "metrics", "drained", "learner", "sealed_at"}
@@ -65,12 +65,19 @@ def test_bandit_trains_and_is_promoted_with_file_stores(prefect_api: str, gradla
 
 
 @pytest.mark.slow
-def test_bandit_trains_and_is_promoted_with_s3_stores(prefect_api: str, gradlab_home: Path, s3_server) -> None:  # noqa: F811
+def test_bandit_trains_and_is_promoted_with_s3_stores_while_wandb_is_down(prefect_api: str, gradlab_home: Path,
+                                                                          s3_server) -> None:  # noqa: F811
+    """S3 stores, and ``--wandb online`` against an address that does not answer: the run still
+    succeeds, complete locally, and its receipt says W&B is pending."""
     env = gradlab_env(prefect_api, GRADLAB_CONTROL_STORE_URL=s3_server.url("control"),
-                      GRADLAB_EVAL_STORE_URL=s3_server.url("eval"), GRADLAB_MODEL_STORE_URL=s3_server.url("model"))
-    out = run_gradlab(["train", "gradlab__bandit/ppo", "--json"], env)
+                      GRADLAB_EVAL_STORE_URL=s3_server.url("eval"), GRADLAB_MODEL_STORE_URL=s3_server.url("model"),
+                      WANDB_MODE="online", WANDB_API_KEY="0" * 40, WANDB_BASE_URL=f"http://127.0.0.1:{free_port()}",
+                      WANDB_INIT_TIMEOUT="5")
+    out = run_gradlab(["train", "gradlab__bandit/ppo", "--wandb", "online", "--json"], env)
     assert out.returncode == 0, out.stderr[-3000:]
     receipt = last_json_line(out.stdout)
     _check_succeeded_bandit(receipt, gradlab_home, env)
+    assert receipt["metrics"]["pending"] == ["wandb"] and receipt["metrics"]["sinks"]["wandb"] == 0
+    assert receipt["metrics"]["sinks"]["journal"] == receipt["metrics"]["local_high_water"] > 0
     assert receipt["promotion"]["uri"].startswith("s3://")
     assert not (gradlab_home / "stores").exists()  # nothing went to the default file stores
