@@ -47,8 +47,9 @@ from gradlab.receipts import (
     with_checkpoint,
     write_promotion,
 )
-from gradlab.stores import Stores, keys
+from gradlab.stores import Stores, keys, open_store
 from tests.concurrency import race
+from tests.s3server import s3_server  # noqa: F401 (pytest fixture)
 
 T0 = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 RUN = "gradlab-20260102T030405-0123abcd"
@@ -295,3 +296,34 @@ def test_learner_checkpoint_publishes_and_downloads_verified(stores: Stores, tmp
     (folder / "stray.bin").write_bytes(b"x")
     with pytest.raises(IntegrityError, match="not listed in manifest.json: stray.bin"):
         publish_checkpoint(stores, run_id=RUN, attempt_id="attempt-001", checkpoint_dir=folder)
+
+
+def test_an_s3_outage_in_renewal_promotion_and_sealing_is_transient_and_the_retry_agrees(s3_server, tmp_path: Path) -> None:  # noqa: F811
+    """While the S3 endpoint is down, renewing the lease, promoting and sealing fail *transiently*
+    (``StoreUnavailable``: what the tasks retry; never ``LeaseLost`` or ``Conflict``); once it is back
+    the retried call succeeds, the lease is still this attempt's, and a retry after a write that
+    landed agrees with it instead of writing twice. (How long the flow keeps retrying is the task
+    policy's; an outage longer than that fails the attempt, and the next attempt reconciles.)"""
+    from gradlab.errors import StoreUnavailable
+
+    stores = Stores(*(open_store(s3_server.url(name)) for name in ("control", "eval", "model")))
+    open_run(stores, _spec())
+    attempt, held = begin_attempt(stores, RUN, mode="fresh")
+    promotion, receipt = _promotion(100), _receipt()
+
+    s3_server.stop()
+    for call in (lambda: renew_lease(stores.control, held), lambda: write_promotion(stores, promotion),
+                 lambda: seal_terminal(stores, receipt)):
+        with pytest.raises(StoreUnavailable, match=f"cannot reach {s3_server.endpoint_url}"):
+            call()
+    s3_server.restart()
+
+    renewed = renew_lease(stores.control, held)
+    assert (renewed.lease.holder, renewed.lease.generation) == (attempt.attempt_id, held.lease.generation)
+    assert renewed.lease.expires_at > held.lease.expires_at
+    assert write_promotion(stores, promotion) == promotion
+    assert write_promotion(stores, promotion) == promotion  # the retry of a write that landed agrees
+    assert seal_terminal(stores, receipt) == receipt
+    assert seal_terminal(stores, _receipt(at=T0 + timedelta(seconds=5))) == receipt
+    assert read_terminal(stores, RUN, "attempt-001") == receipt and read_promotion(stores, RUN) == promotion
+    assert release_lease(stores.control, renewed).lease.released
