@@ -449,12 +449,12 @@ def retry(
 
     with _prefect() as (client, api_url):
         run_id, flow_runs = _resolve(client, run)
+        live = [fr for fr in flow_runs if fr.state is None or not fr.state.is_final()]
+        if live:  # first: a run still queued is not opened yet, and launching it again would duplicate it
+            fail(f"run {run_id or run}: flow run {live[0].id} is still "
+                 f"{live[0].state.name if live[0].state else 'new'}; wait for it or cancel it first")
         if run_id is None or _store_view(run_id) is None:
             fail(f"run {run_id or run} was never opened in the stores: launch it again instead")
-        live = [fr for fr in flow_runs if fr.state is None or not fr.state.is_final()]
-        if live:
-            fail(f"run {run_id}: flow run {live[0].id} is still {live[0].state.name if live[0].state else 'new'}; "
-                 "wait for it or cancel it first")
         held = read_lease(_stores().control, run_id)
         if held is not None and held.lease.is_live():
             fail(f"run {run_id}: attempt {held.lease.holder} still holds the lease until "
