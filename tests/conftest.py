@@ -33,3 +33,20 @@ def experiments_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     shutil.copytree(REPO / "experiments", dst)
     monkeypatch.setenv("GRADLAB_EXPERIMENTS", str(dst))
     return dst
+
+
+#: Fixtures that start a real Prefect server, its workers or warm learners: a test that uses one is
+#: end to end and must carry ``@pytest.mark.slow`` (checked when tests are collected).
+END_TO_END_FIXTURES = frozenset({"prefect_server", "prefect_api", "queue", "long_runs", "warm"})
+
+
+def unmarked_end_to_end(items) -> list[str]:
+    """Node ids of collected tests that use an end-to-end fixture without the ``slow`` marker."""
+    return [item.nodeid for item in items
+            if END_TO_END_FIXTURES & set(getattr(item, "fixturenames", ())) and item.get_closest_marker("slow") is None]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    unmarked = unmarked_end_to_end(items)
+    if unmarked:
+        raise pytest.UsageError("end-to-end tests without @pytest.mark.slow: " + ", ".join(unmarked))
