@@ -134,7 +134,7 @@ def test_wandb_online_unreachable_is_pending_not_raised(tmp_path: Path, monkeypa
     sink = WandbSink(RUN, "online", tmp_path, "p", init_timeout_s=10, finish_timeout_s=5)
     assert sink.log(1, _train(128, 1.0)) is False
     sink.finish()
-    assert time.monotonic() - started < 30
+    assert time.monotonic() - started < 60  # bounded by init_timeout_s (10 s) + finish, far below W&B's 90 s
     assert sink.status == "pending"
     assert sink.error.startswith(f"wandb init (online, run {RUN}): ")
     assert sink.high_water == 0
@@ -148,7 +148,7 @@ def test_wandb_online_with_key_but_no_network_is_pending(tmp_path: Path, monkeyp
     sink = WandbSink(RUN, "online", tmp_path, "p", init_timeout_s=3, finish_timeout_s=3)
     delivered = sink.log(1, _train(128, 1.0))
     sink.finish()
-    assert time.monotonic() - started < 20
+    assert time.monotonic() - started < 60  # init_timeout_s (3 s) + finish, with a loaded machine's slack; not 90 s
     assert (delivered, sink.status, sink.high_water) == (False, "pending", 0)
 
 
