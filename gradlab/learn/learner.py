@@ -38,7 +38,6 @@ from typing import Any
 
 from gradlab.checkpoints.bundle import CHECKPOINTS_DIR, verify_checkpoint, versions, write_checkpoint
 from gradlab.checkpoints.manifest import RESUME_DIR, CheckpointManifest
-from gradlab.checkpoints.trust import is_trusted
 from gradlab.contracts.hashing import sha256_json
 from gradlab.contracts.run_spec import RunSpec
 from gradlab.errors import ContractViolation, IntegrityError
@@ -113,9 +112,9 @@ def run_learner(spec: RunSpec, run_dir: Path, *, resume_from: Path | None = None
     Args:
         spec: the resolved run spec.
         run_dir: the run directory (``outbox.sqlite`` and ``checkpoints/`` go here).
-        resume_from: a checkpoint folder to continue from (verified first). Its pickled env state is
-            used only when the checkpoint is the run's own or trusted.
-        trust_model: trust a checkpoint from outside the run's directories (``--trust-model``).
+        resume_from: a checkpoint folder to continue from (verified first; the supervisor verifies
+            it against its publication receipt too). Nothing of it is unpickled.
+        trust_model: accepted for command-line compatibility; resume needs no trust (no pickle).
         stop_at_step: behave as if a stop were requested once ``num_timesteps >= stop_at_step``
             (for tests and manual runs; the stop reason is ``stop_requested``).
         env: an SB3 VecEnv to train on instead of :func:`make_training_env` (benchmarks, tests).
@@ -161,8 +160,7 @@ def run_learner(spec: RunSpec, run_dir: Path, *, resume_from: Path | None = None
         backend.setup(spec, env if env is not None else make_training_env(spec))
         env_restored = False
         if resume_from is not None:
-            own = is_trusted(Path(resume_from), own_roots=[run_dir], trust_model=trust_model)
-            env_restored = backend.restore(Path(resume_from), allow_env_pickle=own)
+            env_restored = backend.restore(Path(resume_from))
             _restore_early_stop(monitor, Path(resume_from))
             logger.info("resumed from %s at step %d (lanes %s)", resume_from, backend.num_timesteps,
                         "continue" if env_restored else "reset")

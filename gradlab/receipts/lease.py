@@ -50,6 +50,22 @@ def read_lease(store: ObjectStore, run_id: str) -> HeldLease | None:
     return HeldLease(lease, etag)
 
 
+def require_no_live_lease(store: ObjectStore, run_id: str, *, now: datetime | None = None) -> None:
+    """Refuse early, before a new attempt touches the run directory, while a lease is live.
+
+    Raises:
+        LeaseHeld: as :func:`acquire_lease` would.
+    """
+    at = now or utcnow()
+    current = read_lease(store, run_id)
+    if current is not None and current.lease.is_live(at):
+        raise LeaseHeld(
+            f"{store.url(keys.lease(run_id))}: run {run_id} is leased by {current.lease.holder} "
+            f"({current.lease.owner}) until {current.lease.expires_at.isoformat()}; "
+            f"expected no live lease at {at.isoformat()}"
+        )
+
+
 def _owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 

@@ -73,6 +73,10 @@ class Attempt(Contract):
     number: int = Field(ge=1)
     mode: AttemptMode = Field(description="fresh start, resume from a checkpoint, or drain only.")
     resume_from: CheckpointRef | None = None
+    skipped_checkpoints: list[str] = Field(
+        default_factory=list,
+        description="Newer published checkpoints passed over because they failed verification against their "
+                    "publication receipt, one line each naming the file (the resume fell back to ``resume_from``).")
     previous_attempt_id: str | None = None
     host: str
     pid: int

@@ -103,6 +103,7 @@ def begin_attempt(
     *,
     mode: AttemptMode,
     resume_from: CheckpointRef | None = None,
+    skipped_checkpoints: list[str] | None = None,
     ttl_s: float = DEFAULT_LEASE_TTL_S,
     now: datetime | None = None,
 ) -> tuple[Attempt, HeldLease]:
@@ -125,6 +126,7 @@ def begin_attempt(
         number=number,
         mode=mode,
         resume_from=resume_from,
+        skipped_checkpoints=list(skipped_checkpoints or []),
         previous_attempt_id=previous[-1].attempt_id if previous else None,
         host=socket.gethostname(),
         pid=os.getpid(),
@@ -252,6 +254,23 @@ def download_checkpoint(stores: Stores, publication: CheckpointPublication, dest
         shutil.rmtree(partial, ignore_errors=True)
         raise
     return dest
+
+
+def verify_published(stores: Stores, publication: CheckpointPublication) -> None:
+    """Re-read every published object of a checkpoint from the model store and check its sha256
+    against the publication receipt (control store): what is evaluated and promoted must be
+    byte-identical to what was published (docs/ARCHITECTURE.md section 8).
+
+    Raises:
+        IntegrityError: an object's bytes differ, naming its URL and both hashes.
+        NotFound: an object of the publication is missing from the model store (named).
+        StoreUnavailable: the model store cannot be reached (transient).
+    """
+    for name, entry in sorted(publication.files.items()):
+        key = keys.checkpoint_file(publication.run_id, publication.step, publication.sha256, name)
+        digest = sha256_hex(stores.model.get(key))
+        if digest != entry.sha256:
+            raise IntegrityError(f"{stores.model.url(key)}: sha256 expected {entry.sha256} (publication), found {digest}")
 
 
 def list_publications(stores: Stores, run_id: str) -> list[CheckpointPublication]:

@@ -125,17 +125,22 @@ def open_attempt(stores: Stores, spec: RunSpec, paths: RunPaths) -> AttemptPlan:
     """Open the run (create-or-agree) and begin its next attempt under the writer lease.
 
     Mode: ``fresh`` for a run's first attempt; ``drain`` when an earlier attempt's learner had
-    already finished (its outbox holds ``learner_finished``); otherwise ``resume`` from the last
-    published checkpoint, downloaded (verified) into the run directory when missing locally.
+    already finished (its outbox holds ``learner_finished``); otherwise ``resume`` from the newest
+    published checkpoint that verifies against its publication receipt (downloaded, verified,
+    into the run directory when the local copy is missing or differs). Newer checkpoints that fail
+    verification are passed over and named in the attempt receipt (``skipped_checkpoints``).
 
     Raises:
         LeaseHeld: another attempt's lease is live (a retry is refused while it is).
+        IntegrityError: no published checkpoint verifies (each failure named); no attempt is
+            opened, so none is left unsealed.
     """
     rules.open_run(stores, spec)
     previous = rules.list_attempts(stores, spec.run_id)
     mode: AttemptMode = "fresh"
     resume: CheckpointRef | None = None
     resume_dir: Path | None = None
+    skipped: list[str] = []
     publications: tuple[CheckpointPublication, ...] = ()
     records: tuple[EvaluationRecord, ...] = ()
     outbox = Outbox(paths.outbox)
@@ -147,15 +152,42 @@ def open_attempt(stores: Stores, spec: RunSpec, paths: RunPaths) -> AttemptPlan:
             mode = "drain"
         elif publications:
             mode = "resume"
-            resume = publications[-1].ref
-    attempt, held = rules.begin_attempt(stores, spec.run_id, mode=mode, resume_from=resume)
+            from gradlab.receipts.lease import require_no_live_lease
+
+            require_no_live_lease(stores.control, spec.run_id)  # refuse before touching the run directory
+            resume_dir, chosen, skipped = choose_resume_checkpoint(stores, paths, publications)
+            resume = chosen.ref
+    attempt, held = rules.begin_attempt(stores, spec.run_id, mode=mode, resume_from=resume,
+                                        skipped_checkpoints=skipped)
     # Only the lease holder may touch the run's control state: clear a stale stop request now.
     if mode == "resume":
         outbox.clear_stop()
-        resume_dir = local_checkpoint_dir(stores, paths, publications[-1])
     return AttemptPlan(attempt=attempt, lease=held, resume_dir=resume_dir, publications=publications, records=records,
                        first_seq=outbox.max_seq() + 1 if mode == "resume" else 0)
 
+
+def choose_resume_checkpoint(stores: Stores, paths: RunPaths, publications: tuple[CheckpointPublication, ...]
+                             ) -> tuple[Path, CheckpointPublication, list[str]]:
+    """The newest published checkpoint whose files verify against its publication receipt.
+
+    Returns:
+        (local folder, its publication, one line per newer checkpoint passed over).
+
+    Raises:
+        IntegrityError: none verifies; the message names every failing file.
+    """
+    from gradlab.errors import IntegrityError
+
+    skipped: list[str] = []
+    for publication in sorted(publications, key=lambda p: p.step, reverse=True):
+        try:
+            return local_checkpoint_dir(stores, paths, publication), publication, skipped
+        except (IntegrityError, NotFound) as e:
+            log.warning("run %s: checkpoint at step %d cannot be resumed from: %s", publication.run_id,
+                        publication.step, e)
+            skipped.append(f"step {publication.step}: {e}")
+    raise IntegrityError(f"run {publications[0].run_id}: no published checkpoint verifies against its publication "
+                         f"receipt, refusing to resume: {'; '.join(skipped)}")
 
 
 def _learner_done(outbox: Any) -> bool:
@@ -174,24 +206,29 @@ def _learner_done(outbox: Any) -> bool:
 
 
 def local_checkpoint_dir(stores: Stores, paths: RunPaths, publication: CheckpointPublication) -> Path:
-    """The published checkpoint's folder in the run directory, verified; downloaded (verified) when
-    absent, and again when the local copy fails verification (the bad copy is kept aside)."""
-    from gradlab.checkpoints import verify_checkpoint
+    """The published checkpoint's folder in the run directory, verified file by file against its
+    publication receipt (the control store, not the folder's own manifest); downloaded (verified)
+    when absent, and again when the local copy differs (the bad copy is kept aside).
+
+    Raises:
+        IntegrityError: the model store's copy differs from the publication (names the object and
+            both hashes). NotFound: an object of the publication is missing from the model store.
+    """
+    from gradlab.checkpoints import verify_against_publication
     from gradlab.errors import IntegrityError
     from gradlab.stores import keys
 
     dest = paths.checkpoints / keys.checkpoint_name(publication.step, publication.sha256)
     if dest.is_dir():
         try:
-            manifest = verify_checkpoint(dest)
-            if manifest.sha256 == publication.sha256:
-                return dest
-            raise IntegrityError(f"{dest}: sha256 {manifest.sha256}, the publication says {publication.sha256}")
+            verify_against_publication(dest, publication.files)
+            return dest
         except (IntegrityError, ContractViolation, NotFound) as e:
-            aside = dest.with_name(f"{dest.name}.corrupt-{int(time.time())}")
+            aside = dest.with_name(f"{dest.name}.corrupt-{time.time_ns()}")
             log.warning("%s fails verification (%s): kept as %s; using the published copy", dest, e, aside.name)
             dest.rename(aside)
     rules.download_checkpoint(stores, publication, dest)
+    verify_against_publication(dest, publication.files)
     return dest
 
 

@@ -1,0 +1,137 @@
+"""Resume trusts only what the publication receipt proves, and reads no pickle (issue: run integrity).
+
+Every test runs against the file store and moto's S3 server (the ``stores`` fixture). A trained
+bandit run (two checkpoints, stopped before its budget) is published once per test, then an
+attacker with write access to the model store, or to the run directory, changes bytes.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import pickle
+import shutil
+from pathlib import Path
+
+import pytest
+
+from gradlab.checkpoints import file_sha256, list_checkpoints
+from gradlab.errors import IntegrityError
+from gradlab.receipts import rules
+from gradlab.receipts.lease import read_lease, release_lease
+from gradlab.runs import operations
+from gradlab.runs.paths import RunPaths
+from gradlab.stores import Stores, keys
+
+RUN = "gradlab-20260102T030405-0123abcd"
+
+
+class _Forged:
+    """A pickle that creates ``marker`` when unpickled (what an attacker would put in a store)."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.mkdir, (str(self.marker),))
+
+
+@functools.cache
+def _spec():
+    from gradlab.contracts import Experiments
+    from gradlab.contracts.run_spec import RunSpec
+
+    resolved = Experiments().resolve("gradlab__bandit/ppo", ["train.timesteps=8192"])
+    return RunSpec.from_resolved(resolved, seed=0, run_id=RUN)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A bandit run directory with checkpoints at 2048 and 4096, stopped before its 8192 budget."""
+    from gradlab.learn.learner import run_learner
+
+    run_dir = tmp_path_factory.mktemp("trained") / RUN
+    result = run_learner(_spec(), run_dir, stop_at_step=4096, watch_parent=False)
+    assert (result.final_step, result.stop_reason) == (4096, "stop_requested")
+    return run_dir
+
+
+def _published(stores: Stores, trained: Path, tmp_path: Path) -> tuple[RunPaths, list]:
+    """The trained run copied to ``tmp_path``, published by attempt-001, whose lease is released."""
+    run_dir = tmp_path / RUN
+    shutil.copytree(trained, run_dir)
+    paths = RunPaths(run_dir)
+    spec = _spec()
+    operations.write_local_spec(paths, spec)
+    rules.open_run(stores, spec)
+    _, held = rules.begin_attempt(stores, RUN, mode="fresh")
+    pubs = [rules.publish_checkpoint(stores, run_id=RUN, attempt_id="attempt-001", checkpoint_dir=c)
+            for c in list_checkpoints(run_dir)]
+    release_lease(stores.control, held)
+    return paths, pubs
+
+
+def _overwrite(stores: Stores, pub, name: str, data: bytes) -> str:
+    """Replace a published object in the model store (an attacker's write); returns its key."""
+    key = keys.checkpoint_file(RUN, pub.step, pub.sha256, name)
+    _, etag = stores.model.get_with_etag(key)
+    stores.model.put_if_match(key, data, etag)
+    return key
+
+
+def test_forged_pickle_in_the_store_never_executes_and_the_retry_is_refused(stores: Stores, trained: Path,
+                                                                          tmp_path: Path) -> None:
+    paths, pubs = _published(stores, trained, tmp_path)
+    marker = tmp_path / "pwned"
+    forged = pickle.dumps(_Forged(marker))
+    for pub in pubs:  # every published checkpoint's resume state replaced by a code-running pickle
+        _overwrite(stores, pub, "resume/optimizer.pt", forged)
+    shutil.rmtree(paths.checkpoints)  # another machine: the checkpoints come from the store
+    with pytest.raises(IntegrityError) as caught:
+        operations.open_attempt(stores, _spec(), paths)
+    message = str(caught.value)
+    assert "no published checkpoint verifies" in message
+    for pub in pubs:
+        key = keys.checkpoint_file(RUN, pub.step, pub.sha256, "resume/optimizer.pt")
+        assert f"{stores.model.url(key)}: sha256 expected {pub.files['resume/optimizer.pt'].sha256}" in message
+    assert not marker.exists()
+    # Refused before an attempt was opened: nothing is left unsealed, the lease stays free.
+    assert [a.attempt_id for a in rules.list_attempts(stores, RUN)] == ["attempt-001"]
+    assert read_lease(stores.control, RUN).lease.released
+
+
+def test_corrupt_newest_checkpoint_falls_back_to_the_newest_that_verifies(stores: Stores, trained: Path,
+                                                                          tmp_path: Path) -> None:
+    paths, pubs = _published(stores, trained, tmp_path)
+    newest = pubs[-1]
+    data = bytearray(stores.model.get(keys.checkpoint_file(RUN, newest.step, newest.sha256, "policy.safetensors")))
+    data[len(data) // 2] ^= 0xFF
+    key = _overwrite(stores, newest, "policy.safetensors", bytes(data))
+    shutil.rmtree(paths.checkpoints)
+    plan = operations.open_attempt(stores, _spec(), paths)
+    assert plan.attempt.mode == "resume"
+    assert (plan.attempt.resume_from.step, plan.attempt.resume_from.sha256) == (pubs[0].step, pubs[0].sha256)
+    assert plan.resume_dir.name.startswith(f"{pubs[0].step:012d}-")
+    [note] = plan.attempt.skipped_checkpoints
+    assert note.startswith(f"step {newest.step}: {stores.model.url(key)}: sha256 expected")
+    stored = [a for a in rules.list_attempts(stores, RUN) if a.attempt_id == plan.attempt.attempt_id]
+    assert stored[0].skipped_checkpoints == [note]  # said in the attempt receipt itself
+
+
+def test_a_rewritten_local_copy_is_replaced_by_the_published_one(stores: Stores, trained: Path,
+                                                                 tmp_path: Path) -> None:
+    """A run-directory copy whose manifest was rewritten to match changed bytes is not trusted."""
+    paths, pubs = _published(stores, trained, tmp_path)
+    local = list_checkpoints(paths.root)[-1]
+    lanes = local / "resume" / "lanes.json"
+    body = json.loads(lanes.read_text())
+    body["tamper"] = True
+    lanes.write_text(json.dumps(body))
+    manifest = json.loads((local / "manifest.json").read_text())
+    manifest["files"]["resume/lanes.json"] = {"sha256": file_sha256(lanes), "size_bytes": lanes.stat().st_size}
+    (local / "manifest.json").write_text(json.dumps(manifest))
+    plan = operations.open_attempt(stores, _spec(), paths)
+    assert plan.resume_dir == local and plan.attempt.skipped_checkpoints == []
+    assert file_sha256(plan.resume_dir / "resume" / "lanes.json") == pubs[-1].files["resume/lanes.json"].sha256
+    assert list(paths.checkpoints.glob(f"{local.name}.corrupt-*"))  # the bad copy kept aside
