@@ -229,7 +229,8 @@ def verify_against_publication(path: Path, files: Mapping[str, Any], *, what: st
     if not path.is_dir():
         raise NotFound(f"{path}: no checkpoint folder")
     present = {p.relative_to(path).as_posix(): p for p in sorted(path.rglob("*")) if p.is_file()}
-    for rel, entry in sorted(files.items()):
+    # The manifest last: a rewritten manifest is named only when no data file differs.
+    for rel, entry in sorted(files.items(), key=lambda kv: (kv[0] == MANIFEST_FILE, kv[0])):
         fpath = present.get(rel)
         if fpath is None:
             raise IntegrityError(f"{path / rel}: listed in the {what} but missing")

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gradlab.contracts.run_spec import RunSpec
-from gradlab.errors import GradlabError
+from gradlab.errors import GradlabError, IntegrityError
 from gradlab.outbox import Outbox
 from gradlab.receipts.lease import LeaseLost, release_lease, renew_lease
 from gradlab.receipts.models import LearnerExit, TerminalMetrics, TerminalReceipt
@@ -183,10 +183,14 @@ class AttemptDriver:
             why = "the goal is training-only" if self.spec.goal.evaluation_mode == "training_only" else "evaluation was turned off"
             outcome, reason = "succeeded", f"trained to step {final_step} ({stop_reason}); {why}: nothing to promote"
         elif (candidate := sup.promotion_candidate()) is not None:
-            promotion = self.promote(candidate)
-            outcome = "succeeded"
-            reason = (f"checkpoint at step {promotion.checkpoint_step} accepted "
-                      f"(return mean {promotion.return_mean}) and promoted")
+            try:
+                promotion = self.promote(candidate)
+            except IntegrityError as e:  # the store's copy changed after evaluation: never promoted
+                outcome, reason = "failed", f"checkpoint at step {candidate.step} was accepted but not promoted: {e}"
+            else:
+                outcome = "succeeded"
+                reason = (f"checkpoint at step {promotion.checkpoint_step} accepted "
+                          f"(return mean {promotion.return_mean}) and promoted")
         elif errors := [t for t in sup.tracks.values() if t.eval_error is not None]:
             steps = ", ".join(str(t.step) for t in errors)
             outcome, reason = "failed", f"evaluations of steps {steps} could not run: {errors[0].eval_error}"

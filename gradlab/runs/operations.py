@@ -252,11 +252,15 @@ def evaluate(
 
     A result already recorded for the same (run, checkpoint, goal, manifest) is returned as it is:
     a retried task never evaluates twice. A permanent evaluation failure is recorded as
-    ``failed``; a transient one (backend unreachable) is raised for the task to retry.
+    ``failed``; a transient one (backend unreachable) is raised for the task to retry. The local
+    copy is checked against the publication receipt before and after the evaluation, and every
+    model-store object of the checkpoint is re-read and checked before the result is recorded: a
+    difference records ``failed``, naming the object and both hashes.
 
     Raises:
         TransientError: the backend or a store is unavailable.
     """
+    from gradlab.checkpoints import verify_against_publication
     from gradlab.errors import IntegrityError
     from gradlab.evaluation import EvalRequest, build_manifest, validate_result
     from gradlab.evaluation.backends import EvaluationFailed, evaluate_with, get_backend
@@ -273,10 +277,15 @@ def evaluate(
                           checkpoint_step=publication.step, spec=spec.to_json())
     runner = get_backend(backend)
     try:
+        # What is evaluated is byte-identical to what was published (docs/ARCHITECTURE.md section 8):
+        # the local copy against the publication receipt before, the model store's objects after.
+        verify_against_publication(Path(checkpoint_dir), publication.files)
         result = evaluate_with(runner, request, timeout_s=EVAL_TIMEOUT_S)
         expected = {"checkpoint_sha256": publication.sha256, "episode_manifest_sha256": manifest.sha256, **spec.hashes}
         validated = validate_result(result, expected=expected, goal=spec.goal)
-    except (IntegrityError, ContractViolation, EvaluationFailed) as e:
+        verify_against_publication(Path(checkpoint_dir), publication.files)
+        rules.verify_published(stores, publication)
+    except (IntegrityError, ContractViolation, EvaluationFailed, NotFound) as e:
         # The checkpoint itself cannot be evaluated: a permanent result. A backend that cannot run
         # (no credentials, unreachable) is not recorded: the error goes up and a retry evaluates.
         log.error("run %s: evaluation of step %d failed: %s", spec.run_id, publication.step, e)
@@ -307,12 +316,15 @@ def promote(stores: Stores, run_id: str, attempt_id: str, record: EvaluationReco
 
     Raises:
         ContractViolation: the evaluation is not accepted or is of another checkpoint.
+        IntegrityError: a model-store object of the checkpoint differs from its publication
+            receipt (named, with both hashes); nothing is promoted.
         Conflict: the run already promoted a different checkpoint.
     """
     from gradlab.stores import keys
 
     if record.status != "accepted" or record.checkpoint_sha256 != publication.sha256:
         raise ContractViolation(f"run {run_id}: only an accepted evaluation of the same checkpoint can be promoted")
+    rules.verify_published(stores, publication)  # the promoted objects are the published bytes
     promotion = Promotion(
         run_id=run_id, attempt_id=attempt_id, checkpoint_step=publication.step, checkpoint_sha256=publication.sha256,
         uri=publication.uri, evaluation_key=record.intent_key,
