@@ -26,6 +26,8 @@ from typing import Any
 
 from gradlab.errors import ConfigError
 
+_RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}$")
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -49,6 +51,15 @@ class Settings:
         return self.home / "runs"
 
     def run_dir(self, run_id: str) -> Path:
+        """``<home>/runs/<run_id>``.
+
+        Raises:
+            ConfigError: ``run_id`` is not one name (a ``/``, ``..`` or other character that could
+                reach outside the runs folder).
+        """
+        if not isinstance(run_id, str) or not _RUN_ID_RE.match(run_id) or ".." in run_id:
+            raise ConfigError(f"run id: expected one name of letters, digits and _ . + - (no '/', no '..'), "
+                              f"found {str(run_id)[:80]!r}")
         return self.runs_dir / run_id
 
 
