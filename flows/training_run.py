@@ -141,10 +141,11 @@ def training_run(
     from gradlab.runs import operations
     from gradlab.runs.driver import AttemptDriver
     from gradlab.runs.process import LearnerProcess
-    from gradlab.settings import load_settings
+    from gradlab.settings import load_settings, secure_home
     from gradlab.stores import open_stores
 
     settings = load_settings()
+    secure_home(settings)  # a deployment's worker writes private files too
     stores = open_stores(settings)
     run_id = run_id or _tagged_run_id()
     spec, paths = operations.prepare_spec(settings, recipe=recipe, seed=seed, overrides=overrides, run_id=run_id,
