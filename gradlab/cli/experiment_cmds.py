@@ -456,7 +456,7 @@ def retry(
             fail(f"run {run_id}: flow run {live[0].id} is still {live[0].state.name if live[0].state else 'new'}; "
                  "wait for it or cancel it first")
         held = read_lease(_stores().control, run_id)
-        if held is not None and held.lease.is_live():
+        if held is not None and held.lease.in_force():
             fail(f"run {run_id}: attempt {held.lease.holder} still holds the lease until "
                  f"{held.lease.expires_at.isoformat()}; retry after it ends or expires")
         previous = flow_runs[0] if flow_runs else None

@@ -79,7 +79,7 @@ def live_attempts(stores, *, now=None) -> list[tuple[str, str]]:
     live = []
     for run_id in rules.list_runs(stores):
         held = read_lease(stores.control, run_id)
-        if held is None or not held.lease.is_live(at):
+        if held is None or not held.lease.in_force(at):
             continue
         if rules.read_terminal(stores, run_id, held.lease.holder) is None:
             live.append((run_id, held.lease.holder))
@@ -155,7 +155,7 @@ def retry(
         fail(f"run {run_id} already succeeded ({view['receipt']['attempt_id']}): nothing to retry")
     held = read_lease(stores.control, run_id)
     _refuse_if_owner_alive(held, run_id)
-    if held is not None and held.lease.is_live():
+    if held is not None and held.lease.in_force():
         fail(f"run {run_id}: attempt {held.lease.holder} still holds the lease until {held.lease.expires_at.isoformat()} "
              f"(owner {held.lease.owner}); retry after it ends or expires")
     import time
@@ -203,6 +203,16 @@ def _refuse_if_owner_alive(held, run_id: str) -> None:
 
     if held is None or held.lease.released:
         return
+    state = held.lease.owner_state()
+    if state == "dead":
+        return
+    if state == "alive":
+        fail(f"run {run_id}: attempt {held.lease.holder} is still running here (pid {held.lease.owner_pid}), although "
+             f"its lease {'expired' if not held.lease.is_live() else 'is live'}; stop it first (Ctrl-C or "
+             "`prefect flow-run cancel`)")
+    if held.lease.owner_boot_id is not None:
+        return  # another boot or another machine: only the lease's expiry can tell
+    # A lease written before owners carried a boot id and start time: the pid is all there is.
     host, _, pid = held.lease.owner.rpartition(":")
     if host != socket.gethostname() or not pid.isdigit():
         return

@@ -92,6 +92,10 @@ class Lease(Contract):
     run_id: str
     holder: str = Field(description="The attempt id holding the lease.")
     owner: str = Field(description="``<host>:<pid>`` of the holding process.")
+    owner_boot_id: str | None = Field(default=None, description="The owner's host boot id (Linux).")
+    owner_pid: int | None = Field(default=None, description="The owner's pid.")
+    owner_start: int | None = Field(default=None, description="The owner's start time, clock ticks since boot; with "
+                                    "the boot id and pid it names one process (a recycled pid is not the owner).")
     generation: int = Field(ge=1)
     ttl_s: float = Field(gt=0, description="Seconds a heartbeat keeps the lease live.")
     acquired_at: AwareDatetime
@@ -102,6 +106,17 @@ class Lease(Contract):
     def is_live(self, now: datetime | None = None) -> bool:
         """Not released and not yet expired at ``now``."""
         return not self.released and (now or utcnow()) < self.expires_at
+
+    def owner_state(self) -> str:
+        """``alive``, ``dead`` or ``unknown``, judged from this host (:func:`gradlab.receipts.owner.owner_state`)."""
+        from gradlab.receipts.owner import owner_state
+
+        return owner_state(self.owner_boot_id, self.owner_pid, self.owner_start)
+
+    def in_force(self, now: datetime | None = None) -> bool:
+        """Live, and its owner not known to be dead: a lease whose owner died on this host is not
+        waited out (docs/ARCHITECTURE.md section 9)."""
+        return self.is_live(now) and self.owner_state() != "dead"
 
 
 class FileEntry(Contract):

@@ -457,7 +457,7 @@ def reconcile_run(stores: Stores, run_id: str, *, now: datetime | None = None) -
     for attempt in list_attempts(stores, run_id):
         if read_terminal(stores, run_id, attempt.attempt_id) is not None:
             continue
-        if held is not None and held.lease.holder == attempt.attempt_id and held.lease.is_live(at):
+        if held is not None and held.lease.holder == attempt.attempt_id and held.lease.in_force(at):
             continue
         checkpoints, evaluations, promotion = run_inventory(stores, run_id)
         lease_note = (
