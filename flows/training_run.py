@@ -170,10 +170,11 @@ def training_run(
         wandb = WandbSink(spec.run_id, mode, paths.wandb_dir, settings.wandb_project or spec.recipe.logging.wandb_project,
                           config={"spec": spec.to_json()}, entity=settings.wandb_entity, name=spec.display_name,
                           high_water=operations.outbox_high_water(paths, "wandb"), background=True)
-        attempt_id = plan.attempt.attempt_id
+        attempt_id, epoch = plan.fence
 
         def publish(track: CheckpointTrack) -> _Done:
-            return _Done(run_tasks.publish_checkpoint.submit(stores, spec.run_id, attempt_id, track.step, track.path))
+            return _Done(run_tasks.publish_checkpoint.submit(stores, spec.run_id, attempt_id, track.step, track.path,
+                                                             epoch))
 
         def evaluate_track(track: CheckpointTrack) -> _Done:
             directory = operations.local_checkpoint_dir(stores, paths, track.publication)
@@ -184,7 +185,8 @@ def training_run(
             spec=spec, paths=paths, stores=stores, plan=plan, learner=learner,
             submit_publish=publish, submit_evaluate=evaluate_track,
             record_stop=lambda reason: run_tasks.request_stop(stores, spec.run_id, attempt_id, reason),
-            promote=lambda t: run_tasks.promote(stores, spec.run_id, attempt_id, t.step, t.evaluation, t.publication),
+            promote=lambda t: run_tasks.promote(stores, spec.run_id, attempt_id, t.step, t.evaluation, t.publication,
+                                                epoch),
             seal=lambda fields: run_tasks.seal_receipt(stores, spec, spec.run_id, attempt_id, fields, paths),
             evaluate=spec.evaluate, wandb=wandb, cancel_requested=_cancel_probe(),
             max_parallel_evals=max(1, (os.cpu_count() or 2) - 1),

@@ -52,6 +52,8 @@ OUTBOX_FILE = "outbox.sqlite"
 EARLY_STOP_FILE = "early_stop.json"
 """Early-stop monitor state inside a checkpoint's ``resume/`` folder (``EarlyStopMonitor.state_dict()``)."""
 SUPERVISOR_LOST = "supervisor_lost"
+FENCED = "fenced"
+"""Stop reason of a learner whose attempt was superseded by a newer one (its lease epoch is no longer current)."""
 
 
 @dataclass(frozen=True)
@@ -142,6 +144,7 @@ def run_learner(spec: RunSpec, run_dir: Path, *, resume_from: Path | None = None
     torch.set_num_threads(train.torch_threads)
     torch.distributions.Distribution.set_default_validate_args(False)
     outbox = Outbox(run_dir / OUTBOX_FILE)
+    outbox.adopt_fence(starting=True)  # stamp every event with the attempt and epoch that started this learner
     flag = _SignalFlag()
     flag.install()
     backend = SB3Backend(train.backend.id)
@@ -204,7 +207,14 @@ def run_learner(spec: RunSpec, run_dir: Path, *, resume_from: Path | None = None
                 registered.update(metrics)
             outbox.append("metrics", step, {"metrics": metrics})
             # Safe boundary: the update is complete.
-            if flag.signal:
+            outbox.adopt_fence()
+            if (superseded := outbox.superseded()) is not None:
+                # A newer attempt holds the run (this learner was paused past its lease): stop now,
+                # writing no checkpoint; the new supervisor refuses this lineage's events anyway.
+                stop_reason = FENCED
+                logger.warning("fenced out: %s; stopping", superseded)
+                outbox.append("stop_observed", step, {"reason": f"{FENCED}: {superseded}"})
+            elif flag.signal:
                 stop_reason = flag.signal
             elif supervisor is not None and not supervisor.alive():
                 stop_reason = SUPERVISOR_LOST
@@ -229,7 +239,7 @@ def run_learner(spec: RunSpec, run_dir: Path, *, resume_from: Path | None = None
         step = backend.num_timesteps
         if stop_reason is None:
             stop_reason = "sigterm" if flag.signal else "budget"
-        if last_ckpt_step != step:
+        if last_ckpt_step != step and stop_reason != FENCED:
             written.append(_checkpoint(backend, monitor, run_dir, outbox, step, "final", manifest_fields))
         outbox.append("learner_finished", step, {"final_step": step, "stop_reason": stop_reason})
         logger.info("learner finished at step %d (%s)", step, stop_reason)

@@ -134,6 +134,7 @@ class CheckpointPublication(Contract):
     purpose: Literal["periodic", "final"]
     uri: str = Field(description="Model-store URL of the checkpoint folder (ends with '/').")
     files: dict[str, FileEntry] = Field(description="Every uploaded file (relative path) → sha256, size.")
+    epoch: int | None = Field(default=None, description="The publishing attempt's lease epoch (fencing).")
     published_at: AwareDatetime
 
     @property

@@ -145,8 +145,25 @@ def _checkpoint_files(checkpoint_dir: Path) -> dict[str, Path]:
     return files
 
 
+def require_epoch(stores: Stores, run_id: str, attempt_id: str, epoch: int) -> None:
+    """Refuse a write made for an attempt whose lease epoch is no longer current (fencing).
+
+    Raises:
+        LeaseLost: the lease is held by another attempt or epoch (or released), naming both.
+    """
+    from gradlab.receipts.lease import LeaseLost
+
+    held = read_lease(stores.control, run_id)
+    if held is None or (held.lease.holder, held.lease.generation) != (attempt_id, epoch) or held.lease.released:
+        found = "no lease" if held is None else (f"{held.lease.holder} epoch {held.lease.generation}"
+                                                 f"{' (released)' if held.lease.released else ''}")
+        raise LeaseLost(f"{stores.control.url(keys.lease(run_id))}: write for {attempt_id} epoch {epoch} refused: "
+                        f"the lease is {found}")
+
+
 def publish_checkpoint(
-    stores: Stores, *, run_id: str, attempt_id: str, checkpoint_dir: Path, now: datetime | None = None
+    stores: Stores, *, run_id: str, attempt_id: str, checkpoint_dir: Path, now: datetime | None = None,
+    epoch: int | None = None,
 ) -> CheckpointPublication:
     """Copy a checkpoint folder to the model store, verify it, write its receipt, add it to the index.
 
@@ -158,7 +175,12 @@ def publish_checkpoint(
     Returns:
         The publication receipt as stored.
 
+    Args:
+        epoch: the publishing attempt's lease epoch: checked before anything is uploaded and again
+            before the receipt is written (a superseded attempt publishes nothing), and recorded.
+
     Raises:
+        LeaseLost: ``epoch`` is no longer the lease's.
         ContractViolation: no ``manifest.json``, or it names another run.
         IntegrityError: a file's bytes do not match the manifest (names the file), a listed file is
             missing, or a file is not listed.
@@ -173,6 +195,8 @@ def publish_checkpoint(
         raise ContractViolation(f"{manifest_path}: checkpoint has no manifest.json") from None
     if manifest.get("run_id") != run_id:
         raise ContractViolation(f"{manifest_path}: run_id: expected {run_id}, found {manifest.get('run_id')}")
+    if epoch is not None:
+        require_epoch(stores, run_id, attempt_id, epoch)
     step, sha256, purpose = int(manifest["step"]), str(manifest["sha256"]), manifest.get("purpose", "periodic")
     listed: dict[str, dict] = manifest.get("files", {})
     present = _checkpoint_files(checkpoint_dir)
@@ -201,8 +225,11 @@ def publish_checkpoint(
         purpose=purpose,
         uri=uri,
         files=entries,
+        epoch=epoch,
         published_at=now or utcnow(),
     )
+    if epoch is not None:
+        require_epoch(stores, run_id, attempt_id, epoch)
     stored = create_or_agree(
         stores.control,
         keys.publication(run_id, step, sha256),

@@ -84,7 +84,9 @@ class AttemptDriver:
             submit_publish=self.submit_publish, submit_evaluate=self.submit_evaluate, sinks=sinks,
             evaluate=evaluated, stop_on_acceptance=self.spec.goal.stops_on_acceptance,
             max_parallel_evals=self.max_parallel_evals, request_stop=self.record_stop, first_seq=self.plan.first_seq,
+            fence=self.plan.fence, opened_seq=self.plan.opened_seq,
         )
+        self.outbox.stamp = self.plan.fence  # the supervisor's own events carry its attempt and epoch
         # Checkpoints published by earlier attempts keep their results; unevaluated ones are evaluated now.
         records = {rec.checkpoint_sha256: rec for rec in self.plan.records}
         self.supervisor.adopt_published(list(self.plan.publications), records)

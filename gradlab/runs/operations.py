@@ -119,6 +119,14 @@ class AttemptPlan:
     #: Outbox events before this seq belong to an abandoned learner lineage (a resumed attempt
     #: continues from the last *published* checkpoint): their checkpoints are never published.
     first_seq: int = 0
+    #: The outbox's next event_seq when this attempt set its fence: an event from here on stamped
+    #: with another attempt or epoch is a superseded learner's, refused (docs/ARCHITECTURE.md section 5).
+    opened_seq: int = 0
+
+    @property
+    def fence(self) -> tuple[str, int]:
+        """(attempt id, lease epoch) this attempt's learner stamps its events with."""
+        return self.attempt.attempt_id, self.lease.lease.generation
 
 
 def open_attempt(stores: Stores, spec: RunSpec, paths: RunPaths) -> AttemptPlan:
@@ -159,11 +167,14 @@ def open_attempt(stores: Stores, spec: RunSpec, paths: RunPaths) -> AttemptPlan:
             resume = chosen.ref
     attempt, held = rules.begin_attempt(stores, spec.run_id, mode=mode, resume_from=resume,
                                         skipped_checkpoints=skipped)
-    # Only the lease holder may touch the run's control state: clear a stale stop request now.
+    # Only the lease holder may touch the run's control state: clear a stale stop request now, and
+    # fence out any earlier learner still writing to this outbox (paused past its lease).
     if mode == "resume":
         outbox.clear_stop()
+    outbox.set_fence(attempt.attempt_id, held.lease.generation)
+    opened = outbox.max_seq() + 1
     return AttemptPlan(attempt=attempt, lease=held, resume_dir=resume_dir, publications=publications, records=records,
-                       first_seq=outbox.max_seq() + 1 if mode == "resume" else 0)
+                       first_seq=opened if mode == "resume" else 0, opened_seq=opened)
 
 
 def choose_resume_checkpoint(stores: Stores, paths: RunPaths, publications: tuple[CheckpointPublication, ...]
@@ -240,9 +251,15 @@ def prewarm_evaluation(backend: str, count: int = 1) -> None:
         prewarm(count)
 
 
-def publish(stores: Stores, run_id: str, attempt_id: str, checkpoint_dir: Path) -> CheckpointPublication:
-    """Publish one checkpoint (copy, verify, receipt, index). See ``rules.publish_checkpoint``."""
-    return rules.publish_checkpoint(stores, run_id=run_id, attempt_id=attempt_id, checkpoint_dir=checkpoint_dir)
+def publish(stores: Stores, run_id: str, attempt_id: str, checkpoint_dir: Path, *,
+            epoch: int | None = None) -> CheckpointPublication:
+    """Publish one checkpoint (copy, verify, receipt, index). See ``rules.publish_checkpoint``.
+
+    Raises:
+        LeaseLost: ``epoch`` is no longer the lease's (a newer attempt holds the run).
+    """
+    return rules.publish_checkpoint(stores, run_id=run_id, attempt_id=attempt_id, checkpoint_dir=checkpoint_dir,
+                                    epoch=epoch)
 
 
 def evaluate(
@@ -311,19 +328,22 @@ def record_stop(stores: Stores, run_id: str, attempt_id: str, reason: str) -> No
 
 
 def promote(stores: Stores, run_id: str, attempt_id: str, record: EvaluationRecord,
-            publication: CheckpointPublication) -> Promotion:
+            publication: CheckpointPublication, *, epoch: int | None = None) -> Promotion:
     """Promote the checkpoint of an accepted evaluation (create-only; exactly one per run).
 
     Raises:
         ContractViolation: the evaluation is not accepted or is of another checkpoint.
         IntegrityError: a model-store object of the checkpoint differs from its publication
             receipt (named, with both hashes); nothing is promoted.
+        LeaseLost: ``epoch`` is no longer the lease's (a newer attempt holds the run).
         Conflict: the run already promoted a different checkpoint.
     """
     from gradlab.stores import keys
 
     if record.status != "accepted" or record.checkpoint_sha256 != publication.sha256:
         raise ContractViolation(f"run {run_id}: only an accepted evaluation of the same checkpoint can be promoted")
+    if epoch is not None:
+        rules.require_epoch(stores, run_id, attempt_id, epoch)
     rules.verify_published(stores, publication)  # the promoted objects are the published bytes
     promotion = Promotion(
         run_id=run_id, attempt_id=attempt_id, checkpoint_step=publication.step, checkpoint_sha256=publication.sha256,

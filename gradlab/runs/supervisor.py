@@ -146,6 +146,11 @@ class Supervisor:
     tracks: dict[int, CheckpointTrack] = field(default_factory=dict)
     after_seq: int = 0
     first_seq: int = 0
+    #: (attempt id, lease epoch) of this attempt; events from ``opened_seq`` on stamped otherwise
+    #: are a superseded learner's and refused (fencing, docs/ARCHITECTURE.md section 5).
+    fence: tuple[str, int] | None = None
+    opened_seq: int = 0
+    refused_events: int = 0
     learner_finished: dict[str, Any] | None = None
     learner_started: dict[str, Any] | None = None
     stop_reason: str | None = None
@@ -179,6 +184,13 @@ class Supervisor:
         return events
 
     def _ingest(self, event: Event) -> None:
+        if (self.fence is not None and event.fence is not None and event.fence != self.fence
+                and event.event_seq >= self.opened_seq):
+            if not self.refused_events:
+                log.warning("run %s: refusing events of %s epoch %s (superseded by %s epoch %s), from event_seq %d",
+                            self.spec.run_id, event.attempt, event.epoch, *self.fence, event.event_seq)
+            self.refused_events += 1
+            return
         if event.event_seq < self.first_seq and event.kind in ("checkpoint_ready", "learner_finished",
                                                                "learner_started", "stop_observed"):
             return  # an abandoned learner lineage: its metrics are still delivered, nothing else
