@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 import sqlite3
 import threading
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ EVENT_KINDS = ("learner_started", "metrics", "checkpoint_ready", "stop_observed"
 
 STOP_KEY = "stop_requested"
 FENCE_KEY = "fence"
+IDENTITY_KEY = "identity"
 BUSY_TIMEOUT_S = 30.0
 
 _SCHEMA = """
@@ -164,6 +166,10 @@ class Outbox:
                 for name, kind in (("attempt", "TEXT"), ("epoch", "INTEGER")):
                     if name not in cols:  # an outbox written before events were stamped
                         self._conn.execute(f"ALTER TABLE events ADD COLUMN {name} {kind}")
+                # The outbox's identity: a random nonce fixed when the file is created, so a lost
+                # or replaced outbox (its event_seq restarting at 1) is told apart from this one.
+                self._conn.execute("INSERT OR IGNORE INTO control(key, value, updated_at) VALUES (?, ?, ?)",
+                                   (IDENTITY_KEY, secrets.token_hex(8), _now()))
         with self._lock:
             cols = {r[1] for r in self._conn.execute("PRAGMA table_info(events)")}
         self._select = ("SELECT event_seq, event_id, kind, step, payload, created_at, "
@@ -284,6 +290,11 @@ class Outbox:
         """The stop reason if a stop was requested, else None."""
         value = self.get_control(STOP_KEY)
         return value or None
+
+    def identity(self) -> str | None:
+        """The outbox's identity nonce (16 hex), fixed when the file was created; None for an
+        outbox created before outboxes had one (opened read-only)."""
+        return self.get_control(IDENTITY_KEY)
 
     # -- fencing -----------------------------------------------------------------------------
     def set_fence(self, attempt: str, epoch: int) -> None:

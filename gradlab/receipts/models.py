@@ -77,6 +77,12 @@ class Attempt(Contract):
         default_factory=list,
         description="Newer published checkpoints passed over because they failed verification against their "
                     "publication receipt, one line each naming the file (the resume fell back to ``resume_from``).")
+    outbox: str | None = Field(default=None, description="Identity nonce of the run directory's outbox.sqlite this "
+                               "attempt opened (its learner's events are numbered within it).")
+    outbox_replaced: str | None = Field(
+        default=None, description="Set when the outbox is not the one the previous attempt recorded (lost, truncated "
+                                  "or replaced): names the file and both identities; that outbox's undelivered events "
+                                  "are lost and no receipt counts them.")
     previous_attempt_id: str | None = None
     host: str
     pid: int
@@ -307,6 +313,8 @@ class TerminalPromotion(Contract):
 
 class TerminalMetrics(Contract):
     local_high_water: int = Field(ge=0, description="Last outbox event_seq delivered to the local journal.")
+    outbox: str | None = Field(default=None, description="Identity of the outbox the event_seq marks count in "
+                               "(journal lines carry it too).")
     sinks: dict[str, int | None] = Field(description="Per sink high-water event_seq; None: sink disabled.")
     pending: list[str] = Field(
         default_factory=list,

@@ -104,6 +104,8 @@ def begin_attempt(
     mode: AttemptMode,
     resume_from: CheckpointRef | None = None,
     skipped_checkpoints: list[str] | None = None,
+    outbox: str | None = None,
+    outbox_replaced: str | None = None,
     ttl_s: float = DEFAULT_LEASE_TTL_S,
     now: datetime | None = None,
 ) -> tuple[Attempt, HeldLease]:
@@ -127,6 +129,8 @@ def begin_attempt(
         mode=mode,
         resume_from=resume_from,
         skipped_checkpoints=list(skipped_checkpoints or []),
+        outbox=outbox,
+        outbox_replaced=outbox_replaced,
         previous_attempt_id=previous[-1].attempt_id if previous else None,
         host=socket.gethostname(),
         pid=os.getpid(),

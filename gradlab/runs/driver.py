@@ -75,7 +75,8 @@ class AttemptDriver:
 
     def __post_init__(self) -> None:
         self.outbox = Outbox(self.paths.outbox)
-        sinks: list[Any] = [JournalSink(self.paths.journal)]
+        sinks: list[Any] = [JournalSink(self.paths.journal, outbox=self.outbox.identity(),
+                                        attempt=self.plan.attempt.attempt_id)]
         if self.wandb is not None and self.wandb.mode != "disabled":
             sinks.append(WandbMetricSink(self.wandb))
         evaluated = self.evaluate and self.spec.goal.evaluation_mode == "evaluated"
@@ -250,7 +251,8 @@ class AttemptDriver:
         local = self.outbox.high_water("journal")
         if wandb_hw is not None and (wandb_hw < local or self.wandb.status == "pending"):
             pending.append("wandb")
-        metrics = TerminalMetrics(local_high_water=local, sinks={"journal": local, "wandb": wandb_hw}, pending=pending)
+        metrics = TerminalMetrics(local_high_water=local, sinks={"journal": local, "wandb": wandb_hw}, pending=pending,
+                                  outbox=self.outbox.identity())
         receipt = self.seal({"outcome": outcome, "reason": reason, "final_step": final_step, "metrics": metrics,
                              "drained": drained, "learner": learner})
         try:

@@ -165,14 +165,22 @@ def open_attempt(stores: Stores, spec: RunSpec, paths: RunPaths) -> AttemptPlan:
             require_no_live_lease(stores.control, spec.run_id)  # refuse before touching the run directory
             resume_dir, chosen, skipped = choose_resume_checkpoint(stores, paths, publications)
             resume = chosen.ref
+    identity = outbox.identity()
+    recorded = next((a for a in reversed(previous) if a.outbox is not None), None)
+    replaced = None
+    if recorded is not None and recorded.outbox != identity:
+        replaced = (f"{paths.outbox}: outbox {identity} is not outbox {recorded.outbox} that {recorded.attempt_id} "
+                    "recorded (lost, truncated or replaced); its events not yet delivered are lost")
+        log.warning("run %s: %s", spec.run_id, replaced)
     attempt, held = rules.begin_attempt(stores, spec.run_id, mode=mode, resume_from=resume,
-                                        skipped_checkpoints=skipped)
+                                        skipped_checkpoints=skipped, outbox=identity, outbox_replaced=replaced)
     # Only the lease holder may touch the run's control state: clear a stale stop request now, and
     # fence out any earlier learner still writing to this outbox (paused past its lease).
     if mode == "resume":
         outbox.clear_stop()
     outbox.set_fence(attempt.attempt_id, held.lease.generation)
     opened = outbox.max_seq() + 1
+    outbox.close()
     return AttemptPlan(attempt=attempt, lease=held, resume_dir=resume_dir, publications=publications, records=records,
                        first_seq=opened if mode == "resume" else 0, opened_seq=opened)
 
