@@ -249,8 +249,8 @@ class AttemptDriver:
             self.wandb.finish(timeout_s=wandb_wait_s)
             wandb_hw = self.wandb.high_water
         local = self.outbox.high_water("journal")
-        if wandb_hw is not None and (wandb_hw < local or self.wandb.status == "pending"):
-            pending.append("wandb")
+        if wandb_hw is not None and not self.wandb.complete(local):
+            pending.append("wandb")  # behind, failed, or split over several offline segments
         metrics = TerminalMetrics(local_high_water=local, sinks={"journal": local, "wandb": wandb_hw}, pending=pending,
                                   outbox=self.outbox.identity())
         receipt = self.seal({"outcome": outcome, "reason": reason, "final_step": final_step, "metrics": metrics,
