@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from gradlab.cli.output import console, err_console, fail, print_json
-from gradlab.errors import Conflict, GradlabError, IntegrityError, NotFound
+from gradlab.errors import ConfigError, Conflict, GradlabError, IntegrityError, NotFound
 
 if TYPE_CHECKING:
     from gradlab.receipts.models import CheckpointPublication
@@ -135,6 +135,32 @@ def _materialize(stores: Stores, settings: Settings, run_id: str, step: int, sha
     return _verified(cache, step=step, sha256=sha256, what=what, publication=publication), "downloaded"
 
 
+def _check_published_copy(path: Path, *, settings: Settings | None, stores: Stores | None) -> None:
+    """A checkpoint folder named by path is checked against its publication receipt when its run
+    published it (the folder's own manifest could have been rewritten with its files).
+
+    Raises:
+        IntegrityError: a file differs from the publication receipt (named, with both hashes).
+    """
+    from gradlab.checkpoints import read_manifest, verify_against_publication
+    from gradlab.errors import StoreUnavailable
+    from gradlab.receipts.io import read_optional
+    from gradlab.receipts.models import CheckpointPublication
+    from gradlab.stores import keys, open_stores
+
+    manifest = read_manifest(path)
+    try:
+        stores = stores or open_stores(settings)
+        pub = read_optional(stores.control, keys.publication(manifest.run_id, manifest.step, manifest.sha256),
+                            CheckpointPublication)
+    except (StoreUnavailable, ConfigError) as e:
+        err_console.print(f"{path}: publication receipt not checked ({e}); verifying against its manifest only",
+                          highlight=False)
+        return
+    if pub is not None:
+        verify_against_publication(path, pub.files)
+
+
 def resolve_checkpoint(ref: str, *, settings: Settings | None = None, stores: Stores | None = None) -> ResolvedCheckpoint:
     """The checkpoint folder and run spec for a directory or ``RUN_ID[:STEP]`` (see the module docstring).
 
@@ -160,6 +186,7 @@ def resolve_checkpoint(ref: str, *, settings: Settings | None = None, stores: St
         if not (path / "manifest.json").is_file():
             raise NotFound(f"{path}: not a checkpoint directory (no manifest.json)")
         path = path.resolve()
+        _check_published_copy(path, settings=settings, stores=stores)
         spec_file = path.parent.parent / SPEC_FILE
         if spec_file.is_file():
             return ResolvedCheckpoint(path=path, spec=_read_spec_file(spec_file), spec_source=str(spec_file),

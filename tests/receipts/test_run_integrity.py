@@ -203,4 +203,7 @@ def test_eval_of_a_run_refuses_a_local_copy_that_differs_from_the_publication(st
     with pytest.raises(IntegrityError, match=re.escape(f"{local / 'policy.safetensors'}: sha256 expected {old} "
                                                        f"(publication), found {new}")):
         resolve_checkpoint(f"{RUN}:{pubs[-1].step}", settings=load_settings(), stores=stores)
+    with pytest.raises(IntegrityError, match=re.escape(f"{local / 'policy.safetensors'}: sha256 expected {old} "
+                                                       f"(publication), found {new}")):
+        resolve_checkpoint(str(local), settings=load_settings(), stores=stores)  # named by its folder
     assert resolve_checkpoint(f"{RUN}:{pubs[0].step}", settings=load_settings(), stores=stores).origin == "local"
