@@ -1,4 +1,4 @@
-"""``gradlab runs list|show|retry|reconcile``: runs as the receipt store records them."""
+"""``gradlab runs list|show|retry|sync|reconcile``: runs as the receipt store records them."""
 
 from __future__ import annotations
 
@@ -174,6 +174,42 @@ def retry(
     if json_out:
         print_json(receipt)
     raise typer.Exit(0 if receipt["outcome"] == "succeeded" else 1)
+
+
+@runs_app.command("sync")
+def sync(
+    run_id: Annotated[str, typer.Argument(help="The run id.")],
+    offline: Annotated[bool, typer.Option("--offline", help="Rebuild the single history only; do not upload.")] = False,
+    json_out: JsonOption = False,
+) -> None:
+    """Upload RUN_ID's metrics to W&B as one history: rebuilt from the journal's surviving lineage
+    (a multi-attempt run's offline segments would keep only the last one); needs WANDB_API_KEY."""
+    from gradlab.metrics import wandb_sync
+    from gradlab.settings import load_settings
+
+    settings = load_settings()
+    run_dir = settings.run_dir(run_id)
+    if not (run_dir / "journal.jsonl").is_file():
+        fail(f"run {run_id}: no journal at {run_dir / 'journal.jsonl'} (sync runs on the machine that trained it)")
+    run_view(_stores(), run_id)  # exits 1 for an unknown run
+    import json
+
+    try:  # the project the run logged to, as the training flow chose it
+        logging_cfg = json.loads((run_dir / "spec.json").read_text())["recipe"].get("logging", {})
+    except (OSError, ValueError, KeyError):
+        logging_cfg = {}
+    project = settings.wandb_project or logging_cfg.get("wandb_project") or "gradlab"
+    folder, points = wandb_sync.rebuild_history(run_dir, run_id, project, entity=settings.wandb_entity)
+    synced = None
+    if not offline:
+        wandb_sync.upload(folder, run_id, project, entity=settings.wandb_entity)
+        synced = str(wandb_sync.record_synced(run_dir, run_id, folder, points))
+    if json_out:
+        print_json({"run_id": run_id, "points": points, "folder": str(folder), "uploaded": not offline,
+                    "synced": synced})
+        return
+    console.print(f"{run_id}: one W&B history of {points} points from the journal in {folder}"
+                  + ("" if offline else f"; uploaded to {project}"), highlight=False)
 
 
 @runs_app.command("reconcile")
