@@ -140,10 +140,11 @@ def training_run(
     from gradlab.runs import operations
     from gradlab.runs.driver import AttemptDriver
     from gradlab.runs.process import LearnerProcess
-    from gradlab.settings import load_settings
+    from gradlab.settings import load_settings, secure_home
     from gradlab.stores import open_stores
 
     settings = load_settings()
+    secure_home(settings)  # a deployment's worker writes private files too
     stores = open_stores(settings)
     run_id = run_id or _tagged_run_id()
     spec, paths = operations.prepare_spec(settings, recipe=recipe, seed=seed, overrides=overrides, run_id=run_id,
@@ -166,10 +167,11 @@ def training_run(
             operations.prewarm_evaluation(eval_backend)
         mode = wandb_mode or settings.wandb_mode or spec.recipe.logging.wandb_mode
         wandb = operations.wandb_sink(settings, spec, paths, mode)
-        attempt_id = plan.attempt.attempt_id
+        attempt_id, epoch = plan.fence
 
         def publish(track: CheckpointTrack) -> _Done:
-            return _Done(run_tasks.publish_checkpoint.submit(stores, spec.run_id, attempt_id, track.step, track.path))
+            return _Done(run_tasks.publish_checkpoint.submit(stores, spec.run_id, attempt_id, track.step, track.path,
+                                                             epoch))
 
         def evaluate_track(track: CheckpointTrack) -> _Done:
             directory = operations.local_checkpoint_dir(stores, paths, track.publication)
@@ -180,7 +182,8 @@ def training_run(
             spec=spec, paths=paths, stores=stores, plan=plan, learner=learner,
             submit_publish=publish, submit_evaluate=evaluate_track,
             record_stop=lambda reason: run_tasks.request_stop(stores, spec.run_id, attempt_id, reason),
-            promote=lambda t: run_tasks.promote(stores, spec.run_id, attempt_id, t.step, t.evaluation, t.publication),
+            promote=lambda t: run_tasks.promote(stores, spec.run_id, attempt_id, t.step, t.evaluation, t.publication,
+                                                epoch),
             seal=lambda fields: run_tasks.seal_receipt(stores, spec, spec.run_id, attempt_id, fields, paths),
             evaluate=spec.evaluate, wandb=wandb, cancel_requested=_cancel_probe(),
             max_parallel_evals=max(1, (os.cpu_count() or 2) - 1),

@@ -29,6 +29,8 @@ from typing import Any
 
 from gradlab.errors import ConfigError
 
+_RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}$")
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -46,6 +48,10 @@ class Settings:
     #: ``(dotted key, reference)`` for every ``*_ref`` key of the config file, e.g.
     #: ``("stores.s3_secret_ref", "env:R2_SECRET")``; resolve with :func:`resolve_secret`.
     secret_refs: tuple[tuple[str, str], ...] = ()
+    #: False (default): the home and the file stores are private (folders 0700, files 0600).
+    #: True (``GRADLAB_SHARED_PERMISSIONS=1`` or ``[permissions] shared = true``): the process
+    #: umask decides, as for any other program (docs/ARCHITECTURE.md section 9).
+    shared_permissions: bool = False
 
     def secret(self, ref_key: str) -> str | None:
         """The secret that the reference at dotted key ``ref_key`` (``wandb.api_key_ref``) points at.
@@ -75,6 +81,15 @@ class Settings:
         return self.home / "runs"
 
     def run_dir(self, run_id: str) -> Path:
+        """``<home>/runs/<run_id>``.
+
+        Raises:
+            ConfigError: ``run_id`` is not one name (a ``/``, ``..`` or other character that could
+                reach outside the runs folder).
+        """
+        if not isinstance(run_id, str) or not _RUN_ID_RE.match(run_id) or ".." in run_id:
+            raise ConfigError(f"run id: expected one name of letters, digits and _ . + - (no '/', no '..'), "
+                              f"found {str(run_id)[:80]!r}")
         return self.runs_dir / run_id
 
 
@@ -189,6 +204,7 @@ def load_settings() -> Settings:
     refs = secret_references(cfg, path)
     check_config_permissions(path, refs)
     stores = cfg.get("stores", {}) if isinstance(cfg.get("stores"), dict) else {}
+    permissions = cfg.get("permissions", {}) if isinstance(cfg.get("permissions"), dict) else {}
     wandb = cfg.get("wandb", {}) if isinstance(cfg.get("wandb"), dict) else {}
     prefect = cfg.get("prefect", {}) if isinstance(cfg.get("prefect"), dict) else {}
 
@@ -218,4 +234,38 @@ def load_settings() -> Settings:
         default_pool=pick("GRADLAB_DEFAULT_POOL", prefect.get("default_pool"), "gradlab-local"),
         config_file=path,
         secret_refs=refs,
+        shared_permissions=_flag(os.environ.get(SHARED_PERMISSIONS_ENV), permissions.get("shared"), path),
     )
+
+
+SHARED_PERMISSIONS_ENV = "GRADLAB_SHARED_PERMISSIONS"
+PRIVATE_DIR_MODE = 0o700
+PRIVATE_FILE_MODE = 0o600
+
+
+def _flag(env: str | None, value: Any, path: Path) -> bool:
+    """``GRADLAB_SHARED_PERMISSIONS`` (1/true/yes/0/false/no) over ``[permissions] shared``."""
+    if env:
+        if env.strip().lower() in ("1", "true", "yes", "on"):
+            return True
+        if env.strip().lower() in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"{SHARED_PERMISSIONS_ENV}: expected 1 or 0 (true/false), found {env!r}")
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise ConfigError(f"{path}: permissions.shared: expected true or false, found {value!r}")
+    return value
+
+
+def secure_home(settings: Settings) -> None:
+    """Make this process create private files and folders (unless the operator shares them).
+
+    Private: the umask becomes 0077, so everything gradlab creates from here on (the home, run
+    directories, the outbox and journal, W&B's files, and Prefect's database when its server is
+    started from here) is 0700 / 0600. Called by every entry point (the CLI, the training-run
+    flow); child processes (the learner, the local Prefect server) inherit the umask. File
+    stores set their modes explicitly as well (:class:`gradlab.stores.local.FileStore`).
+    """
+    if not settings.shared_permissions:
+        os.umask(0o077)

@@ -33,9 +33,10 @@ def start_learner(run_id: str, paths: RunPaths, resume_from: Path | None, zygote
 
 
 @task(name="publish-checkpoint", task_run_name="publish-{run_id}-step{step}", **_COMMON)
-def publish_checkpoint(stores: Stores, run_id: str, attempt_id: str, step: int, checkpoint_dir: Path) -> CheckpointPublication:
+def publish_checkpoint(stores: Stores, run_id: str, attempt_id: str, step: int, checkpoint_dir: Path,
+                       epoch: int | None = None) -> CheckpointPublication:
     """Copy a checkpoint to the model store, verify it, write its receipt, update the index."""
-    return operations.publish(stores, run_id, attempt_id, checkpoint_dir)
+    return operations.publish(stores, run_id, attempt_id, checkpoint_dir, epoch=epoch)
 
 
 @task(name="evaluate-checkpoint", task_run_name="evaluate-{run_id}-step{step}", **_COMMON)
@@ -53,9 +54,9 @@ def request_stop(stores: Stores, run_id: str, attempt_id: str, reason: str) -> N
 
 @task(name="promote", task_run_name="promote-{run_id}-step{step}", **_COMMON)
 def promote(stores: Stores, run_id: str, attempt_id: str, step: int, record: EvaluationRecord,
-            publication: CheckpointPublication) -> Promotion:
+            publication: CheckpointPublication, epoch: int | None = None) -> Promotion:
     """Promote the lowest-step accepted checkpoint (create-only; exactly once per run)."""
-    return operations.promote(stores, run_id, attempt_id, record, publication)
+    return operations.promote(stores, run_id, attempt_id, record, publication, epoch=epoch)
 
 
 @task(name="seal-receipt", task_run_name="seal-receipt-{run_id}", **_COMMON)

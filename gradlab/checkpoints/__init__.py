@@ -6,6 +6,7 @@ streams, counters, normalisation statistics) and ``manifest.json`` (sha256 and s
 
 Public names:
     verify_checkpoint(path) -> CheckpointManifest: every file's sha256 checked; IntegrityError names the file.
+    verify_against_publication(path, files): every file checked against the publication receipt's hashes.
     read_manifest(path) -> CheckpointManifest: the manifest without hash checks.
     load_policy(path) -> Policy: weights-only policy, no unpickling.
     write_checkpoint(...): the atomic writer (``.partial`` → fsync → rename).
@@ -22,6 +23,7 @@ from gradlab.checkpoints.bundle import (
     latest_checkpoint,
     list_checkpoints,
     read_manifest,
+    verify_against_publication,
     verify_checkpoint,
     write_checkpoint,
 )
@@ -32,5 +34,5 @@ from gradlab.checkpoints.trust import is_trusted, load_sb3_model, require_trust
 __all__ = [
     "CHECKPOINTS_DIR", "CheckpointManifest", "FileEntry", "Policy", "PolicySpec", "checkpoint_dir_name",
     "file_sha256", "is_trusted", "latest_checkpoint", "list_checkpoints", "load_policy", "load_sb3_model",
-    "read_manifest", "require_trust", "verify_checkpoint", "write_checkpoint",
+    "read_manifest", "require_trust", "verify_against_publication", "verify_checkpoint", "write_checkpoint",
 ]

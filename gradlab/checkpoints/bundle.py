@@ -17,9 +17,10 @@ import platform
 import re
 import secrets
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -200,6 +201,46 @@ def verify_checkpoint(path: Path) -> CheckpointManifest:
         raise IntegrityError(f"{path}: folder name expected {manifest.dir_name} (manifest step and sha256), "
                              f"found {path.name}")
     return manifest
+
+
+def verify_against_publication(path: Path, files: Mapping[str, Any], *, what: str = "publication") -> CheckpointManifest:
+    """Check a checkpoint folder byte for byte against its publication receipt's file list.
+
+    The receipt (control store) is the authority, not the folder's own ``manifest.json``: every
+    file of the folder, ``manifest.json`` included, must be listed with its sha256 and size, and
+    every listed file must be present. Then the manifest's own checks run
+    (:func:`verify_checkpoint`).
+
+    Args:
+        path: the checkpoint folder.
+        files: the publication's ``files`` (relative POSIX path → an object with ``sha256`` and
+            ``size_bytes``, e.g. :class:`gradlab.receipts.models.FileEntry`).
+        what: how errors name the authority.
+
+    Returns:
+        The manifest.
+
+    Raises:
+        NotFound: no such checkpoint.
+        IntegrityError: the first difference, naming the file and both hashes (or what is missing
+            or extra).
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise NotFound(f"{path}: no checkpoint folder")
+    present = {p.relative_to(path).as_posix(): p for p in sorted(path.rglob("*")) if p.is_file()}
+    # The manifest last: a rewritten manifest is named only when no data file differs.
+    for rel, entry in sorted(files.items(), key=lambda kv: (kv[0] == MANIFEST_FILE, kv[0])):
+        fpath = present.get(rel)
+        if fpath is None:
+            raise IntegrityError(f"{path / rel}: listed in the {what} but missing")
+        digest = file_sha256(fpath)
+        if digest != entry.sha256:
+            raise IntegrityError(f"{fpath}: sha256 expected {entry.sha256} ({what}), found {digest}")
+    extra = sorted(set(present) - set(files))
+    if extra:
+        raise IntegrityError(f"{path / extra[0]}: file not listed in the {what}")
+    return verify_checkpoint(path)
 
 
 def list_checkpoints(run_dir: Path) -> list[Path]:

@@ -1,13 +1,15 @@
-"""Trust rules for pickle-based files (SB3 zips, pickled environment state).
+"""Trust rules for pickle-based files (foreign SB3 zips).
 
-An SB3 zip holds cloudpickled objects: unpickling runs code. gradlab unpickles such a file only
-when it is trusted:
+An SB3 zip holds cloudpickled objects: unpickling runs code. Nothing gradlab reads from a store
+or a run directory is unpickled (docs/ARCHITECTURE.md section 6; ``docs/SECURITY.md``): resume
+reads JSON / npz / safetensors and evaluation the weights-only policy. Being inside the run
+directory or a file store is *not* trust: anyone with write access to a store could place a file
+there. A foreign SB3 zip is unpickled only when the user explicitly trusts it:
 
-* it lies inside one of the run's own directories (``own_roots``: the run directory) or inside
-  the machine's own file stores / runs folder (``$GRADLAB_HOME``), or
-* the caller passes ``trust_model=True`` (the ``--trust-model`` flag), or
+* the caller passes ``trust_model=True`` (the ``--trust-model`` flag), or names its folder in
+  ``own_roots`` (a caller that created the file itself in this process), or
 * its resolved path or URL matches a pattern of ``GRADLAB_TRUSTED_MODEL_SOURCES``
-  (``fnmatch`` patterns separated by ``,`` or ``:``-free whitespace, e.g. ``/data/models/*``).
+  (``fnmatch`` patterns separated by ``,`` or whitespace, e.g. ``/data/models/*``).
 
 The weights-only path (:func:`gradlab.checkpoints.load_policy`) needs no trust.
 """
@@ -36,20 +38,7 @@ def trusted_patterns() -> list[str]:
 
 
 def _own_roots(extra: Iterable[Path]) -> list[Path]:
-    roots = [Path(p).resolve() for p in extra]
-    try:
-        from gradlab.settings import load_settings
-
-        settings = load_settings()
-        roots.append(settings.runs_dir.resolve())
-        for url in (settings.model_store_url,):
-            if url.startswith("file://"):
-                from urllib.parse import unquote, urlparse
-
-                roots.append(Path(unquote(urlparse(url).path)).resolve())
-    except Exception as e:  # settings problems must not make a file trusted or crash the check
-        logger.debug("no settings for trust roots: %s", e)
-    return roots
+    return [Path(p).resolve() for p in extra]
 
 
 def is_trusted(path: Path, *, own_roots: Iterable[Path] = (), trust_model: bool = False) -> bool:
@@ -72,7 +61,7 @@ def require_trust(path: Path, *, own_roots: Iterable[Path] = (), trust_model: bo
     """
     if not is_trusted(path, own_roots=own_roots, trust_model=trust_model):
         raise TrustError(
-            f"{path}: refusing to unpickle a model from outside this run's directories and stores; "
+            f"{path}: refusing to unpickle an SB3 zip that was not explicitly trusted; "
             f"pass --trust-model or add a matching pattern to {TRUST_ENV} "
             "(the weights-only policy.safetensors needs no trust)"
         )

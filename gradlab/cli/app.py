@@ -40,11 +40,24 @@ app.add_typer(pools_cmds.pools_app, name="pools")
 app.add_typer(experiment_cmds.experiment_app, name="experiment")
 
 
+def _secure_home() -> None:
+    """Private files from the first write on (docs/ARCHITECTURE.md section 9); a broken config is
+    reported by the command that reads it, not here."""
+    from gradlab.errors import ConfigError
+    from gradlab.settings import load_settings, secure_home
+
+    try:
+        secure_home(load_settings())
+    except ConfigError:
+        pass
+
+
 def main() -> None:
     """The console script: a gradlab error anywhere ends as one clear line and exit 1, no traceback."""
     from gradlab.errors import GradlabError
 
     try:
+        _secure_home()
         app()
     except GradlabError as e:
         from gradlab.cli.output import err_console

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from gradlab.cli.output import console, err_console, fail, print_json
-from gradlab.errors import Conflict, GradlabError, IntegrityError, NotFound
+from gradlab.errors import ConfigError, Conflict, GradlabError, IntegrityError, NotFound
 
 if TYPE_CHECKING:
     from gradlab.receipts.models import CheckpointPublication
@@ -75,16 +75,20 @@ def _read_spec_file(spec_file: Path) -> dict[str, Any]:
         raise IntegrityError(f"{spec_file}: expected the run spec as JSON, found invalid JSON ({e})") from None
 
 
-def _verified(path: Path, *, step: int, sha256: str, what: str) -> Path:
-    """``path`` after :func:`verify_checkpoint` and a check that it is checkpoint (step, sha256).
+def _verified(path: Path, *, step: int, sha256: str, what: str,
+              publication: CheckpointPublication | None = None) -> Path:
+    """``path`` after :func:`verify_checkpoint` and a check that it is checkpoint (step, sha256);
+    with a ``publication``, every file is checked against the publication receipt's hashes (the
+    control store), not only against the folder's own manifest.
 
     Raises:
-        NotFound, IntegrityError: as :func:`gradlab.checkpoints.verify_checkpoint`, or the manifest
-            names another step or policy sha256 than ``what`` says.
+        NotFound, IntegrityError: as :func:`gradlab.checkpoints.verify_checkpoint` and
+            :func:`gradlab.checkpoints.verify_against_publication` (naming the file and both
+            hashes), or the manifest names another step or policy sha256 than ``what`` says.
     """
-    from gradlab.checkpoints import verify_checkpoint
+    from gradlab.checkpoints import verify_against_publication, verify_checkpoint
 
-    manifest = verify_checkpoint(path)
+    manifest = verify_checkpoint(path) if publication is None else verify_against_publication(path, publication.files)
     if (manifest.step, manifest.sha256) != (step, sha256):
         raise IntegrityError(f"{path}/manifest.json: expected step {step} sha256 {sha256} ({what}), "
                              f"found step {manifest.step} sha256 {manifest.sha256}")
@@ -100,7 +104,8 @@ def _materialize(stores: Stores, settings: Settings, run_id: str, step: int, sha
 
     Raises:
         NotFound: no verified local copy and no publication to download.
-        IntegrityError: a downloaded file differs from its publication receipt.
+        IntegrityError: the run directory's copy or a downloaded file differs from its
+            publication receipt (naming the file and both hashes).
         StoreUnavailable: the model store cannot be reached.
     """
     from gradlab.receipts import rules
@@ -109,12 +114,9 @@ def _materialize(stores: Stores, settings: Settings, run_id: str, step: int, sha
     name = keys.checkpoint_name(step, sha256)
     local = settings.run_dir(run_id) / "checkpoints" / name
     if local.is_dir():
-        try:
-            return _verified(local, step=step, sha256=sha256, what=what), "local"
-        except (IntegrityError, NotFound) as e:
-            if publication is None:
-                raise
-            err_console.print(f"local copy fails verification ({e}); using the published copy", highlight=False)
+        # The run directory's copy must be the published bytes: a difference is refused, not
+        # papered over (the file and both hashes are named).
+        return _verified(local, step=step, sha256=sha256, what=what, publication=publication), "local"
     if publication is None:
         raise NotFound(f"run {run_id}: {what} (step {step}, sha256 {sha256[:16]}) is neither published "
                        f"({stores.control.url(keys.publication(run_id, step, sha256))} missing) nor under "
@@ -122,15 +124,41 @@ def _materialize(stores: Stores, settings: Settings, run_id: str, step: int, sha
     cache = settings.home / CACHE_DIR / run_id / name
     if cache.is_dir():
         try:
-            return _verified(cache, step=step, sha256=sha256, what=what), "cache"
+            return _verified(cache, step=step, sha256=sha256, what=what, publication=publication), "cache"
         except (IntegrityError, NotFound) as e:
             err_console.print(f"cached copy fails verification ({e}); downloading again", highlight=False)
             shutil.rmtree(cache)
     try:
         rules.download_checkpoint(stores, publication, cache)
     except Conflict:  # another process downloaded it at the same moment: use theirs if it verifies
-        return _verified(cache, step=step, sha256=sha256, what=what), "cache"
-    return _verified(cache, step=step, sha256=sha256, what=what), "downloaded"
+        return _verified(cache, step=step, sha256=sha256, what=what, publication=publication), "cache"
+    return _verified(cache, step=step, sha256=sha256, what=what, publication=publication), "downloaded"
+
+
+def _check_published_copy(path: Path, *, settings: Settings | None, stores: Stores | None) -> None:
+    """A checkpoint folder named by path is checked against its publication receipt when its run
+    published it (the folder's own manifest could have been rewritten with its files).
+
+    Raises:
+        IntegrityError: a file differs from the publication receipt (named, with both hashes).
+    """
+    from gradlab.checkpoints import read_manifest, verify_against_publication
+    from gradlab.errors import StoreUnavailable
+    from gradlab.receipts.io import read_optional
+    from gradlab.receipts.models import CheckpointPublication
+    from gradlab.stores import keys, open_stores
+
+    manifest = read_manifest(path)
+    try:
+        stores = stores or open_stores(settings)
+        pub = read_optional(stores.control, keys.publication(manifest.run_id, manifest.step, manifest.sha256),
+                            CheckpointPublication)
+    except (StoreUnavailable, ConfigError) as e:
+        err_console.print(f"{path}: publication receipt not checked ({e}); verifying against its manifest only",
+                          highlight=False)
+        return
+    if pub is not None:
+        verify_against_publication(path, pub.files)
 
 
 def resolve_checkpoint(ref: str, *, settings: Settings | None = None, stores: Stores | None = None) -> ResolvedCheckpoint:
@@ -158,6 +186,7 @@ def resolve_checkpoint(ref: str, *, settings: Settings | None = None, stores: St
         if not (path / "manifest.json").is_file():
             raise NotFound(f"{path}: not a checkpoint directory (no manifest.json)")
         path = path.resolve()
+        _check_published_copy(path, settings=settings, stores=stores)
         spec_file = path.parent.parent / SPEC_FILE
         if spec_file.is_file():
             return ResolvedCheckpoint(path=path, spec=_read_spec_file(spec_file), spec_source=str(spec_file),

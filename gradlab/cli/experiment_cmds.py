@@ -456,7 +456,7 @@ def retry(
         if run_id is None or _store_view(run_id) is None:
             fail(f"run {run_id or run} was never opened in the stores: launch it again instead")
         held = read_lease(_stores().control, run_id)
-        if held is not None and held.lease.is_live():
+        if held is not None and held.lease.in_force():
             fail(f"run {run_id}: attempt {held.lease.holder} still holds the lease until "
                  f"{held.lease.expires_at.isoformat()}; retry after it ends or expires")
         previous = flow_runs[0] if flow_runs else None

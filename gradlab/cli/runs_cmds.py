@@ -1,4 +1,4 @@
-"""``gradlab runs list|show|retry|reconcile``: runs as the receipt store records them."""
+"""``gradlab runs list|show|retry|sync|reconcile``: runs as the receipt store records them."""
 
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ def live_attempts(stores, *, now=None) -> list[tuple[str, str]]:
     live = []
     for run_id in rules.list_runs(stores):
         held = read_lease(stores.control, run_id)
-        if held is None or not held.lease.is_live(at):
+        if held is None or not held.lease.in_force(at):
             continue
         if rules.read_terminal(stores, run_id, held.lease.holder) is None:
             live.append((run_id, held.lease.holder))
@@ -155,7 +155,7 @@ def retry(
         fail(f"run {run_id} already succeeded ({view['receipt']['attempt_id']}): nothing to retry")
     held = read_lease(stores.control, run_id)
     _refuse_if_owner_alive(held, run_id)
-    if held is not None and held.lease.is_live():
+    if held is not None and held.lease.in_force():
         fail(f"run {run_id}: attempt {held.lease.holder} still holds the lease until {held.lease.expires_at.isoformat()} "
              f"(owner {held.lease.owner}); retry after it ends or expires")
     import time
@@ -174,6 +174,42 @@ def retry(
     if json_out:
         print_json(receipt)
     raise typer.Exit(0 if receipt["outcome"] == "succeeded" else 1)
+
+
+@runs_app.command("sync")
+def sync(
+    run_id: Annotated[str, typer.Argument(help="The run id.")],
+    offline: Annotated[bool, typer.Option("--offline", help="Rebuild the single history only; do not upload.")] = False,
+    json_out: JsonOption = False,
+) -> None:
+    """Upload RUN_ID's metrics to W&B as one history: rebuilt from the journal's surviving lineage
+    (a multi-attempt run's offline segments would keep only the last one); needs WANDB_API_KEY."""
+    from gradlab.metrics import wandb_sync
+    from gradlab.settings import load_settings
+
+    settings = load_settings()
+    run_dir = settings.run_dir(run_id)
+    if not (run_dir / "journal.jsonl").is_file():
+        fail(f"run {run_id}: no journal at {run_dir / 'journal.jsonl'} (sync runs on the machine that trained it)")
+    run_view(_stores(), run_id)  # exits 1 for an unknown run
+    import json
+
+    try:  # the project the run logged to, as the training flow chose it
+        logging_cfg = json.loads((run_dir / "spec.json").read_text())["recipe"].get("logging", {})
+    except (OSError, ValueError, KeyError):
+        logging_cfg = {}
+    project = settings.wandb_project or logging_cfg.get("wandb_project") or "gradlab"
+    folder, points = wandb_sync.rebuild_history(run_dir, run_id, project, entity=settings.wandb_entity)
+    synced = None
+    if not offline:
+        wandb_sync.upload(folder, run_id, project, entity=settings.wandb_entity)
+        synced = str(wandb_sync.record_synced(run_dir, run_id, folder, points))
+    if json_out:
+        print_json({"run_id": run_id, "points": points, "folder": str(folder), "uploaded": not offline,
+                    "synced": synced})
+        return
+    console.print(f"{run_id}: one W&B history of {points} points from the journal in {folder}"
+                  + ("" if offline else f"; uploaded to {project}"), highlight=False)
 
 
 @runs_app.command("reconcile")
@@ -203,6 +239,16 @@ def _refuse_if_owner_alive(held, run_id: str) -> None:
 
     if held is None or held.lease.released:
         return
+    state = held.lease.owner_state()
+    if state == "dead":
+        return
+    if state == "alive":
+        fail(f"run {run_id}: attempt {held.lease.holder} is still running here (pid {held.lease.owner_pid}), although "
+             f"its lease {'expired' if not held.lease.is_live() else 'is live'}; stop it first (Ctrl-C or "
+             "`prefect flow-run cancel`)")
+    if held.lease.owner_boot_id is not None:
+        return  # another boot or another machine: only the lease's expiry can tell
+    # A lease written before owners carried a boot id and start time: the pid is all there is.
     host, _, pid = held.lease.owner.rpartition(":")
     if host != socket.gethostname() or not pid.isdigit():
         return

@@ -16,6 +16,7 @@ the wheel.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -43,6 +44,25 @@ from gradlab.errors import ConfigError, ConfigProblem, NotFound
 
 GOAL_FILE = "_goal.yaml"
 CATALOG_FILE = "_catalog.yaml"
+
+_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}$")
+
+
+def check_id(kind: str, value: str) -> str:
+    """A goal or recipe id, checked before any file is opened: one path segment of letters,
+    digits and ``_ . + -`` (starting with a letter or digit, at most 128), never ``..``.
+
+    Ids name folders and files under the experiments tree; anything else could reach outside it
+    (``gradlab__bandit/../../../tmp/x``).
+
+    Raises:
+        ConfigError: naming the kind, what is expected and the id found (cut at 80 characters).
+    """
+    if not isinstance(value, str) or not _ID_RE.match(value) or ".." in value:
+        shown = repr(value)[:80]
+        raise ConfigError(f"{kind} id: expected one name of letters, digits and _ . + - (no '/', no '..'), "
+                          f"found {shown}")
+    return value
 
 
 def find_experiments_root(start: Path | None = None) -> Path:
@@ -151,6 +171,7 @@ class Experiments:
         return sorted(p.name for p in self.goals_dir.iterdir() if (p / GOAL_FILE).is_file())
 
     def recipe_ids(self, goal_id: str) -> list[str]:
+        check_id("goal", goal_id)
         folder = self.goals_dir / goal_id / "recipes"
         if not folder.is_dir():
             return []
@@ -166,6 +187,7 @@ class Experiments:
         return compose_file(path, presets_dir=self.presets_dir, display_root=self._display_root)
 
     def goal_path(self, goal_id: str) -> Path:
+        check_id("goal", goal_id)
         path = self.goals_dir / goal_id / GOAL_FILE
         if not path.is_file():
             known = self.goal_ids()
@@ -222,12 +244,15 @@ class Experiments:
         """Compose and validate ``GOAL/RECIPE`` with ``--set`` overrides applied, and hash it.
 
         Raises:
-            NotFound: unknown goal or recipe. ConfigError: every problem found, each with file,
-            key path, expected and found.
+            NotFound: unknown goal or recipe. ConfigError: a goal or recipe id that is not one
+            name (:func:`check_id`, checked before any file is opened); every problem found,
+            each with file, key path, expected and found.
         """
         goal_id, sep, recipe_id = ref.partition("/")
         if not sep or not goal_id or not recipe_id:
             raise ConfigError(f"expected GOAL/RECIPE, found {ref!r}")
+        check_id("goal", goal_id)
+        check_id("recipe", recipe_id)  # before any file is read: ids cannot leave the experiments tree
         goal, goal_comp = self._load_goal(goal_id)
         path = self.goals_dir / goal_id / "recipes" / f"{recipe_id}.yaml"
         if not path.is_file():

@@ -38,7 +38,6 @@ from typing import Any
 
 from gradlab.checkpoints.bundle import CHECKPOINTS_DIR, verify_checkpoint, versions, write_checkpoint
 from gradlab.checkpoints.manifest import RESUME_DIR, CheckpointManifest
-from gradlab.checkpoints.trust import is_trusted
 from gradlab.contracts.hashing import sha256_json
 from gradlab.contracts.run_spec import RunSpec
 from gradlab.errors import ContractViolation, IntegrityError
@@ -53,6 +52,8 @@ OUTBOX_FILE = "outbox.sqlite"
 EARLY_STOP_FILE = "early_stop.json"
 """Early-stop monitor state inside a checkpoint's ``resume/`` folder (``EarlyStopMonitor.state_dict()``)."""
 SUPERVISOR_LOST = "supervisor_lost"
+FENCED = "fenced"
+"""Stop reason of a learner whose attempt was superseded by a newer one (its lease epoch is no longer current)."""
 
 
 @dataclass(frozen=True)
@@ -113,9 +114,9 @@ def run_learner(spec: RunSpec, run_dir: Path, *, resume_from: Path | None = None
     Args:
         spec: the resolved run spec.
         run_dir: the run directory (``outbox.sqlite`` and ``checkpoints/`` go here).
-        resume_from: a checkpoint folder to continue from (verified first). Its pickled env state is
-            used only when the checkpoint is the run's own or trusted.
-        trust_model: trust a checkpoint from outside the run's directories (``--trust-model``).
+        resume_from: a checkpoint folder to continue from (verified first; the supervisor verifies
+            it against its publication receipt too). Nothing of it is unpickled.
+        trust_model: accepted for command-line compatibility; resume needs no trust (no pickle).
         stop_at_step: behave as if a stop were requested once ``num_timesteps >= stop_at_step``
             (for tests and manual runs; the stop reason is ``stop_requested``).
         env: an SB3 VecEnv to train on instead of :func:`make_training_env` (benchmarks, tests).
@@ -143,6 +144,7 @@ def run_learner(spec: RunSpec, run_dir: Path, *, resume_from: Path | None = None
     torch.set_num_threads(train.torch_threads)
     torch.distributions.Distribution.set_default_validate_args(False)
     outbox = Outbox(run_dir / OUTBOX_FILE)
+    outbox.adopt_fence(starting=True)  # stamp every event with the attempt and epoch that started this learner
     flag = _SignalFlag()
     flag.install()
     backend = SB3Backend(train.backend.id)
@@ -161,8 +163,7 @@ def run_learner(spec: RunSpec, run_dir: Path, *, resume_from: Path | None = None
         backend.setup(spec, env if env is not None else make_training_env(spec))
         env_restored = False
         if resume_from is not None:
-            own = is_trusted(Path(resume_from), own_roots=[run_dir], trust_model=trust_model)
-            env_restored = backend.restore(Path(resume_from), allow_env_pickle=own)
+            env_restored = backend.restore(Path(resume_from))
             _restore_early_stop(monitor, Path(resume_from))
             logger.info("resumed from %s at step %d (lanes %s)", resume_from, backend.num_timesteps,
                         "continue" if env_restored else "reset")
@@ -206,7 +207,14 @@ def run_learner(spec: RunSpec, run_dir: Path, *, resume_from: Path | None = None
                 registered.update(metrics)
             outbox.append("metrics", step, {"metrics": metrics})
             # Safe boundary: the update is complete.
-            if flag.signal:
+            outbox.adopt_fence()
+            if (superseded := outbox.superseded()) is not None:
+                # A newer attempt holds the run (this learner was paused past its lease): stop now,
+                # writing no checkpoint; the new supervisor refuses this lineage's events anyway.
+                stop_reason = FENCED
+                logger.warning("fenced out: %s; stopping", superseded)
+                outbox.append("stop_observed", step, {"reason": f"{FENCED}: {superseded}"})
+            elif flag.signal:
                 stop_reason = flag.signal
             elif supervisor is not None and not supervisor.alive():
                 stop_reason = SUPERVISOR_LOST
@@ -231,7 +239,7 @@ def run_learner(spec: RunSpec, run_dir: Path, *, resume_from: Path | None = None
         step = backend.num_timesteps
         if stop_reason is None:
             stop_reason = "sigterm" if flag.signal else "budget"
-        if last_ckpt_step != step:
+        if last_ckpt_step != step and stop_reason != FENCED:
             written.append(_checkpoint(backend, monitor, run_dir, outbox, step, "final", manifest_fields))
         outbox.append("learner_finished", step, {"final_step": step, "stop_reason": stop_reason})
         logger.info("learner finished at step %d (%s)", step, stop_reason)

@@ -8,9 +8,12 @@ from the true final observation; a terminated step is never bootstrapped.
 
 Resume state (``resume/`` in a checkpoint): ``state.json`` (counters, every RNG stream,
 episode windows), ``optimizer.pt`` (optimizer state dict, loaded with ``weights_only=True``),
-``vecnormalize.json`` (normalisation statistics, if any), and, when the vector env can be
-pickled, ``env_state.pkl`` + ``last_obs.npy`` so the lanes continue mid-episode exactly. The
-policy parameters come from ``policy.safetensors``.
+``vecnormalize.json`` (normalisation statistics, if any), and, when the vector env's state is
+plain data (:mod:`gradlab.learn.lane_state`), ``lanes.json`` + ``lanes.npz`` + ``last_obs.npy``
+so the lanes continue mid-episode exactly. The policy parameters come from
+``policy.safetensors``. Resume reads no pickle (docs/ARCHITECTURE.md section 6): JSON, npz with
+``allow_pickle=False``, safetensors, and the optimizer state dict through torch's weights-only
+loader; ``policy.zip`` is not read at all (the model is rebuilt from the recipe).
 """
 
 from __future__ import annotations
@@ -18,7 +21,6 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import pickle
 import random
 import time
 from collections import deque
@@ -38,6 +40,9 @@ logger = logging.getLogger(__name__)
 
 WINDOW = 100
 """Episodes in the rolling windows of the training episode metrics."""
+
+LANES_SAVED = "lanes"
+"""``state.json``'s ``env_state`` when ``lanes.json``/``lanes.npz`` hold the lane state."""
 
 
 @dataclass
@@ -266,6 +271,7 @@ class SB3Backend:
         self._transpose_image = False
         self._last_update: dict[str, float] = {}
         self._episode_source: Any = None
+        self._lanes_note = False
         self.spec: RunSpec | None = None
 
     # -- construction ------------------------------------------------------------------------
@@ -410,16 +416,16 @@ class SB3Backend:
         torch.save(m.policy.optimizer.state_dict(), resume / "optimizer.pt")
         if vn is not None:
             (resume / "vecnormalize.json").write_text(json.dumps(_vecnormalize_state(vn)))
+        from gradlab.learn import lane_state
+
         env_state = "reset"
         inner = self._inner_env()
-        try:
-            blob = pickle.dumps(inner, protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception as e:  # not every vector env pickles (subprocess lanes, emulators)
-            logger.info("vector env state not saved (%s: %s); a resumed run resets its lanes", type(e).__name__, e)
-        else:
-            (resume / "env_state.pkl").write_bytes(blob)
+        if lane_state.save(resume, inner):
             np.save(resume / "last_obs.npy", np.asarray(m._last_obs), allow_pickle=False)
-            env_state = "saved"
+            env_state = LANES_SAVED
+        elif not self._lanes_note:
+            self._lanes_note = True  # not every vector env is plain data (subprocess lanes, emulators)
+            logger.info("lane state not saved (%s); a resumed run resets its lanes", lane_state.unsupported_reason(inner))
         state = {
             "format": "gradlab.resume/1",
             "backend_id": self.id,
@@ -444,11 +450,13 @@ class SB3Backend:
             env = env.venv
         return env
 
-    def restore(self, checkpoint: Path, *, allow_env_pickle: bool) -> bool:
+    def restore(self, checkpoint: Path) -> bool:
         """Load parameters, optimizer, counters, RNG streams and statistics from a checkpoint.
 
-        Call after :meth:`setup` (same spec) and before :meth:`begin`. The vector env is replaced
-        by the pickled one only when ``allow_env_pickle`` (the checkpoint is the run's own).
+        Call after :meth:`setup` (same spec) and before :meth:`begin`, with a checkpoint already
+        verified (against its publication receipt when it came from a store). Nothing is
+        unpickled: the lane state is assigned into the freshly built env
+        (:func:`gradlab.learn.lane_state.restore`).
 
         Returns:
             True when the lanes continue mid-episode from the saved env state.
@@ -481,9 +489,10 @@ class SB3Backend:
                 raise ContractViolation(f"{path}: missing, but this recipe normalises observations or rewards")
             _load_vecnormalize_state(self.vecnormalize, json.loads(path.read_text()))
         restored = False
-        if state.get("env_state") == "saved" and allow_env_pickle:
-            env = pickle.loads((resume / "env_state.pkl").read_bytes())
-            self._replace_inner_env(env)
+        if state.get("env_state") == LANES_SAVED:
+            from gradlab.learn import lane_state
+
+            lane_state.restore(resume, self._inner_env())
             m._last_obs = np.load(resume / "last_obs.npy", allow_pickle=False)
             m._last_episode_starts = np.asarray(state["last_episode_starts"], dtype=bool)
             restored = True
@@ -491,23 +500,6 @@ class SB3Backend:
             m._last_obs = None  # begin() resets the lanes
         _set_rng_state(state["rng"])
         return restored
-
-    def _replace_inner_env(self, env: Any) -> None:
-        from stable_baselines3.common.vec_env import VecEnvWrapper
-
-        old = self._inner_env()
-        wrapper = self.model.env
-        while isinstance(wrapper, VecEnvWrapper) and wrapper.venv is not old:
-            wrapper = wrapper.venv
-        if not isinstance(wrapper, VecEnvWrapper):  # pragma: no cover - the timer always wraps it
-            raise ContractViolation("cannot replace the vector env: no wrapper found")
-        wrapper.venv = env
-        if self._episode_source is not None:
-            self._episode_source = env
-        try:
-            old.close()
-        except Exception as e:  # pragma: no cover
-            logger.debug("closing the replaced env failed: %s", e)
 
     def close(self) -> None:
         if self.model is not None and self.model.env is not None:

@@ -1,11 +1,20 @@
 """The local metrics journal: one JSON line per delivered outbox event, always written.
 
-Each line is ``{"event_seq": int, "metrics": {name: value}}`` (sorted keys), appended, flushed and
-fsynced before :meth:`Journal.write` returns, so a delivery acknowledged to the outbox is on disk.
-Writes are idempotent by ``event_seq``: an event at or below the journal's high-water mark is
-skipped, so re-delivering after a crash adds nothing. A torn last line (a crash mid-append) is cut
-off when the journal is opened. The journal holds enough to draw every curve offline
-(:meth:`Journal.curve`); axis values (``train/global_step``, ``eval/checkpoint_step``) travel inside
+Each line is ``{"event_seq": int, "metrics": {name: value}, "attempt": str, "outbox": str}``
+(sorted keys; ``attempt`` is the attempt whose learner or supervisor wrote the event, ``outbox``
+the identity nonce of the outbox it came from; both absent on lines written before they were
+recorded), appended, flushed and fsynced before :meth:`Journal.write` returns, so a delivery
+acknowledged to the outbox is on disk. Writes are idempotent by (outbox, ``event_seq``): an event
+at or below that outbox's high-water mark is skipped, so re-delivering after a crash adds
+nothing, while a new outbox (lost or replaced: its ``event_seq`` starts at 1 again) never collides
+with an old one. A torn last line (a crash mid-append) is cut off when the journal is opened.
+
+Readers see the surviving lineage (docs/ARCHITECTURE.md section 10): every line is kept in the
+file, but after a resume the lines an earlier attempt logged at or past the first training step
+the next attempt logged belong to an abandoned lineage (the next attempt continued from an
+earlier checkpoint) and are left out of :meth:`Journal.read` and :meth:`Journal.curve`, as W&B's
+rewind does; :meth:`Journal.read_all` gives every line. The journal holds enough to draw every
+curve offline; axis values (``train/global_step``, ``eval/checkpoint_step``) travel inside
 ``metrics`` and ``orchestration/event_seq`` is the line's ``event_seq``.
 """
 
@@ -27,14 +36,17 @@ from gradlab.errors import ContractViolation
 logger = logging.getLogger(__name__)
 
 EVENT_SEQ_AXIS = "orchestration/event_seq"
+STEP_AXIS = "train/global_step"
 
 
 @dataclass(frozen=True)
 class JournalEntry:
-    """One journal line."""
+    """One journal line: ``attempt`` and ``outbox`` are None on lines written before they were recorded."""
 
     event_seq: int
     metrics: dict[str, Any]
+    attempt: str | None = None
+    outbox: str | None = None
 
 
 def _parse_lines(path: Path, data: bytes) -> list[JournalEntry]:
@@ -44,10 +56,34 @@ def _parse_lines(path: Path, data: bytes) -> list[JournalEntry]:
             continue
         try:
             doc = json.loads(line)
-            entries.append(JournalEntry(int(doc["event_seq"]), dict(doc["metrics"])))
+            entries.append(JournalEntry(int(doc["event_seq"]), dict(doc["metrics"]), doc.get("attempt"),
+                                        doc.get("outbox")))
         except (ValueError, KeyError, TypeError) as e:
             raise ContractViolation(f"{path}:{number}: expected a journal line {{event_seq, metrics}}: {e}") from None
     return entries
+
+
+def surviving_lineage(entries: list[JournalEntry]) -> list[JournalEntry]:
+    """The lines of the surviving learner lineage, in file order (see the module docstring).
+
+    When an attempt's first line with ``train/global_step`` = x arrives, earlier attempts' lines
+    with ``train/global_step >= x`` are dropped: that attempt resumed from a checkpoint below x,
+    so what they logged from x on was never continued. Lines without a training step (evaluation
+    and orchestration metrics) are always kept.
+    """
+    kept: list[JournalEntry] = []
+    seen: set[str | None] = set()
+    current: str | None = None
+    for entry in entries:
+        step = entry.metrics.get(STEP_AXIS)
+        if entry.attempt != current and isinstance(step, int | float) and entry.attempt not in seen:
+            if current is not None or kept:
+                kept = [e for e in kept if not (isinstance(s := e.metrics.get(STEP_AXIS), int | float) and s >= step
+                                                and e.attempt != entry.attempt)]
+            current = entry.attempt
+            seen.add(entry.attempt)
+        kept.append(entry)
+    return kept
 
 
 class Journal:
@@ -55,14 +91,19 @@ class Journal:
 
     Args:
         path: the journal file (e.g. ``<run_dir>/metrics.jsonl``); created with its parent folders.
+        outbox: the identity of the outbox whose events this writer delivers (recorded per line;
+            the high-water mark is this outbox's).
+        attempt: the attempt recorded on lines written without one of their own.
 
     Raises:
         ContractViolation: an existing journal has a malformed line before its last one.
     """
 
-    def __init__(self, path: Path | str):
+    def __init__(self, path: Path | str, *, outbox: str | None = None, attempt: str | None = None):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.outbox = outbox
+        self.attempt = attempt
         self._lock = threading.Lock()
         self._high_water = 0
         self._size = -1
@@ -87,13 +128,18 @@ class Journal:
             os.fsync(f.fileno())
             data = data[:keep]
         entries = _parse_lines(self.path, data)
-        self._high_water = max((e.event_seq for e in entries), default=0)
+        self._high_water = max((e.event_seq for e in entries if e.outbox == self.outbox), default=0)
         self._size = len(data)
 
     @property
     def high_water(self) -> int:
-        """The largest ``event_seq`` written (0 for an empty journal)."""
+        """The largest ``event_seq`` written from this writer's outbox (0 when none)."""
         return self._high_water
+
+    def count(self, outbox: str | None = None) -> int:
+        """Lines delivered from ``outbox`` (default: this writer's)."""
+        wanted = self.outbox if outbox is None else outbox
+        return sum(1 for e in self.read_all() if e.outbox == wanted)
 
     def write(self, event_seq: int, metrics: Mapping[str, Any]) -> bool:
         """Append one event durably unless ``event_seq`` is at or below the high-water mark.
@@ -107,8 +153,13 @@ class Journal:
         """
         return self.write_many([(event_seq, metrics)]) == 1
 
-    def write_many(self, events: Iterable[tuple[int, Mapping[str, Any]]]) -> int:
+    def write_many(self, events: Iterable[tuple[int, Mapping[str, Any]]],
+                   attempts: Mapping[int, str | None] | None = None) -> int:
         """Append several events with one fsync; skip those at or below the high-water mark.
+
+        Args:
+            events: (event_seq, metrics) in increasing event_seq.
+            attempts: event_seq → the attempt that wrote it (default: this writer's ``attempt``).
 
         Returns:
             The number of events written.
@@ -123,9 +174,13 @@ class Journal:
                     if event_seq <= high:
                         continue
                     high = event_seq
-                    lines.append(
-                        json.dumps({"event_seq": int(event_seq), "metrics": dict(metrics)}, sort_keys=True) + "\n"
-                    )
+                    doc: dict[str, Any] = {"event_seq": int(event_seq), "metrics": dict(metrics)}
+                    attempt = (attempts or {}).get(event_seq, self.attempt)
+                    if attempt is not None:
+                        doc["attempt"] = attempt
+                    if self.outbox is not None:
+                        doc["outbox"] = self.outbox
+                    lines.append(json.dumps(doc, sort_keys=True) + "\n")
                 if not lines:
                     return 0
                 payload = "".join(lines).encode()
@@ -139,16 +194,21 @@ class Journal:
             finally:
                 fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
-    def read(self) -> list[JournalEntry]:
-        """Every entry, in file order (increasing ``event_seq``)."""
+    def read_all(self) -> list[JournalEntry]:
+        """Every line, in file order, abandoned lineages included."""
         return _parse_lines(self.path, self.path.read_bytes()) if self.path.exists() else []
+
+    def read(self) -> list[JournalEntry]:
+        """The surviving lineage's entries, in file order (:func:`surviving_lineage`)."""
+        return surviving_lineage(self.read_all())
 
     def curve(self, name: str, axis: str = EVENT_SEQ_AXIS) -> list[tuple[float, float]]:
         """``(axis value, metric value)`` points of one metric, in journal order.
 
         ``axis`` is ``orchestration/event_seq`` (the line's event_seq) or a metric logged in the same
         event (``train/global_step``, ``eval/checkpoint_step``). Events without both are skipped, and so
-        are non-finite values.
+        are non-finite values. Only the surviving lineage is read (:meth:`read`), so after a resume
+        the ``train/global_step`` axis stays monotonic.
         """
         points = []
         for entry in self.read():

@@ -15,6 +15,12 @@
   terminal receipt then says metrics are complete locally and pending remotely.
 
 :func:`read_offline_history` reads the logged rows back from an offline run's ``.wandb`` files.
+
+Offline segments: every attempt of a run (every ``wandb.init``) writes its own offline folder with
+the same run id, and ``wandb sync`` of those folders as they are keeps only the last segment's
+history. So an offline run with more than one segment is *not* complete for W&B:
+:meth:`WandbSink.complete` says so, and the terminal receipt lists ``wandb`` as pending
+(docs/ARCHITECTURE.md section 10).
 """
 
 from __future__ import annotations
@@ -212,6 +218,23 @@ class WandbSink:
             self._high_water = int(event_seq)
             return True
 
+    @property
+    def segments(self) -> list[Path]:
+        """This run's offline folders under ``dir``, oldest first (empty unless offline)."""
+        return offline_segments(self.dir, self.run_id) if self.mode == "offline" else []
+
+    def complete(self, local_high_water: int) -> bool:
+        """Whether W&B truly holds every event up to ``local_high_water`` as one history.
+
+        False when W&B failed (``pending``), is behind the journal, or (offline) the run's history
+        is split over several offline segments, which syncing as they are would reduce to the last.
+        """
+        if self.mode == "disabled":
+            return True
+        if self.status == "pending" or self._high_water < local_high_water:
+            return False
+        return len(self.segments) <= 1
+
     def finish(self, timeout_s: float | None = None) -> None:
         """Flush and close the W&B run, waiting at most ``timeout_s`` (default ``finish_timeout_s``)
         seconds, plus up to ``init_timeout_s`` for a background start; never raises."""
@@ -312,6 +335,18 @@ def _wait_for_exit_record(run_folder: Path, deadline: float) -> bool:
         time.sleep(0.05)
 
 
+def offline_segments(dir: Path | str, run_id: str) -> list[Path]:
+    """``<dir>/wandb/offline-run-<yyyymmdd_hhmmss>-<run_id>[-<n>]`` folders of ``run_id``, oldest first."""
+    # ``-<n>`` is added when several start in one second.
+    pattern = re.compile(rf"(?:offline-)?run-(\d{{8}}_\d{{6}})-{re.escape(run_id)}(?:-(\d+))?")
+    folders = []
+    for folder in Path(dir).glob("wandb/*run-*"):
+        match = pattern.fullmatch(folder.name)
+        if match and folder.is_dir():
+            folders.append(((match.group(1), int(match.group(2) or 0)), folder))
+    return [folder for _, folder in sorted(folders)]
+
+
 def read_offline_history(dir: Path | str, run_id: str) -> list[dict[str, Any]]:
     """Every history row logged for ``run_id`` under ``<dir>/wandb/``, across offline run folders.
 
@@ -322,15 +357,8 @@ def read_offline_history(dir: Path | str, run_id: str) -> list[dict[str, Any]]:
 
     from wandb.proto import wandb_internal_pb2
 
-    # Folders are ``offline-run-<yyyymmdd_hhmmss>-<run_id>`` plus ``-<n>`` when several start in one second.
-    pattern = re.compile(rf"(?:offline-)?run-(\d{{8}}_\d{{6}})-{re.escape(run_id)}(?:-(\d+))?")
-    folders = []
-    for folder in Path(dir).glob("wandb/*run-*"):
-        match = pattern.fullmatch(folder.name)
-        if match and folder.is_dir():
-            folders.append(((match.group(1), int(match.group(2) or 0)), folder))
     rows: list[dict[str, Any]] = []
-    for _, folder in sorted(folders):
+    for folder in offline_segments(dir, run_id):
         path = folder / f"run-{run_id}.wandb"
         if not path.exists():
             continue

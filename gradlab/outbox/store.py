@@ -3,9 +3,15 @@
 Schema (docs/ARCHITECTURE.md section 5)::
 
     events(event_seq INTEGER PRIMARY KEY AUTOINCREMENT, event_id TEXT UNIQUE, kind, step,
-           payload JSON, created_at)
+           payload JSON, created_at, attempt, epoch)
     control(key PRIMARY KEY, value, updated_at)
     deliveries(sink PRIMARY KEY, high_water)
+
+Fencing (docs/ARCHITECTURE.md section 5): the supervisor writes its attempt id and lease epoch to
+``control`` (key ``fence``) when it opens the attempt; the learner adopts the first fence it sees
+and stamps every event it writes with it (``attempt``, ``epoch``). A learner whose fence is no
+longer the current one has been superseded by a newer attempt and stops at its next safe
+boundary; the supervisor accepts only events stamped with its own fence.
 
 The database runs in WAL mode with ``synchronous=FULL``: a committed event survives a crash or a
 SIGKILL of the writer, and a reader never sees a half-written transaction. Every write is one
@@ -16,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 import sqlite3
 import threading
 from dataclasses import dataclass
@@ -32,6 +39,8 @@ EVENT_KINDS = ("learner_started", "metrics", "checkpoint_ready", "stop_observed"
 """Event kinds the learner writes (payloads: docs/ARCHITECTURE.md section 5)."""
 
 STOP_KEY = "stop_requested"
+FENCE_KEY = "fence"
+IDENTITY_KEY = "identity"
 BUSY_TIMEOUT_S = 30.0
 
 _SCHEMA = """
@@ -41,7 +50,9 @@ CREATE TABLE IF NOT EXISTS events(
     kind TEXT NOT NULL,
     step INTEGER NOT NULL,
     payload TEXT NOT NULL,
-    created_at TEXT NOT NULL
+    created_at TEXT NOT NULL,
+    attempt TEXT,
+    epoch INTEGER
 );
 CREATE INDEX IF NOT EXISTS events_kind ON events(kind, event_seq);
 CREATE TABLE IF NOT EXISTS control(
@@ -75,24 +86,41 @@ class Event:
     step: int
     payload: dict[str, Any]
     created_at: str
+    attempt: str | None = None
+    epoch: int | None = None
+
+    @property
+    def fence(self) -> tuple[str, int] | None:
+        """(attempt id, lease epoch) the event was stamped with, or None (written before any fence)."""
+        return (self.attempt, self.epoch) if self.attempt is not None and self.epoch is not None else None
 
     def as_json(self) -> dict[str, Any]:
         return {"event_seq": self.event_seq, "event_id": self.event_id, "kind": self.kind, "step": self.step,
-                "payload": self.payload, "created_at": self.created_at}
+                "payload": self.payload, "created_at": self.created_at, "attempt": self.attempt,
+                "epoch": self.epoch}
 
 
-def event_id(kind: str, step: int, payload: dict[str, Any]) -> str:
-    """Content hash of an event: sha256 hex of canonical JSON ``{"kind", "step", "payload"}``.
+def event_id(kind: str, step: int, payload: dict[str, Any], fence: tuple[str, int] | None = None) -> str:
+    """Content hash of an event: sha256 hex of canonical JSON ``{"kind", "step", "payload"}`` (plus
+    ``"attempt"`` and ``"epoch"`` when stamped, so another attempt's event never collides).
 
-    Two inserts with the same kind, step and payload have the same id, so the second is ignored.
+    Two inserts with the same kind, step, payload and stamp have the same id, so the second is ignored.
 
     Raises:
         ContractViolation: the payload is not JSON-serialisable (or holds NaN/inf).
     """
+    content: dict[str, Any] = {"kind": kind, "step": int(step), "payload": payload}
+    if fence is not None:
+        content.update(attempt=fence[0], epoch=int(fence[1]))
     try:
-        return sha256_bytes(canonical_json({"kind": kind, "step": int(step), "payload": payload}))
+        return sha256_bytes(canonical_json(content))
     except (TypeError, ValueError) as e:
         raise ContractViolation(f"outbox event {kind!r} at step {step}: payload is not canonical JSON: {e}") from None
+
+
+def _event(r: Any) -> Event:
+    return Event(int(r[0]), r[1], r[2], int(r[3]), json.loads(r[4]), r[5],
+                 r[6] if r[6] is not None else None, int(r[7]) if r[7] is not None else None)
 
 
 def _now() -> str:
@@ -134,6 +162,20 @@ class Outbox:
         if not readonly:
             with self._lock:
                 self._conn.executescript(_SCHEMA)
+                cols = {r[1] for r in self._conn.execute("PRAGMA table_info(events)")}
+                for name, kind in (("attempt", "TEXT"), ("epoch", "INTEGER")):
+                    if name not in cols:  # an outbox written before events were stamped
+                        self._conn.execute(f"ALTER TABLE events ADD COLUMN {name} {kind}")
+                # The outbox's identity: a random nonce fixed when the file is created, so a lost
+                # or replaced outbox (its event_seq restarting at 1) is told apart from this one.
+                self._conn.execute("INSERT OR IGNORE INTO control(key, value, updated_at) VALUES (?, ?, ?)",
+                                   (IDENTITY_KEY, secrets.token_hex(8), _now()))
+        with self._lock:
+            cols = {r[1] for r in self._conn.execute("PRAGMA table_info(events)")}
+        self._select = ("SELECT event_seq, event_id, kind, step, payload, created_at, "
+                        + ("attempt, epoch" if {"attempt", "epoch"} <= cols else "NULL, NULL") + " FROM events")
+        #: The fence this connection stamps its events with (see the module docstring).
+        self.stamp: tuple[str, int] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
     def close(self) -> None:
@@ -163,7 +205,8 @@ class Outbox:
         """
         if not isinstance(payload, dict):
             raise ContractViolation(f"outbox event {kind!r}: payload must be a JSON object, found {type(payload).__name__}")
-        eid = event_id(kind, step, payload)
+        stamp = self.stamp
+        eid = event_id(kind, step, payload, stamp)
         body = json.dumps(payload, sort_keys=True, separators=(",", ":"), allow_nan=False)
         with self._lock:
             # Look up and insert in one write transaction: a plain INSERT OR IGNORE would burn an
@@ -174,8 +217,9 @@ class Outbox:
                     self._conn.execute("COMMIT")
                     return None
                 cur = self._conn.execute(
-                    "INSERT INTO events(event_id, kind, step, payload, created_at) VALUES (?, ?, ?, ?, ?)",
-                    (eid, kind, int(step), body, _now()),
+                    "INSERT INTO events(event_id, kind, step, payload, created_at, attempt, epoch) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (eid, kind, int(step), body, _now(), *(stamp if stamp else (None, None))),
                 )
                 self._conn.execute("COMMIT")
             except BaseException:
@@ -185,7 +229,7 @@ class Outbox:
 
     def read(self, after_seq: int = 0, limit: int = 1000, *, kind: str | None = None) -> list[Event]:
         """Events with ``event_seq > after_seq`` in order, at most ``limit`` of them (optionally one kind)."""
-        sql = "SELECT event_seq, event_id, kind, step, payload, created_at FROM events WHERE event_seq > ?"
+        sql = self._select + " WHERE event_seq > ?"
         args: list[Any] = [int(after_seq)]
         if kind is not None:
             sql += " AND kind = ?"
@@ -194,15 +238,13 @@ class Outbox:
         args.append(int(limit))
         with self._lock:
             rows = self._conn.execute(sql, args).fetchall()
-        return [Event(int(r[0]), r[1], r[2], int(r[3]), json.loads(r[4]), r[5]) for r in rows]
+        return [_event(r) for r in rows]
 
     def last(self, kind: str) -> Event | None:
         """The most recent event of ``kind``, or None."""
         with self._lock:
-            r = self._conn.execute(
-                "SELECT event_seq, event_id, kind, step, payload, created_at FROM events WHERE kind = ? "
-                "ORDER BY event_seq DESC LIMIT 1", (kind,)).fetchone()
-        return None if r is None else Event(int(r[0]), r[1], r[2], int(r[3]), json.loads(r[4]), r[5])
+            r = self._conn.execute(self._select + " WHERE kind = ? ORDER BY event_seq DESC LIMIT 1", (kind,)).fetchone()
+        return None if r is None else _event(r)
 
     def max_seq(self) -> int:
         """The highest ``event_seq`` written so far (0 when empty)."""
@@ -248,6 +290,55 @@ class Outbox:
         """The stop reason if a stop was requested, else None."""
         value = self.get_control(STOP_KEY)
         return value or None
+
+    def identity(self) -> str | None:
+        """The outbox's identity nonce (16 hex), fixed when the file was created; None for an
+        outbox created before outboxes had one (opened read-only)."""
+        return self.get_control(IDENTITY_KEY)
+
+    # -- fencing -----------------------------------------------------------------------------
+    def set_fence(self, attempt: str, epoch: int) -> None:
+        """The supervisor's side: make (attempt, epoch) the current fence, and stamp this
+        connection's own events (``supervisor_metrics``) with it."""
+        self.set_control(FENCE_KEY, json.dumps({"attempt": attempt, "epoch": int(epoch)}))
+        self.stamp = (attempt, int(epoch))
+
+    def fence(self) -> tuple[str, int] | None:
+        """The current fence (attempt id, lease epoch), or None when no supervisor has set one."""
+        raw = self.get_control(FENCE_KEY)
+        if not raw:
+            return None
+        try:
+            data = json.loads(raw)
+            return str(data["attempt"]), int(data["epoch"])
+        except (ValueError, KeyError, TypeError):
+            raise ContractViolation(f"{self.path}: control '{FENCE_KEY}': expected {{attempt, epoch}}, "
+                                    f"found {raw[:80]!r}") from None
+
+    def adopt_fence(self, *, starting: bool = False) -> tuple[str, int] | None:
+        """The learner's side: stamp events with the current fence if none yet; returns the stamp.
+
+        A learner started by its supervisor (``starting``) adopts whatever fence it finds: the
+        supervisor wrote it first. Later (a learner started before its run's first attempt was
+        opened, as ``gradlab train`` does) only the run's first epoch is adopted: an unstamped
+        learner that finds a later epoch belongs to no attempt of that epoch and is superseded.
+        """
+        if self.stamp is None:
+            current = self.fence()
+            if current is not None and (starting or current[1] == 1):
+                self.stamp = current
+        return self.stamp
+
+    def superseded(self) -> str | None:
+        """Why this connection's stamp is no longer current (a newer attempt fenced it out), or None."""
+        current = self.fence()
+        if self.stamp is None:
+            return None if current is None or current[1] == 1 else \
+                f"an unstamped learner superseded by {current[0]} epoch {current[1]}"
+        if current == self.stamp:
+            return None
+        found = f"{current[0]} epoch {current[1]}" if current else "no fence"
+        return f"attempt {self.stamp[0]} epoch {self.stamp[1]} superseded by {found}"
 
     # -- deliveries --------------------------------------------------------------------------
     def ack(self, sink: str, event_seq: int) -> None:

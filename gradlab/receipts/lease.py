@@ -9,8 +9,6 @@ acquirers racing for an expired lease produce exactly one holder.
 from __future__ import annotations
 
 import logging
-import os
-import socket
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -50,8 +48,39 @@ def read_lease(store: ObjectStore, run_id: str) -> HeldLease | None:
     return HeldLease(lease, etag)
 
 
-def _owner() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
+def require_no_live_lease(store: ObjectStore, run_id: str, *, now: datetime | None = None) -> None:
+    """Refuse early, before a new attempt touches the run directory, while a lease is live.
+
+    Raises:
+        LeaseHeld: as :func:`acquire_lease` would.
+    """
+    at = now or utcnow()
+    current = read_lease(store, run_id)
+    if current is not None and (current.lease.in_force(at) or _owner_elsewhere_alive(current.lease)):
+        raise LeaseHeld(
+            f"{store.url(keys.lease(run_id))}: run {run_id} is leased by {current.lease.holder} "
+            f"({current.lease.owner}) until {current.lease.expires_at.isoformat()}; "
+            f"expected no live lease at {at.isoformat()}"
+        )
+
+
+def _owner_elsewhere_alive(lease: Lease) -> bool:
+    """The lease's owner is another process that still runs on this host (suspended, swapping):
+    its lease expiring does not make it dead, and taking the run over would start a second
+    learner lineage. Every path that opens an attempt (CLI, deployment, UI retry) gets this guard."""
+    if lease.released or lease.owner_state() != "alive":
+        return False
+    from gradlab.receipts.owner import current_owner
+
+    me = current_owner()
+    return (lease.owner_pid, lease.owner_start) != (me.pid, me.start)
+
+
+def _owner_fields() -> dict:
+    from gradlab.receipts.owner import current_owner
+
+    me = current_owner()
+    return {"owner": me.label(), "owner_boot_id": me.boot_id, "owner_pid": me.pid, "owner_start": me.start}
 
 
 def acquire_lease(
@@ -65,7 +94,13 @@ def acquire_lease(
 ) -> HeldLease:
     """Take the run's writer lease for ``holder`` (an attempt id) for ``ttl_s`` seconds.
 
-    Re-acquiring a lease the same holder still has live renews it (same generation).
+    Re-acquiring a lease the same holder still has live renews it (same generation). A live lease
+    whose owner is known to be dead (same host boot, its pid gone or recycled:
+    :mod:`gradlab.receipts.owner`) is taken over at once instead of waited out.
+
+    Args:
+        owner: a label for the owner instead of this process's identity (then its liveness is
+            unknown and only expiry frees the lease).
 
     Raises:
         LeaseHeld: another holder's lease is live (names the holder and its expiry).
@@ -74,13 +109,20 @@ def acquire_lease(
     for _ in range(_MAX_CAS_TRIES):
         at = now or utcnow()
         current = read_lease(store, run_id)
-        if current is not None and current.lease.is_live(at) and current.lease.holder != holder:
+        if current is not None and current.lease.holder != holder and _owner_elsewhere_alive(current.lease):
+            raise LeaseHeld(
+                f"{store.url(keys.lease(run_id))}: run {run_id} is leased by {current.lease.holder}, whose process "
+                f"{current.lease.owner} still runs on this host although the lease "
+                f"{'expired' if not current.lease.is_live(at) else 'is live'}; expected it gone: stop it first "
+                "(Ctrl-C or `prefect flow-run cancel`)"
+            )
+        if current is not None and current.lease.in_force(at) and current.lease.holder != holder:
             raise LeaseHeld(
                 f"{store.url(keys.lease(run_id))}: run {run_id} is leased by {current.lease.holder} "
                 f"({current.lease.owner}) until {current.lease.expires_at.isoformat()}; "
                 f"expected no live lease at {at.isoformat()}"
             )
-        if current is not None and current.lease.is_live(at):
+        if current is not None and current.lease.is_live(at) and current.lease.holder == holder:
             generation, acquired_at = current.lease.generation, current.lease.acquired_at
         else:
             generation = current.lease.generation + 1 if current is not None else 1
@@ -88,7 +130,7 @@ def acquire_lease(
         lease = Lease(
             run_id=run_id,
             holder=holder,
-            owner=owner or _owner(),
+            **({"owner": owner} if owner else _owner_fields()),
             generation=generation,
             ttl_s=ttl_s,
             acquired_at=acquired_at,

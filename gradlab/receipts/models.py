@@ -73,6 +73,16 @@ class Attempt(Contract):
     number: int = Field(ge=1)
     mode: AttemptMode = Field(description="fresh start, resume from a checkpoint, or drain only.")
     resume_from: CheckpointRef | None = None
+    skipped_checkpoints: list[str] = Field(
+        default_factory=list,
+        description="Newer published checkpoints passed over because they failed verification against their "
+                    "publication receipt, one line each naming the file (the resume fell back to ``resume_from``).")
+    outbox: str | None = Field(default=None, description="Identity nonce of the run directory's outbox.sqlite this "
+                               "attempt opened (its learner's events are numbered within it).")
+    outbox_replaced: str | None = Field(
+        default=None, description="Set when the outbox is not the one the previous attempt recorded (lost, truncated "
+                                  "or replaced): names the file and both identities; that outbox's undelivered events "
+                                  "are lost and no receipt counts them.")
     previous_attempt_id: str | None = None
     host: str
     pid: int
@@ -88,6 +98,10 @@ class Lease(Contract):
     run_id: str
     holder: str = Field(description="The attempt id holding the lease.")
     owner: str = Field(description="``<host>:<pid>`` of the holding process.")
+    owner_boot_id: str | None = Field(default=None, description="The owner's host boot id (Linux).")
+    owner_pid: int | None = Field(default=None, description="The owner's pid.")
+    owner_start: int | None = Field(default=None, description="The owner's start time, clock ticks since boot; with "
+                                    "the boot id and pid it names one process (a recycled pid is not the owner).")
     generation: int = Field(ge=1)
     ttl_s: float = Field(gt=0, description="Seconds a heartbeat keeps the lease live.")
     acquired_at: AwareDatetime
@@ -98,6 +112,17 @@ class Lease(Contract):
     def is_live(self, now: datetime | None = None) -> bool:
         """Not released and not yet expired at ``now``."""
         return not self.released and (now or utcnow()) < self.expires_at
+
+    def owner_state(self) -> str:
+        """``alive``, ``dead`` or ``unknown``, judged from this host (:func:`gradlab.receipts.owner.owner_state`)."""
+        from gradlab.receipts.owner import owner_state
+
+        return owner_state(self.owner_boot_id, self.owner_pid, self.owner_start)
+
+    def in_force(self, now: datetime | None = None) -> bool:
+        """Live, and its owner not known to be dead: a lease whose owner died on this host is not
+        waited out (docs/ARCHITECTURE.md section 9)."""
+        return self.is_live(now) and self.owner_state() != "dead"
 
 
 class FileEntry(Contract):
@@ -115,6 +140,7 @@ class CheckpointPublication(Contract):
     purpose: Literal["periodic", "final"]
     uri: str = Field(description="Model-store URL of the checkpoint folder (ends with '/').")
     files: dict[str, FileEntry] = Field(description="Every uploaded file (relative path) → sha256, size.")
+    epoch: int | None = Field(default=None, description="The publishing attempt's lease epoch (fencing).")
     published_at: AwareDatetime
 
     @property
@@ -287,6 +313,8 @@ class TerminalPromotion(Contract):
 
 class TerminalMetrics(Contract):
     local_high_water: int = Field(ge=0, description="Last outbox event_seq delivered to the local journal.")
+    outbox: str | None = Field(default=None, description="Identity of the outbox the event_seq marks count in "
+                               "(journal lines carry it too).")
     sinks: dict[str, int | None] = Field(description="Per sink high-water event_seq; None: sink disabled.")
     pending: list[str] = Field(
         default_factory=list,

@@ -103,6 +103,9 @@ def begin_attempt(
     *,
     mode: AttemptMode,
     resume_from: CheckpointRef | None = None,
+    skipped_checkpoints: list[str] | None = None,
+    outbox: str | None = None,
+    outbox_replaced: str | None = None,
     ttl_s: float = DEFAULT_LEASE_TTL_S,
     now: datetime | None = None,
 ) -> tuple[Attempt, HeldLease]:
@@ -125,6 +128,9 @@ def begin_attempt(
         number=number,
         mode=mode,
         resume_from=resume_from,
+        skipped_checkpoints=list(skipped_checkpoints or []),
+        outbox=outbox,
+        outbox_replaced=outbox_replaced,
         previous_attempt_id=previous[-1].attempt_id if previous else None,
         host=socket.gethostname(),
         pid=os.getpid(),
@@ -143,8 +149,25 @@ def _checkpoint_files(checkpoint_dir: Path) -> dict[str, Path]:
     return files
 
 
+def require_epoch(stores: Stores, run_id: str, attempt_id: str, epoch: int) -> None:
+    """Refuse a write made for an attempt whose lease epoch is no longer current (fencing).
+
+    Raises:
+        LeaseLost: the lease is held by another attempt or epoch (or released), naming both.
+    """
+    from gradlab.receipts.lease import LeaseLost
+
+    held = read_lease(stores.control, run_id)
+    if held is None or (held.lease.holder, held.lease.generation) != (attempt_id, epoch) or held.lease.released:
+        found = "no lease" if held is None else (f"{held.lease.holder} epoch {held.lease.generation}"
+                                                 f"{' (released)' if held.lease.released else ''}")
+        raise LeaseLost(f"{stores.control.url(keys.lease(run_id))}: write for {attempt_id} epoch {epoch} refused: "
+                        f"the lease is {found}")
+
+
 def publish_checkpoint(
-    stores: Stores, *, run_id: str, attempt_id: str, checkpoint_dir: Path, now: datetime | None = None
+    stores: Stores, *, run_id: str, attempt_id: str, checkpoint_dir: Path, now: datetime | None = None,
+    epoch: int | None = None,
 ) -> CheckpointPublication:
     """Copy a checkpoint folder to the model store, verify it, write its receipt, add it to the index.
 
@@ -156,7 +179,12 @@ def publish_checkpoint(
     Returns:
         The publication receipt as stored.
 
+    Args:
+        epoch: the publishing attempt's lease epoch: checked before anything is uploaded and again
+            before the receipt is written (a superseded attempt publishes nothing), and recorded.
+
     Raises:
+        LeaseLost: ``epoch`` is no longer the lease's.
         ContractViolation: no ``manifest.json``, or it names another run.
         IntegrityError: a file's bytes do not match the manifest (names the file), a listed file is
             missing, or a file is not listed.
@@ -171,6 +199,8 @@ def publish_checkpoint(
         raise ContractViolation(f"{manifest_path}: checkpoint has no manifest.json") from None
     if manifest.get("run_id") != run_id:
         raise ContractViolation(f"{manifest_path}: run_id: expected {run_id}, found {manifest.get('run_id')}")
+    if epoch is not None:
+        require_epoch(stores, run_id, attempt_id, epoch)
     step, sha256, purpose = int(manifest["step"]), str(manifest["sha256"]), manifest.get("purpose", "periodic")
     listed: dict[str, dict] = manifest.get("files", {})
     present = _checkpoint_files(checkpoint_dir)
@@ -199,8 +229,11 @@ def publish_checkpoint(
         purpose=purpose,
         uri=uri,
         files=entries,
+        epoch=epoch,
         published_at=now or utcnow(),
     )
+    if epoch is not None:
+        require_epoch(stores, run_id, attempt_id, epoch)
     stored = create_or_agree(
         stores.control,
         keys.publication(run_id, step, sha256),
@@ -252,6 +285,23 @@ def download_checkpoint(stores: Stores, publication: CheckpointPublication, dest
         shutil.rmtree(partial, ignore_errors=True)
         raise
     return dest
+
+
+def verify_published(stores: Stores, publication: CheckpointPublication) -> None:
+    """Re-read every published object of a checkpoint from the model store and check its sha256
+    against the publication receipt (control store): what is evaluated and promoted must be
+    byte-identical to what was published (docs/ARCHITECTURE.md section 8).
+
+    Raises:
+        IntegrityError: an object's bytes differ, naming its URL and both hashes.
+        NotFound: an object of the publication is missing from the model store (named).
+        StoreUnavailable: the model store cannot be reached (transient).
+    """
+    for name, entry in sorted(publication.files.items()):
+        key = keys.checkpoint_file(publication.run_id, publication.step, publication.sha256, name)
+        digest = sha256_hex(stores.model.get(key))
+        if digest != entry.sha256:
+            raise IntegrityError(f"{stores.model.url(key)}: sha256 expected {entry.sha256} (publication), found {digest}")
 
 
 def list_publications(stores: Stores, run_id: str) -> list[CheckpointPublication]:
@@ -438,7 +488,7 @@ def reconcile_run(stores: Stores, run_id: str, *, now: datetime | None = None) -
     for attempt in list_attempts(stores, run_id):
         if read_terminal(stores, run_id, attempt.attempt_id) is not None:
             continue
-        if held is not None and held.lease.holder == attempt.attempt_id and held.lease.is_live(at):
+        if held is not None and held.lease.holder == attempt.attempt_id and held.lease.in_force(at):
             continue
         checkpoints, evaluations, promotion = run_inventory(stores, run_id)
         lease_note = (

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gradlab.contracts.run_spec import RunSpec
-from gradlab.errors import GradlabError
+from gradlab.errors import GradlabError, IntegrityError
 from gradlab.outbox import Outbox
 from gradlab.receipts.lease import LeaseLost, release_lease, renew_lease
 from gradlab.receipts.models import LearnerExit, TerminalMetrics, TerminalReceipt
@@ -75,7 +75,8 @@ class AttemptDriver:
 
     def __post_init__(self) -> None:
         self.outbox = Outbox(self.paths.outbox)
-        sinks: list[Any] = [JournalSink(self.paths.journal)]
+        sinks: list[Any] = [JournalSink(self.paths.journal, outbox=self.outbox.identity(),
+                                        attempt=self.plan.attempt.attempt_id)]
         if self.wandb is not None and self.wandb.mode != "disabled":
             sinks.append(WandbMetricSink(self.wandb))
         evaluated = self.evaluate and self.spec.goal.evaluation_mode == "evaluated"
@@ -84,7 +85,9 @@ class AttemptDriver:
             submit_publish=self.submit_publish, submit_evaluate=self.submit_evaluate, sinks=sinks,
             evaluate=evaluated, stop_on_acceptance=self.spec.goal.stops_on_acceptance,
             max_parallel_evals=self.max_parallel_evals, request_stop=self.record_stop, first_seq=self.plan.first_seq,
+            fence=self.plan.fence, opened_seq=self.plan.opened_seq,
         )
+        self.outbox.stamp = self.plan.fence  # the supervisor's own events carry its attempt and epoch
         # Checkpoints published by earlier attempts keep their results; unevaluated ones are evaluated now.
         records = {rec.checkpoint_sha256: rec for rec in self.plan.records}
         self.supervisor.adopt_published(list(self.plan.publications), records)
@@ -183,10 +186,14 @@ class AttemptDriver:
             why = "the goal is training-only" if self.spec.goal.evaluation_mode == "training_only" else "evaluation was turned off"
             outcome, reason = "succeeded", f"trained to step {final_step} ({stop_reason}); {why}: nothing to promote"
         elif (candidate := sup.promotion_candidate()) is not None:
-            promotion = self.promote(candidate)
-            outcome = "succeeded"
-            reason = (f"checkpoint at step {promotion.checkpoint_step} accepted "
-                      f"(return mean {promotion.return_mean}) and promoted")
+            try:
+                promotion = self.promote(candidate)
+            except IntegrityError as e:  # the store's copy changed after evaluation: never promoted
+                outcome, reason = "failed", f"checkpoint at step {candidate.step} was accepted but not promoted: {e}"
+            else:
+                outcome = "succeeded"
+                reason = (f"checkpoint at step {promotion.checkpoint_step} accepted "
+                          f"(return mean {promotion.return_mean}) and promoted")
         elif errors := [t for t in sup.tracks.values() if t.eval_error is not None]:
             steps = ", ".join(str(t.step) for t in errors)
             outcome, reason = "failed", f"evaluations of steps {steps} could not run: {errors[0].eval_error}"
@@ -242,9 +249,10 @@ class AttemptDriver:
             self.wandb.finish(timeout_s=wandb_wait_s)
             wandb_hw = self.wandb.high_water
         local = self.outbox.high_water("journal")
-        if wandb_hw is not None and (wandb_hw < local or self.wandb.status == "pending"):
-            pending.append("wandb")
-        metrics = TerminalMetrics(local_high_water=local, sinks={"journal": local, "wandb": wandb_hw}, pending=pending)
+        if wandb_hw is not None and not self.wandb.complete(local):
+            pending.append("wandb")  # behind, failed, or split over several offline segments
+        metrics = TerminalMetrics(local_high_water=local, sinks={"journal": local, "wandb": wandb_hw}, pending=pending,
+                                  outbox=self.outbox.identity())
         receipt = self.seal({"outcome": outcome, "reason": reason, "final_step": final_step, "metrics": metrics,
                              "drained": drained, "learner": learner})
         try:

@@ -150,23 +150,36 @@ class AttemptPlan:
     #: Outbox events before this seq belong to an abandoned learner lineage (a resumed attempt
     #: continues from the last *published* checkpoint): their checkpoints are never published.
     first_seq: int = 0
+    #: The outbox's next event_seq when this attempt set its fence: an event from here on stamped
+    #: with another attempt or epoch is a superseded learner's, refused (docs/ARCHITECTURE.md section 5).
+    opened_seq: int = 0
+
+    @property
+    def fence(self) -> tuple[str, int]:
+        """(attempt id, lease epoch) this attempt's learner stamps its events with."""
+        return self.attempt.attempt_id, self.lease.lease.generation
 
 
 def open_attempt(stores: Stores, spec: RunSpec, paths: RunPaths) -> AttemptPlan:
     """Open the run (create-or-agree) and begin its next attempt under the writer lease.
 
     Mode: ``fresh`` for a run's first attempt; ``drain`` when an earlier attempt's learner had
-    already finished (its outbox holds ``learner_finished``); otherwise ``resume`` from the last
-    published checkpoint, downloaded (verified) into the run directory when missing locally.
+    already finished (its outbox holds ``learner_finished``); otherwise ``resume`` from the newest
+    published checkpoint that verifies against its publication receipt (downloaded, verified,
+    into the run directory when the local copy is missing or differs). Newer checkpoints that fail
+    verification are passed over and named in the attempt receipt (``skipped_checkpoints``).
 
     Raises:
         LeaseHeld: another attempt's lease is live (a retry is refused while it is).
+        IntegrityError: no published checkpoint verifies (each failure named); no attempt is
+            opened, so none is left unsealed.
     """
     rules.open_run(stores, spec)
     previous = rules.list_attempts(stores, spec.run_id)
     mode: AttemptMode = "fresh"
     resume: CheckpointRef | None = None
     resume_dir: Path | None = None
+    skipped: list[str] = []
     publications: tuple[CheckpointPublication, ...] = ()
     records: tuple[EvaluationRecord, ...] = ()
     outbox = Outbox(paths.outbox)
@@ -178,15 +191,53 @@ def open_attempt(stores: Stores, spec: RunSpec, paths: RunPaths) -> AttemptPlan:
             mode = "drain"
         elif publications:
             mode = "resume"
-            resume = publications[-1].ref
-    attempt, held = rules.begin_attempt(stores, spec.run_id, mode=mode, resume_from=resume)
-    # Only the lease holder may touch the run's control state: clear a stale stop request now.
+            from gradlab.receipts.lease import require_no_live_lease
+
+            require_no_live_lease(stores.control, spec.run_id)  # refuse before touching the run directory
+            resume_dir, chosen, skipped = choose_resume_checkpoint(stores, paths, publications)
+            resume = chosen.ref
+    identity = outbox.identity()
+    recorded = next((a for a in reversed(previous) if a.outbox is not None), None)
+    replaced = None
+    if recorded is not None and recorded.outbox != identity:
+        replaced = (f"{paths.outbox}: outbox {identity} is not outbox {recorded.outbox} that {recorded.attempt_id} "
+                    "recorded (lost, truncated or replaced); its events not yet delivered are lost")
+        log.warning("run %s: %s", spec.run_id, replaced)
+    attempt, held = rules.begin_attempt(stores, spec.run_id, mode=mode, resume_from=resume,
+                                        skipped_checkpoints=skipped, outbox=identity, outbox_replaced=replaced)
+    # Only the lease holder may touch the run's control state: clear a stale stop request now, and
+    # fence out any earlier learner still writing to this outbox (paused past its lease).
     if mode == "resume":
         outbox.clear_stop()
-        resume_dir = local_checkpoint_dir(stores, paths, publications[-1])
+    outbox.set_fence(attempt.attempt_id, held.lease.generation)
+    opened = outbox.max_seq() + 1
+    outbox.close()
     return AttemptPlan(attempt=attempt, lease=held, resume_dir=resume_dir, publications=publications, records=records,
-                       first_seq=outbox.max_seq() + 1 if mode == "resume" else 0)
+                       first_seq=opened if mode == "resume" else 0, opened_seq=opened)
 
+
+def choose_resume_checkpoint(stores: Stores, paths: RunPaths, publications: tuple[CheckpointPublication, ...]
+                             ) -> tuple[Path, CheckpointPublication, list[str]]:
+    """The newest published checkpoint whose files verify against its publication receipt.
+
+    Returns:
+        (local folder, its publication, one line per newer checkpoint passed over).
+
+    Raises:
+        IntegrityError: none verifies; the message names every failing file.
+    """
+    from gradlab.errors import IntegrityError
+
+    skipped: list[str] = []
+    for publication in sorted(publications, key=lambda p: p.step, reverse=True):
+        try:
+            return local_checkpoint_dir(stores, paths, publication), publication, skipped
+        except (IntegrityError, NotFound) as e:
+            log.warning("run %s: checkpoint at step %d cannot be resumed from: %s", publication.run_id,
+                        publication.step, e)
+            skipped.append(f"step {publication.step}: {e}")
+    raise IntegrityError(f"run {publications[0].run_id}: no published checkpoint verifies against its publication "
+                         f"receipt, refusing to resume: {'; '.join(skipped)}")
 
 
 def _learner_done(outbox: Any) -> bool:
@@ -205,24 +256,29 @@ def _learner_done(outbox: Any) -> bool:
 
 
 def local_checkpoint_dir(stores: Stores, paths: RunPaths, publication: CheckpointPublication) -> Path:
-    """The published checkpoint's folder in the run directory, verified; downloaded (verified) when
-    absent, and again when the local copy fails verification (the bad copy is kept aside)."""
-    from gradlab.checkpoints import verify_checkpoint
+    """The published checkpoint's folder in the run directory, verified file by file against its
+    publication receipt (the control store, not the folder's own manifest); downloaded (verified)
+    when absent, and again when the local copy differs (the bad copy is kept aside).
+
+    Raises:
+        IntegrityError: the model store's copy differs from the publication (names the object and
+            both hashes). NotFound: an object of the publication is missing from the model store.
+    """
+    from gradlab.checkpoints import verify_against_publication
     from gradlab.errors import IntegrityError
     from gradlab.stores import keys
 
     dest = paths.checkpoints / keys.checkpoint_name(publication.step, publication.sha256)
     if dest.is_dir():
         try:
-            manifest = verify_checkpoint(dest)
-            if manifest.sha256 == publication.sha256:
-                return dest
-            raise IntegrityError(f"{dest}: sha256 {manifest.sha256}, the publication says {publication.sha256}")
+            verify_against_publication(dest, publication.files)
+            return dest
         except (IntegrityError, ContractViolation, NotFound) as e:
-            aside = dest.with_name(f"{dest.name}.corrupt-{int(time.time())}")
+            aside = dest.with_name(f"{dest.name}.corrupt-{time.time_ns()}")
             log.warning("%s fails verification (%s): kept as %s; using the published copy", dest, e, aside.name)
             dest.rename(aside)
     rules.download_checkpoint(stores, publication, dest)
+    verify_against_publication(dest, publication.files)
     return dest
 
 
@@ -234,9 +290,15 @@ def prewarm_evaluation(backend: str, count: int = 1) -> None:
         prewarm(count)
 
 
-def publish(stores: Stores, run_id: str, attempt_id: str, checkpoint_dir: Path) -> CheckpointPublication:
-    """Publish one checkpoint (copy, verify, receipt, index). See ``rules.publish_checkpoint``."""
-    return rules.publish_checkpoint(stores, run_id=run_id, attempt_id=attempt_id, checkpoint_dir=checkpoint_dir)
+def publish(stores: Stores, run_id: str, attempt_id: str, checkpoint_dir: Path, *,
+            epoch: int | None = None) -> CheckpointPublication:
+    """Publish one checkpoint (copy, verify, receipt, index). See ``rules.publish_checkpoint``.
+
+    Raises:
+        LeaseLost: ``epoch`` is no longer the lease's (a newer attempt holds the run).
+    """
+    return rules.publish_checkpoint(stores, run_id=run_id, attempt_id=attempt_id, checkpoint_dir=checkpoint_dir,
+                                    epoch=epoch)
 
 
 def evaluate(
@@ -246,11 +308,15 @@ def evaluate(
 
     A result already recorded for the same (run, checkpoint, goal, manifest) is returned as it is:
     a retried task never evaluates twice. A permanent evaluation failure is recorded as
-    ``failed``; a transient one (backend unreachable) is raised for the task to retry.
+    ``failed``; a transient one (backend unreachable) is raised for the task to retry. The local
+    copy is checked against the publication receipt before and after the evaluation, and every
+    model-store object of the checkpoint is re-read and checked before the result is recorded: a
+    difference records ``failed``, naming the object and both hashes.
 
     Raises:
         TransientError: the backend or a store is unavailable.
     """
+    from gradlab.checkpoints import verify_against_publication
     from gradlab.errors import IntegrityError
     from gradlab.evaluation import EvalRequest, build_manifest, validate_result
     from gradlab.evaluation.backends import EvaluationFailed, evaluate_with, get_backend
@@ -267,10 +333,15 @@ def evaluate(
                           checkpoint_step=publication.step, spec=spec.to_json())
     runner = get_backend(backend)
     try:
+        # What is evaluated is byte-identical to what was published (docs/ARCHITECTURE.md section 8):
+        # the local copy against the publication receipt before, the model store's objects after.
+        verify_against_publication(Path(checkpoint_dir), publication.files)
         result = evaluate_with(runner, request, timeout_s=EVAL_TIMEOUT_S)
         expected = {"checkpoint_sha256": publication.sha256, "episode_manifest_sha256": manifest.sha256, **spec.hashes}
         validated = validate_result(result, expected=expected, goal=spec.goal)
-    except (IntegrityError, ContractViolation, EvaluationFailed) as e:
+        verify_against_publication(Path(checkpoint_dir), publication.files)
+        rules.verify_published(stores, publication)
+    except (IntegrityError, ContractViolation, EvaluationFailed, NotFound) as e:
         # The checkpoint itself cannot be evaluated: a permanent result. A backend that cannot run
         # (no credentials, unreachable) is not recorded: the error goes up and a retry evaluates.
         log.error("run %s: evaluation of step %d failed: %s", spec.run_id, publication.step, e)
@@ -296,17 +367,23 @@ def record_stop(stores: Stores, run_id: str, attempt_id: str, reason: str) -> No
 
 
 def promote(stores: Stores, run_id: str, attempt_id: str, record: EvaluationRecord,
-            publication: CheckpointPublication) -> Promotion:
+            publication: CheckpointPublication, *, epoch: int | None = None) -> Promotion:
     """Promote the checkpoint of an accepted evaluation (create-only; exactly one per run).
 
     Raises:
         ContractViolation: the evaluation is not accepted or is of another checkpoint.
+        IntegrityError: a model-store object of the checkpoint differs from its publication
+            receipt (named, with both hashes); nothing is promoted.
+        LeaseLost: ``epoch`` is no longer the lease's (a newer attempt holds the run).
         Conflict: the run already promoted a different checkpoint.
     """
     from gradlab.stores import keys
 
     if record.status != "accepted" or record.checkpoint_sha256 != publication.sha256:
         raise ContractViolation(f"run {run_id}: only an accepted evaluation of the same checkpoint can be promoted")
+    if epoch is not None:
+        rules.require_epoch(stores, run_id, attempt_id, epoch)
+    rules.verify_published(stores, publication)  # the promoted objects are the published bytes
     promotion = Promotion(
         run_id=run_id, attempt_id=attempt_id, checkpoint_step=publication.step, checkpoint_sha256=publication.sha256,
         uri=publication.uri, evaluation_key=record.intent_key,

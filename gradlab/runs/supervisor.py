@@ -76,17 +76,25 @@ class MetricSink(Protocol):
 
 
 class JournalSink:
-    """The local metrics journal (always on): every event, durably, idempotent by event_seq."""
+    """The local metrics journal (always on): every event, durably, idempotent by (outbox, event_seq).
+
+    Each line records the attempt that wrote its event (``attempts``, filled by the supervisor;
+    ``attempt`` otherwise) and the outbox's identity, so a new outbox never collides with an old one.
+    """
 
     name = "journal"
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, *, outbox: str | None = None, attempt: str | None = None):
         from gradlab.metrics.journal import Journal
 
-        self.journal = Journal(path)
+        self.journal = Journal(path, outbox=outbox, attempt=attempt)
+        #: event_seq → the attempt stamped on the event (events of earlier attempts drained now).
+        self.attempts: dict[int, str | None] = {}
 
     def deliver(self, events: list[tuple[int, dict[str, Any]]]) -> int:
-        self.journal.write_many(events)
+        self.journal.write_many(events, self.attempts)
+        for seq, _ in events:
+            self.attempts.pop(seq, None)
         return max(seq for seq, _ in events)
 
 
@@ -146,6 +154,11 @@ class Supervisor:
     tracks: dict[int, CheckpointTrack] = field(default_factory=dict)
     after_seq: int = 0
     first_seq: int = 0
+    #: (attempt id, lease epoch) of this attempt; events from ``opened_seq`` on stamped otherwise
+    #: are a superseded learner's and refused (fencing, docs/ARCHITECTURE.md section 5).
+    fence: tuple[str, int] | None = None
+    opened_seq: int = 0
+    refused_events: int = 0
     learner_finished: dict[str, Any] | None = None
     learner_started: dict[str, Any] | None = None
     stop_reason: str | None = None
@@ -179,6 +192,13 @@ class Supervisor:
         return events
 
     def _ingest(self, event: Event) -> None:
+        if (self.fence is not None and event.fence is not None and event.fence != self.fence
+                and event.event_seq >= self.opened_seq):
+            if not self.refused_events:
+                log.warning("run %s: refusing events of %s epoch %s (superseded by %s epoch %s), from event_seq %d",
+                            self.spec.run_id, event.attempt, event.epoch, *self.fence, event.event_seq)
+            self.refused_events += 1
+            return
         if event.event_seq < self.first_seq and event.kind in ("checkpoint_ready", "learner_finished",
                                                                "learner_started", "stop_observed"):
             return  # an abandoned learner lineage: its metrics are still delivered, nothing else
@@ -198,6 +218,10 @@ class Supervisor:
                 existing.path = Path(p["path"])
         elif event.kind in METRIC_KINDS:
             metrics = event.payload.get("metrics", {})
+            if event.attempt is not None:
+                for sink in self.sinks:
+                    if isinstance(sink, JournalSink):
+                        sink.attempts[event.event_seq] = event.attempt
             self._pending_metrics.append((event.event_seq, {**metrics, "orchestration/event_seq": event.event_seq}))
         elif event.kind == "learner_finished":
             self.learner_finished = dict(event.payload)

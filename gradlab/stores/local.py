@@ -45,9 +45,9 @@ def path_from_file_url(url: str) -> Path:
 
 
 
-def _write_tmp(directory: Path, name: str, data: bytes) -> Path:
+def _write_tmp(directory: Path, name: str, data: bytes, mode: int = 0o644) -> Path:
     tmp = directory / f".{name}.{uuid.uuid4().hex}{_TMP_SUFFIX}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
         view = memoryview(data)
         while view:
@@ -62,9 +62,22 @@ def _write_tmp(directory: Path, name: str, data: bytes) -> Path:
 class FileStore(ObjectStore):
     """An :class:`ObjectStore` in a local folder (see the module docstring for the guarantees)."""
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, *, shared: bool | None = None):
+        """Args: shared: False: folders 0700 and files 0600 (chmod'ed, whatever the umask); True:
+        0755 / 0644 less the umask; None: the ``shared_permissions`` setting."""
         self.root = path_from_file_url(url)
         self.base_url = self.root.as_uri()
+        if shared is None:
+            from gradlab.errors import ConfigError
+            from gradlab.settings import load_settings
+
+            try:
+                shared = load_settings().shared_permissions
+            except ConfigError:  # a broken config is reported by whoever reads it; stay private
+                shared = False
+        self.shared = shared
+        self._file_mode = 0o644 if shared else 0o600
+        self._dir_mode = 0o755 if shared else 0o700
 
     # -- paths ---------------------------------------------------------------------------------
     def _path(self, key: str) -> Path:
@@ -82,7 +95,13 @@ class FileStore(ObjectStore):
         while not folder.exists():
             missing.append(folder)
             folder = folder.parent
-        parent.mkdir(parents=True, exist_ok=True)
+        for folder in reversed(missing):
+            try:
+                os.mkdir(folder, self._dir_mode)
+            except FileExistsError:
+                continue
+            if not self.shared:
+                os.chmod(folder, self._dir_mode)  # whatever the umask
         for folder in missing:  # make the new directory entries durable
             fsync_dir(folder.parent)
 
@@ -90,7 +109,7 @@ class FileStore(ObjectStore):
     def put_create_only(self, key: str, data: bytes) -> str:
         path = self._path(key)
         self._prepare_dir(path)
-        tmp = _write_tmp(path.parent, path.name, data)
+        tmp = _write_tmp(path.parent, path.name, data, self._file_mode)
         try:
             os.link(tmp, path)
         except FileExistsError:
@@ -111,7 +130,7 @@ class FileStore(ObjectStore):
         path = self._path(key)
         self._prepare_dir(path)
         lock_path = path.parent / f".{path.name}{_LOCK_SUFFIX}"
-        with open(lock_path, "a+b") as lock:
+        with os.fdopen(os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, self._file_mode), "a+b") as lock:
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
             try:
                 try:
@@ -122,7 +141,7 @@ class FileStore(ObjectStore):
                     raise Conflict(
                         f"{self.url(key)}: compare-and-swap lost: expected etag {etag}, found {current}"
                     )
-                tmp = _write_tmp(path.parent, path.name, data)
+                tmp = _write_tmp(path.parent, path.name, data, self._file_mode)
                 try:
                     if etag is None:
                         os.link(tmp, path)

@@ -50,14 +50,14 @@ def test_layout_and_manifest(trained: Path) -> None:
     assert m.sha256 == file_sha256(path / "policy.zip")
     assert (m.step, m.purpose, m.backend_id) == (512, "final", "sb3.ppo")
     assert set(m.files) == {"policy.zip", "policy.safetensors", "policy_spec.json", "resume/state.json",
-                            "resume/optimizer.pt", "resume/vecnormalize.json", "resume/env_state.pkl",
-                            "resume/last_obs.npy", "resume/early_stop.json"}
+                            "resume/optimizer.pt", "resume/vecnormalize.json", "resume/lanes.json",
+                            "resume/lanes.npz", "resume/last_obs.npy", "resume/early_stop.json"}
     for name, entry in m.files.items():
         assert entry.size_bytes == (path / name).stat().st_size
         assert entry.sha256 == file_sha256(path / name)
     assert {"gradlab", "python", "torch", "stable-baselines3", "gymnasium", "provider:gradlab"} <= set(m.versions)
     state = json.loads((path / "resume" / "state.json").read_text())
-    assert state["num_timesteps"] == 512 and state["env_state"] == "saved"
+    assert state["num_timesteps"] == 512 and state["env_state"] == "lanes"
     assert latest_checkpoint(trained) == path
     assert not list((trained / "checkpoints").glob(".partial-*"))
 

@@ -16,12 +16,12 @@ from tests.learn.conftest import BANDIT, make_spec
 CFG = {"n_steps": 32, "batch_size": 64, "n_epochs": 1, "gamma": 0.0}
 
 
-def test_resume_from_a_copied_checkpoint_resets_lanes_but_keeps_counters(tmp_path: Path) -> None:
+def test_resume_from_a_copied_checkpoint_keeps_counters(tmp_path: Path) -> None:
     spec = make_spec(BANDIT, {"id": "sb3.ppo", "config": CFG}, timesteps=1024, checkpoint_freq=512)
     run_learner(spec, tmp_path / "a", stop_at_step=512)
     outside = tmp_path / "elsewhere" / list_checkpoints(tmp_path / "a")[-1].name
     shutil.copytree(list_checkpoints(tmp_path / "a")[-1], outside)
-    # Not the run's own folder: env_state.pkl is not unpickled, the lanes start fresh; counters continue.
+    # Another folder: the lane state is data (no pickle), so it needs no trust; counters continue.
     result = run_learner(spec, tmp_path / "b", resume_from=outside)
     assert (result.final_step, result.stop_reason) == (1024, "budget")
     metrics = [e.payload["metrics"] for e in Outbox(tmp_path / "b" / "outbox.sqlite").read(kind="metrics")]

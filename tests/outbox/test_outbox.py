@@ -24,7 +24,7 @@ def test_schema_and_pragmas(tmp_path: Path) -> None:
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     assert {"events", "control", "deliveries"} <= tables
     cols = [r[1] for r in conn.execute("PRAGMA table_info(events)")]
-    assert cols == ["event_seq", "event_id", "kind", "step", "payload", "created_at"]
+    assert cols == ["event_seq", "event_id", "kind", "step", "payload", "created_at", "attempt", "epoch"]
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     # synchronous is per connection: FULL = 2 on the outbox's own connection.
     assert ob._conn.execute("PRAGMA synchronous").fetchone()[0] == 2
