@@ -91,6 +91,10 @@ class AttemptDriver:
         for track in self.supervisor.tracks.values():
             local = self.paths.checkpoints / _checkpoint_name(track.step, track.sha256)
             track.path = local
+        # Verified checkpoints an earlier attempt wrote but never published (the one this attempt
+        # resumes from among them): published now, like the new learner's own.
+        for local_ckpt in self.plan.unpublished:
+            self.supervisor.adopt_local(local_ckpt.step, local_ckpt.sha256, local_ckpt.path, local_ckpt.purpose)
         self._lease = self.plan.lease
         self._lease_renewed_at = time.monotonic()
         self._cancel_checked_at = 0.0

@@ -34,7 +34,7 @@ from gradlab.receipts.models import (
 )
 from gradlab.runs.paths import RunPaths
 from gradlab.settings import Settings
-from gradlab.stores import Stores
+from gradlab.stores import Stores, keys
 
 log = logging.getLogger(__name__)
 
@@ -108,25 +108,46 @@ def _run_exists(stores: Stores, run_id: str) -> bool:
 
 
 @dataclass(frozen=True)
+class LocalCheckpoint:
+    """A checkpoint an earlier attempt's learner wrote that was never published, verified against
+    its own manifest (every file's sha256 and size): the new attempt publishes it."""
+
+    step: int
+    sha256: str
+    path: Path
+    purpose: str
+
+
+@dataclass(frozen=True)
 class AttemptPlan:
-    """What this attempt does: start fresh, resume from a published checkpoint, or only drain."""
+    """What this attempt does: start fresh, resume from a checkpoint, or only drain."""
 
     attempt: Attempt
     lease: HeldLease
     resume_dir: Path | None
     publications: tuple[CheckpointPublication, ...] = ()
     records: tuple[EvaluationRecord, ...] = ()
-    #: Outbox events before this seq belong to an abandoned learner lineage (a resumed attempt
-    #: continues from the last *published* checkpoint): their checkpoints are never published.
+    #: Outbox events before this seq belong to an abandoned learner lineage (a retried attempt
+    #: starts a new learner): their checkpoint events are never published from the outbox.
     first_seq: int = 0
+    #: Verified checkpoints of the abandoned lineage above the last published one, up to the one
+    #: this attempt resumes from: published by this attempt (step order).
+    unpublished: tuple[LocalCheckpoint, ...] = ()
+    #: Attempts closed when this one opened (their process ended without sealing a receipt).
+    reconciled: tuple[str, ...] = ()
 
 
 def open_attempt(stores: Stores, spec: RunSpec, paths: RunPaths) -> AttemptPlan:
     """Open the run (create-or-agree) and begin its next attempt under the writer lease.
 
-    Mode: ``fresh`` for a run's first attempt; ``drain`` when an earlier attempt's learner had
-    already finished (its outbox holds ``learner_finished``); otherwise ``resume`` from the last
-    published checkpoint, downloaded (verified) into the run directory when missing locally.
+    Mode: ``fresh`` for a run's first attempt (or a retry with no checkpoint to continue from);
+    ``drain`` when an earlier attempt's learner had already finished (its outbox holds
+    ``learner_finished``); otherwise ``resume`` from the newest checkpoint that verifies, wherever
+    it is: published (downloaded, verified, when missing locally) or still local and verified
+    against its own manifest (then this attempt publishes it, and any other verified unpublished
+    checkpoint below it). A retried attempt never inherits an earlier attempt's stop request, and
+    attempts that ended without sealing a receipt are reconciled first
+    (:func:`gradlab.receipts.rules.reconcile_run`; docs/ARCHITECTURE.md section 8).
 
     Raises:
         LeaseHeld: another attempt's lease is live (a retry is refused while it is).
@@ -138,24 +159,72 @@ def open_attempt(stores: Stores, spec: RunSpec, paths: RunPaths) -> AttemptPlan:
     resume_dir: Path | None = None
     publications: tuple[CheckpointPublication, ...] = ()
     records: tuple[EvaluationRecord, ...] = ()
+    unpublished: tuple[LocalCheckpoint, ...] = ()
+    reconciled: tuple[str, ...] = ()
     outbox = Outbox(paths.outbox)
     if previous:
+        reconciled = tuple(r.attempt_id for r in rules.reconcile_run(stores, spec.run_id))
         publications = tuple(rules.list_publications(stores, spec.run_id))
         records = tuple(rec for _, rec in rules.list_evaluations(stores, spec.run_id) if rec)
         accepted = any(r.status == "accepted" for r in records) and spec.goal.stops_on_acceptance
         if accepted or _learner_done(outbox):
             mode = "drain"
-        elif publications:
-            mode = "resume"
-            resume = publications[-1].ref
+        else:
+            newest = publications[-1].step if publications else -1
+            unpublished = tuple(verified_local_checkpoints(paths, outbox, spec.run_id, above_step=newest))
+            if unpublished:
+                mode, local = "resume", unpublished[-1]
+                resume = CheckpointRef(step=local.step, sha256=local.sha256,
+                                       uri=stores.model.url(keys.checkpoint_prefix(spec.run_id, local.step,
+                                                                                   local.sha256).rstrip("/")) + "/")
+            elif publications:
+                mode = "resume"
+                resume = publications[-1].ref
     attempt, held = rules.begin_attempt(stores, spec.run_id, mode=mode, resume_from=resume)
-    # Only the lease holder may touch the run's control state: clear a stale stop request now.
-    if mode == "resume":
+    # Only the lease holder may touch the run's control state: a new learner never inherits the
+    # stop request an earlier attempt wrote (a cancel, or a stop it never got to observe).
+    if mode != "drain":
         outbox.clear_stop()
-        resume_dir = local_checkpoint_dir(stores, paths, publications[-1])
+    if mode == "resume":
+        resume_dir = unpublished[-1].path if unpublished else local_checkpoint_dir(stores, paths, publications[-1])
     return AttemptPlan(attempt=attempt, lease=held, resume_dir=resume_dir, publications=publications, records=records,
-                       first_seq=outbox.max_seq() + 1 if mode == "resume" else 0)
+                       first_seq=outbox.max_seq() + 1 if previous and mode != "drain" else 0,
+                       unpublished=unpublished, reconciled=reconciled)
 
+
+def verified_local_checkpoints(paths: RunPaths, outbox: Any, run_id: str, *, above_step: int) -> list[LocalCheckpoint]:
+    """The checkpoints the run's learners announced (``checkpoint_ready``) above ``above_step``
+    whose folder verifies against its own manifest and names this run, by step.
+
+    A checkpoint that fails verification (a crash while writing, a corrupted file) is skipped with
+    a warning naming it; one announced twice with different content keeps the latest announcement.
+    """
+    from gradlab.checkpoints import verify_checkpoint
+    from gradlab.errors import IntegrityError
+
+    announced: dict[int, Any] = {}
+    for event in outbox.read(0, 1_000_000, kind="checkpoint_ready"):
+        if int(event.payload["step"]) > above_step:
+            announced[int(event.payload["step"])] = event.payload
+    found = []
+    for step, payload in sorted(announced.items()):
+        path = Path(payload["path"])
+        if not path.is_absolute():
+            path = paths.root / path
+        try:
+            manifest = verify_checkpoint(path)
+        except (IntegrityError, ContractViolation, NotFound, OSError) as e:
+            log.warning("run %s: unpublished checkpoint at step %d does not verify (%s): not resumed from",
+                        run_id, step, e)
+            continue
+        if manifest.sha256 != str(payload["sha256"]) or manifest.run_id != run_id or manifest.step != step:
+            log.warning("run %s: %s: its manifest names step %d / %s of run %s, the outbox step %d / %s: skipped",
+                        run_id, path, manifest.step, manifest.sha256[:16], manifest.run_id, step,
+                        str(payload["sha256"])[:16])
+            continue
+        found.append(LocalCheckpoint(step=step, sha256=manifest.sha256, path=path,
+                                     purpose=str(payload.get("purpose", manifest.purpose))))
+    return found
 
 
 def _learner_done(outbox: Any) -> bool:
