@@ -87,9 +87,9 @@ def write_local_spec(paths: RunPaths, spec: RunSpec) -> None:
         if sha256_json(existing) != sha256_json(spec.to_json()):
             raise ContractViolation(f"{paths.spec}: holds another spec for run {spec.run_id}")
         return
-    tmp = paths.spec.with_suffix(".json.partial")
-    tmp.write_text(body)
-    tmp.replace(paths.spec)
+    from gradlab.fsync import write_atomic
+
+    write_atomic(paths.spec, body.encode())
 
 
 def outbox_high_water(paths: RunPaths, sink: str) -> int:
@@ -400,10 +400,25 @@ def seal(
     )
     stored = rules.seal_terminal(stores, receipt)
     if paths is not None:
-        target = paths.attempt_receipt(attempt_id)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(stored.model_dump_json(indent=1))
+        write_local_receipt(paths, stored)
     return stored
+
+
+def write_local_receipt(paths: RunPaths, receipt: TerminalReceipt) -> bool:
+    """Keep a copy of a stored receipt in the run directory (atomic); False when it cannot be
+    written (a full disk): the store's copy is the authority, so sealing goes on without it."""
+    from gradlab.errors import describe_failure
+    from gradlab.fsync import write_atomic
+
+    target = paths.attempt_receipt(receipt.attempt_id)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(target, receipt.model_dump_json(indent=1).encode())
+    except OSError as e:
+        log.warning("run %s: local copy of the receipt not written (%s); the receipt store has it",
+                    receipt.run_id, describe_failure(e))
+        return False
+    return True
 
 
 def wait_for(predicate, timeout_s: float, interval_s: float = 0.1) -> bool:

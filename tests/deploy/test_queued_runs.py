@@ -171,7 +171,7 @@ def _learner_pid(queue: Queue, run_id: str) -> int:
         path = queue.run_dir(run_id) / "outbox.sqlite"
         try:
             event = Outbox(path, readonly=True).last("learner_started") if path.exists() else None
-        except sqlite3.OperationalError:  # created, its tables not yet
+        except (sqlite3.OperationalError, OSError):  # created, its tables not yet (OutboxError)
             return None
         return event and int(event.payload["pid"])
 
