@@ -106,8 +106,71 @@ def _cancel_probe() -> Any:
     return cancelling
 
 
+class RunNotSucceeded(Exception):  # noqa: N818 - named for what it says, as Prefect's FailedRun
+    """The data of a Failed or Cancelled training-run state: the receipt's outcome and reason as the
+    message (an exception, which Prefect resolves a failed state into), the receipt itself as
+    ``receipt``. The receipt in the store stays the authority."""
+
+    def __init__(self, receipt: dict[str, Any]):
+        super().__init__(f"{receipt['outcome']}: {receipt['reason']}")
+        self.receipt = receipt
+
+
+def _hook_run_id(flow_run: Any) -> str | None:
+    """The gradlab run id of a flow run seen by a state hook (its parameter, else its tag)."""
+    run_id = (flow_run.parameters or {}).get("run_id")
+    if run_id:
+        return str(run_id)
+    tagged = next((t for t in flow_run.tags or [] if _RUN_ID_TAG.match(t)), None)
+    if tagged is None:  # tagged after the hook's copy was read
+        from prefect.client.orchestration import get_client
+
+        try:
+            with get_client(sync_client=True) as client:
+                tagged = next((t for t in client.read_flow_run(flow_run.id).tags if _RUN_ID_TAG.match(t)), None)
+        except Exception as e:  # noqa: BLE001 - best effort: the reconciler closes the attempt later
+            log.warning("state hook: cannot read flow run %s: %s", flow_run.id, e)
+    return tagged
+
+
+def _sealing_hook(outcome: str, what: str) -> Any:
+    """A state hook that seals the attempt its flow run left open (docs/ARCHITECTURE.md section 8).
+
+    Under a worker Prefect runs ``on_crashed`` / ``on_cancellation`` in a separate process after
+    the flow process is gone; ``on_failure`` runs in the flow process once the flow body has
+    raised. Hooks are best effort: the reconciler at the next attempt's open is the guarantee.
+    """
+
+    def hook(flow: Any, flow_run: Any, state: Any) -> None:  # noqa: ARG001 - Prefect's hook signature
+        from gradlab.runs import operations
+        from gradlab.runs.paths import RunPaths
+        from gradlab.settings import load_settings
+        from gradlab.stores import open_stores
+
+        run_id = _hook_run_id(flow_run)
+        if run_id is None:
+            return
+        try:
+            settings = load_settings()
+            paths = RunPaths(settings.run_dir(run_id))
+            message = state.message or state.name
+            receipt = operations.close_abandoned_attempt(open_stores(settings), paths if paths.root.is_dir() else None,
+                                                         run_id, outcome=outcome, reason=f"{what}: {message}")
+        except Exception as e:  # noqa: BLE001 - a hook must not fail the engine; the reconciler is the guarantee
+            log.warning("run %s: %s hook could not seal the attempt: %s", run_id, what, e)
+            return
+        if receipt is not None:
+            log.warning("run %s: %s sealed %s by the %s hook: %s", run_id, receipt.attempt_id, receipt.outcome, what,
+                        receipt.reason)
+
+    hook.__name__ = f"seal_{what.replace(' ', '_')}"
+    return hook
+
+
 @flow(name="training-run", task_runner=ThreadPoolTaskRunner(max_workers=4), persist_result=False,
-      log_prints=False)
+      log_prints=False, on_crashed=[_sealing_hook("failed", "crashed")],
+      on_cancellation=[_sealing_hook("cancelled", "cancelled")],
+      on_failure=[_sealing_hook("failed", "flow failed")])
 def training_run(
     recipe: str | None = None,
     seed: int = 0,
@@ -133,8 +196,9 @@ def training_run(
             so training overlaps Prefect's start-up).
 
     Returns:
-        The terminal receipt as JSON (DESIGN.md section 8) when it says ``succeeded``; otherwise a
-        Cancelled or Failed state carrying it. The run succeeded only if the receipt says so.
+        The terminal receipt as JSON (docs/ARCHITECTURE.md section 8) when it says ``succeeded``;
+        otherwise a Cancelled or Failed state whose data is a :class:`RunNotSucceeded` carrying it.
+        The run succeeded only if the receipt says so.
     """
     from gradlab.learn.zygote import zygote_dir
     from gradlab.metrics.wandb_sink import WandbSink
@@ -194,9 +258,10 @@ def training_run(
                  time.monotonic() - started, receipt.reason)
         data = receipt.model_dump(mode="json")
         # The Prefect state mirrors the receipt (the receipt stays the authority): the UI shows a
-        # cancelled or failed run as such instead of "Completed".
+        # cancelled or failed run as such instead of "Completed". Its data is an exception carrying
+        # the receipt, which Prefect can raise (a plain dict it cannot, and logs a TypeError).
         if receipt.outcome == "cancelled":
-            return Cancelled(message=receipt.reason, data=data)
+            return Cancelled(message=receipt.reason, data=RunNotSucceeded(data))
         if receipt.outcome != "succeeded":
-            return Failed(message=f"{receipt.outcome}: {receipt.reason}", data=data)
+            return Failed(message=f"{receipt.outcome}: {receipt.reason}", data=RunNotSucceeded(data))
         return data

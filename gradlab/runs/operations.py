@@ -429,3 +429,67 @@ def wait_for(predicate, timeout_s: float, interval_s: float = 0.1) -> bool:
             return True
         time.sleep(interval_s)
     return bool(predicate())
+
+
+def close_abandoned_attempt(stores: Stores, paths: RunPaths | None, run_id: str, *, outcome: str,
+                            reason: str) -> TerminalReceipt | None:
+    """Seal the run's open attempt after its flow ended without sealing it (Prefect's state hooks:
+    a crash, a cancellation or a failure; docs/ARCHITECTURE.md section 8).
+
+    The attempt is the lease holder's, closed only once its flow process is gone (or is this
+    process, whose flow body has ended): its learner is stopped first, the receipt lists what that
+    attempt did itself (:func:`gradlab.receipts.rules.close_attempt`), and the lease is released
+    so a retry may start at once. An attempt held from another host is left to the reconciler.
+
+    Returns:
+        The receipt sealed now, or None (nothing open, sealed already, or not ours to close).
+    """
+    import os
+    import socket
+
+    from gradlab.learn.watch import pid_alive
+    from gradlab.receipts.lease import LeaseLost, read_lease, release_lease
+
+    held = read_lease(stores.control, run_id)
+    if held is None or held.lease.released:
+        return None
+    host, _, pid = held.lease.owner.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return None
+    if int(pid) != os.getpid() and pid_alive(int(pid)):
+        return None  # the flow process still runs: it seals by itself
+    attempt_id = held.lease.holder
+    learner = LearnerExit(exit_code=None, stop_reason=None)
+    final_step = None
+    if paths is not None and paths.outbox.is_file():
+        learner, final_step = _stop_orphaned_learner(paths, reason)
+    receipt = rules.close_attempt(stores, run_id, attempt_id, outcome=outcome, reason=reason, final_step=final_step,
+                                  learner=learner)
+    if receipt is not None and paths is not None:
+        write_local_receipt(paths, receipt)
+    if rules.read_terminal(stores, run_id, attempt_id) is not None:
+        try:
+            release_lease(stores.control, held)
+        except LeaseLost as e:
+            log.info("run %s: lease of %s not released: %s", run_id, attempt_id, e)
+    return receipt
+
+
+def _stop_orphaned_learner(paths: RunPaths, reason: str) -> tuple[LearnerExit, int | None]:
+    """Stop the learner a dead flow process left behind; (its exit, the last step it reported)."""
+    from gradlab.learn.watch import pid_alive
+    from gradlab.runs.process import LearnerProcess
+
+    outbox = Outbox(paths.outbox)
+    try:
+        started = outbox.last("learner_started")
+        if started is not None and pid_alive(int(started.payload["pid"])):
+            LearnerProcess.attach(int(started.payload["pid"]), paths).stop(reason[:200], grace_s=10.0)
+        finished = outbox.last("learner_finished")
+        if finished is not None and (started is None or finished.event_seq > started.event_seq):
+            return (LearnerExit(exit_code=0, stop_reason=finished.payload.get("stop_reason")),
+                    finished.payload.get("final_step"))
+        last = outbox.read(max(0, outbox.max_seq() - 1), 1)
+        return LearnerExit(exit_code=None, stop_reason=None), (last[0].step if last else None) or None
+    finally:
+        outbox.close()
