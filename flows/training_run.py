@@ -20,6 +20,7 @@ from prefect.states import Cancelled, Failed
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from gradlab.runs.supervisor import CheckpointTrack
+from gradlab.runs.timeouts import folder_bytes, task_timeouts
 from tasks import run_tasks
 
 log = logging.getLogger(__name__)
@@ -37,6 +38,34 @@ class _Done:
     def result(self) -> Any:
         return self.future.result(raise_on_failure=True)
 
+
+#: Seconds the evaluation task's own timeout is above the backend's deadline (which cancels the
+#: backend's job cleanly first; the task timeout only catches a backend that ignores it).
+_BACKSTOP_S = 30.0
+
+
+def _largest_publication_bytes(stores: Any, run_id: str) -> int:
+    """Bytes of the run's largest published checkpoint (what opening a resumed attempt may download)."""
+    from gradlab.receipts import rules
+
+    try:
+        return max((sum(f.size_bytes for f in p.files.values()) for p in rules.list_publications(stores, run_id)),
+                   default=0)
+    except Exception:  # noqa: BLE001 - a new run, or a store to be retried by open-run itself
+        return 0
+
+
+class _ThreadTimeoutNotice(logging.Filter):
+    """Drops Prefect's per-task notice that a timeout in a worker thread cannot interrupt blocking
+    calls: our submitted tasks poll (evaluation, every 0.2 s, under the backend's own deadline) or do
+    short store calls, so the timeout takes effect within one call; the notice would repeat for
+    every checkpoint."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "is running in a worker thread" not in str(record.msg)
+
+
+logging.getLogger("prefect.task_runs").addFilter(_ThreadTimeoutNotice())
 
 #: A gradlab run id (``gradlab.contracts.run_spec.new_run_id``) used as a flow-run tag.
 _RUN_ID_TAG = re.compile(r"^gradlab-\d{8}T\d{6}-[0-9a-f]{8}$")
@@ -213,10 +242,12 @@ def training_run(
     run_id = run_id or _tagged_run_id()
     spec, paths = operations.prepare_spec(settings, recipe=recipe, seed=seed, overrides=overrides, run_id=run_id,
                                           stores=stores, evaluate=evaluate)
+    # Every task's timeout derives from the goal (docs/ARCHITECTURE.md section 8): none can hang the run.
+    limits = task_timeouts(spec, resume_bytes=_largest_publication_bytes(stores, spec.run_id))
     with tags(*_run_tags(spec.run_id)):
         attached = LearnerProcess.attach(learner_pid, paths) if learner_pid else None
         try:
-            plan = run_tasks.open_run(stores, spec, paths)
+            plan = run_tasks.open_run.with_options(timeout_seconds=limits.open_run_s)(stores, spec, paths)
         except BaseException:
             if attached is not None:
                 attached.stop("the attempt could not be opened", grace_s=4.0)
@@ -226,7 +257,8 @@ def training_run(
         elif attached is not None:
             learner = attached
         else:
-            learner = run_tasks.start_learner(spec.run_id, paths, plan.resume_dir, zygote_dir(settings.home))
+            learner = run_tasks.start_learner.with_options(timeout_seconds=limits.start_learner_s)(
+                spec.run_id, paths, plan.resume_dir, zygote_dir(settings.home))
         if spec.evaluate and spec.goal.evaluation_mode == "evaluated":
             operations.prewarm_evaluation(eval_backend)
         mode = wandb_mode or settings.wandb_mode or spec.recipe.logging.wandb_mode
@@ -234,21 +266,27 @@ def training_run(
                           config={"spec": spec.to_json()}, entity=settings.wandb_entity, name=spec.display_name,
                           high_water=operations.outbox_high_water(paths, "wandb"), background=True)
         attempt_id = plan.attempt.attempt_id
+        evaluate_task = run_tasks.evaluate_checkpoint.with_options(timeout_seconds=limits.evaluate_s + _BACKSTOP_S)
+        request_stop = run_tasks.request_stop.with_options(timeout_seconds=limits.request_stop_s)
+        promote = run_tasks.promote.with_options(timeout_seconds=limits.promote_s)
+        seal = run_tasks.seal_receipt.with_options(timeout_seconds=limits.seal_s)
 
         def publish(track: CheckpointTrack) -> _Done:
-            return _Done(run_tasks.publish_checkpoint.submit(stores, spec.run_id, attempt_id, track.step, track.path))
+            publish_task = run_tasks.publish_checkpoint.with_options(
+                timeout_seconds=limits.publish_s(folder_bytes(track.path)))
+            return _Done(publish_task.submit(stores, spec.run_id, attempt_id, track.step, track.path))
 
         def evaluate_track(track: CheckpointTrack) -> _Done:
             directory = operations.local_checkpoint_dir(stores, paths, track.publication)
-            return _Done(run_tasks.evaluate_checkpoint.submit(stores, spec, spec.run_id, track.step, track.publication,
-                                                              directory, eval_backend))
+            return _Done(evaluate_task.submit(stores, spec, spec.run_id, track.step, track.publication, directory,
+                                              eval_backend, limits.evaluate_s))
 
         driver = AttemptDriver(
             spec=spec, paths=paths, stores=stores, plan=plan, learner=learner,
             submit_publish=publish, submit_evaluate=evaluate_track,
-            record_stop=lambda reason: run_tasks.request_stop(stores, spec.run_id, attempt_id, reason),
-            promote=lambda t: run_tasks.promote(stores, spec.run_id, attempt_id, t.step, t.evaluation, t.publication),
-            seal=lambda fields: run_tasks.seal_receipt(stores, spec, spec.run_id, attempt_id, fields, paths),
+            record_stop=lambda reason: request_stop(stores, spec.run_id, attempt_id, reason),
+            promote=lambda t: promote(stores, spec.run_id, attempt_id, t.step, t.evaluation, t.publication),
+            seal=lambda fields: seal(stores, spec, spec.run_id, attempt_id, fields, paths),
             evaluate=spec.evaluate, wandb=wandb, cancel_requested=_cancel_probe(),
             max_parallel_evals=max(1, (os.cpu_count() or 2) - 1),
         )

@@ -38,8 +38,6 @@ from gradlab.stores import Stores, keys
 
 log = logging.getLogger(__name__)
 
-#: Longest one evaluation may run before it is cancelled and retried (a transient failure), seconds.
-EVAL_TIMEOUT_S = 3600.0
 
 
 def prepare_spec(
@@ -278,20 +276,28 @@ def publish(stores: Stores, run_id: str, attempt_id: str, checkpoint_dir: Path) 
 
 
 def evaluate(
-    stores: Stores, spec: RunSpec, publication: CheckpointPublication, checkpoint_dir: Path, *, backend: str = "local"
+    stores: Stores, spec: RunSpec, publication: CheckpointPublication, checkpoint_dir: Path, *, backend: str = "local",
+    timeout_s: float | None = None,
 ) -> EvaluationRecord:
     """Evaluate a published checkpoint once, keyed by content; record and return the result.
 
     A result already recorded for the same (run, checkpoint, goal, manifest) is returned as it is:
     a retried task never evaluates twice. A permanent evaluation failure is recorded as
-    ``failed``; a transient one (backend unreachable) is raised for the task to retry.
+    ``failed``; a transient one (backend unreachable, no result within ``timeout_s``, by default
+    the goal's :func:`gradlab.runs.timeouts.task_timeouts` ``evaluate_s``) is raised for the task
+    to retry.
 
     Raises:
-        TransientError: the backend or a store is unavailable.
+        TransientError: the backend or a store is unavailable, or the evaluation timed out (the
+            backend's job is cancelled first).
     """
+    if timeout_s is None:
+        from gradlab.runs.timeouts import task_timeouts
+
+        timeout_s = task_timeouts(spec).evaluate_s
     from gradlab.errors import IntegrityError
     from gradlab.evaluation import EvalRequest, build_manifest, validate_result
-    from gradlab.evaluation.backends import EvaluationFailed, evaluate_with, get_backend
+    from gradlab.evaluation.backends import BackendUnavailable, EvaluationFailed, evaluate_with, get_backend
 
     manifest = build_manifest(spec.goal)
     intent = EvaluationIntent.create(
@@ -305,7 +311,12 @@ def evaluate(
                           checkpoint_step=publication.step, spec=spec.to_json())
     runner = get_backend(backend)
     try:
-        result = evaluate_with(runner, request, timeout_s=EVAL_TIMEOUT_S)
+        try:
+            result = evaluate_with(runner, request, timeout_s=timeout_s)
+        except BackendUnavailable as e:
+            log.warning("run %s: evaluation of step %d: %s (a hang: cancelled; the task's retry evaluates again)",
+                        spec.run_id, publication.step, e)
+            raise
         expected = {"checkpoint_sha256": publication.sha256, "episode_manifest_sha256": manifest.sha256, **spec.hashes}
         validated = validate_result(result, expected=expected, goal=spec.goal)
     except (IntegrityError, ContractViolation, EvaluationFailed) as e:

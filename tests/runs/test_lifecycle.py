@@ -3,6 +3,7 @@ after an early cancel, failures sealed with their first cause, hooks and reconci
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -22,6 +23,7 @@ from tests.runs.conftest import (
     gradlab_env,
     last_json_line,
     only_run_dir,
+    pid_alive,
     run_gradlab,
     start_gradlab,
     wait_for,
@@ -149,3 +151,68 @@ def test_a_full_disk_under_the_run_directory_seals_failed_naming_the_path(
         assert json.loads(local.read_text())["reason"] == receipt["reason"]
     assert not list(run_dir.rglob("*.partial")), "a temporary file was left behind"
     assert "Traceback" not in err, err[-3000:]
+
+
+def _eval_workers(parent: int) -> list[int]:
+    """Evaluation processes (spawned, warm or busy) of process ``parent``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text().rsplit(")", 1)[-1].split()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(stat[1]) == parent and b"spawn_main" in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.slow
+def test_a_hung_evaluation_times_out_is_retried_and_the_run_still_drains(
+        prefect_api: str, gradlab_home: Path, experiments_copy: Path) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from gradlab.contracts import Experiments
+    from gradlab.contracts.run_spec import RunSpec
+    from gradlab.runs.timeouts import task_timeouts
+
+    # The bandit's episodes last one step: say so, and every timeout derived from the goal is small.
+    goal = experiments_copy / "goals" / "gradlab__bandit" / "_goal.yaml"
+    goal.write_text(goal.read_text().replace("        failure: [miss]\n", "        failure: [miss]\n"
+                                             "        max_episode_steps: 1\n"))
+    env = {**gradlab_env(prefect_api), "GRADLAB_EXPERIMENTS": str(experiments_copy),
+           "GRADLAB_TASK_TIMEOUT_SCALE": "0.2"}
+    proc = start_gradlab(["train", "gradlab__bandit/ppo", "--set", "train.checkpoint_freq=8192", "--json"], env)
+    try:
+        # The warm evaluation process is spawned before training starts: freeze it, so the first
+        # evaluation it is handed hangs for real.
+        [spare] = wait_for(lambda: _eval_workers(proc.pid), 60, "the warm evaluation process")
+        os.kill(spare, signal.SIGSTOP)
+        out, err = proc.communicate(timeout=240)
+    finally:
+        proc.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(spare, signal.SIGKILL)
+    assert proc.returncode == 0, err[-3000:]
+    receipt = last_json_line(out)
+    assert receipt["outcome"] == "succeeded" and receipt["drained"], receipt["reason"]
+    first = receipt["evaluations"][0]
+    assert first["status"] == "accepted"
+    # It timed out after the goal's evaluation timeout and was evaluated again by a retry.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GRADLAB_TASK_TIMEOUT_SCALE", "0.2")
+        spec = RunSpec.from_resolved(Experiments().resolve("gradlab__bandit/ppo"), seed=0)
+        limit = task_timeouts(spec).evaluate_s
+    name = f"evaluate-{receipt['run_id']}-step{first['checkpoint_step']}"
+    with temporary_settings(updates={PREFECT_API_URL: prefect_api}), get_client(sync_client=True) as client:
+        [task_run] = client.read_task_runs(task_run_filter=TaskRunFilter(name=TaskRunFilterName(any_=[name])))
+        states = [st.name for st in client.read_task_run_states(task_run.id)]
+    assert task_run.run_count >= 2 and task_run.state.is_completed() and "AwaitingRetry" in states, states
+    assert f"evaluation of step {first['checkpoint_step']}: local evaluation" in err
+    assert f"did not finish within {limit:g} s" in err, err[-3000:]
+    assert "is running in a worker thread" not in err  # Prefect's per-task notice is not repeated
+    assert not pid_alive(spare)  # the hung worker was killed, not left behind
