@@ -377,6 +377,16 @@ def test_a_rejected_run_ends_failed_in_prefect_with_no_traceback_in_the_worker_l
     assert flow_run.state.message == f"failed: {terminal.reason}"
     logged = _logged_since(before, queue)
     assert "Traceback" not in logged and "Unexpected result" not in logged, logged[-4000:]
+    # `experiment status` names the last evaluation; `experiment logs` names the task of every line.
+    shown = queue.gradlab("experiment", "status", "--run", entry["run_id"])
+    last = max(terminal.evaluations, key=lambda e: e.checkpoint_step)
+    assert f"last evaluation: step {last.checkpoint_step} rejected" in shown.stdout, shown.stdout + shown.stderr
+    logs = queue.gradlab("experiment", "logs", "--run", entry["run_id"])
+    assert logs.returncode == 0, logs.stderr
+    prefect_lines = logs.stdout.split("== learner log")[0].splitlines()[1:]
+    assert prefect_lines and all(re.match(r"^\S+ \S+\s+\[[^\]]+\] ", line) for line in prefect_lines
+                                 if line and not line.startswith(" ")), prefect_lines
+    assert any(f"[evaluate-{entry['run_id']}-step" in line for line in prefect_lines), prefect_lines
 
 
 def test_a_sigkilled_flow_run_is_sealed_by_its_crash_hook_with_its_own_inventory(queue: Queue, stores_of) -> None:
@@ -386,6 +396,12 @@ def test_a_sigkilled_flow_run_is_sealed_by_its_crash_hook_with_its_own_inventory
     run_id = entry["run_id"]
     learner = _learner_pid(queue, run_id)
     wait_for(lambda: len(_publications(stores_of, run_id)) >= 1, 120, "a published checkpoint")
+    # A running run's status shows where its learner is, and how fast.
+    status = json.loads(queue.gradlab("experiment", "status", "--run", run_id, "--json").stdout)
+    live = status["stores"]["live"]
+    assert live["timesteps"] == 262144 and 0 < live["step"] < 262144 and live["steps_per_s"] > 0, live
+    shown = queue.gradlab("experiment", "status", "--run", run_id).stdout
+    assert re.search(r"training: step [\d,]+/262,144 \([\d,]+ steps/s\)", shown), shown
     flow_pid = int(read_lease(stores_of.control, run_id).lease.owner.rpartition(":")[2])
     os.kill(flow_pid, signal.SIGKILL)
 
