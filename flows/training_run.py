@@ -20,6 +20,7 @@ from prefect.states import Cancelled, Failed
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from gradlab.runs.supervisor import CheckpointTrack
+from gradlab.runs.timeouts import folder_bytes, task_timeouts
 from tasks import run_tasks
 
 log = logging.getLogger(__name__)
@@ -37,6 +38,34 @@ class _Done:
     def result(self) -> Any:
         return self.future.result(raise_on_failure=True)
 
+
+#: Seconds the evaluation task's own timeout is above the backend's deadline (which cancels the
+#: backend's job cleanly first; the task timeout only catches a backend that ignores it).
+_BACKSTOP_S = 30.0
+
+
+def _largest_publication_bytes(stores: Any, run_id: str) -> int:
+    """Bytes of the run's largest published checkpoint (what opening a resumed attempt may download)."""
+    from gradlab.receipts import rules
+
+    try:
+        return max((sum(f.size_bytes for f in p.files.values()) for p in rules.list_publications(stores, run_id)),
+                   default=0)
+    except Exception:  # noqa: BLE001 - a new run, or a store to be retried by open-run itself
+        return 0
+
+
+class _ThreadTimeoutNotice(logging.Filter):
+    """Drops Prefect's per-task notice that a timeout in a worker thread cannot interrupt blocking
+    calls: our submitted tasks poll (evaluation, every 0.2 s, under the backend's own deadline) or do
+    short store calls, so the timeout takes effect within one call; the notice would repeat for
+    every checkpoint."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "is running in a worker thread" not in str(record.msg)
+
+
+logging.getLogger("prefect.task_runs").addFilter(_ThreadTimeoutNotice())
 
 #: A gradlab run id (``gradlab.contracts.run_spec.new_run_id``) used as a flow-run tag.
 _RUN_ID_TAG = re.compile(r"^gradlab-\d{8}T\d{6}-[0-9a-f]{8}$")
@@ -106,8 +135,71 @@ def _cancel_probe() -> Any:
     return cancelling
 
 
+class RunNotSucceeded(Exception):  # noqa: N818 - named for what it says, as Prefect's FailedRun
+    """The data of a Failed or Cancelled training-run state: the receipt's outcome and reason as the
+    message (an exception, which Prefect resolves a failed state into), the receipt itself as
+    ``receipt``. The receipt in the store stays the authority."""
+
+    def __init__(self, receipt: dict[str, Any]):
+        super().__init__(f"{receipt['outcome']}: {receipt['reason']}")
+        self.receipt = receipt
+
+
+def _hook_run_id(flow_run: Any) -> str | None:
+    """The gradlab run id of a flow run seen by a state hook (its parameter, else its tag)."""
+    run_id = (flow_run.parameters or {}).get("run_id")
+    if run_id:
+        return str(run_id)
+    tagged = next((t for t in flow_run.tags or [] if _RUN_ID_TAG.match(t)), None)
+    if tagged is None:  # tagged after the hook's copy was read
+        from prefect.client.orchestration import get_client
+
+        try:
+            with get_client(sync_client=True) as client:
+                tagged = next((t for t in client.read_flow_run(flow_run.id).tags if _RUN_ID_TAG.match(t)), None)
+        except Exception as e:  # noqa: BLE001 - best effort: the reconciler closes the attempt later
+            log.warning("state hook: cannot read flow run %s: %s", flow_run.id, e)
+    return tagged
+
+
+def _sealing_hook(outcome: str, what: str) -> Any:
+    """A state hook that seals the attempt its flow run left open (docs/ARCHITECTURE.md section 8).
+
+    Under a worker Prefect runs ``on_crashed`` / ``on_cancellation`` in a separate process after
+    the flow process is gone; ``on_failure`` runs in the flow process once the flow body has
+    raised. Hooks are best effort: the reconciler at the next attempt's open is the guarantee.
+    """
+
+    def hook(flow: Any, flow_run: Any, state: Any) -> None:  # noqa: ARG001 - Prefect's hook signature
+        from gradlab.runs import operations
+        from gradlab.runs.paths import RunPaths
+        from gradlab.settings import load_settings
+        from gradlab.stores import open_stores
+
+        run_id = _hook_run_id(flow_run)
+        if run_id is None:
+            return
+        try:
+            settings = load_settings()
+            paths = RunPaths(settings.run_dir(run_id))
+            message = state.message or state.name
+            receipt = operations.close_abandoned_attempt(open_stores(settings), paths if paths.root.is_dir() else None,
+                                                         run_id, outcome=outcome, reason=f"{what}: {message}")
+        except Exception as e:  # noqa: BLE001 - a hook must not fail the engine; the reconciler is the guarantee
+            log.warning("run %s: %s hook could not seal the attempt: %s", run_id, what, e)
+            return
+        if receipt is not None:
+            log.warning("run %s: %s sealed %s by the %s hook: %s", run_id, receipt.attempt_id, receipt.outcome, what,
+                        receipt.reason)
+
+    hook.__name__ = f"seal_{what.replace(' ', '_')}"
+    return hook
+
+
 @flow(name="training-run", task_runner=ThreadPoolTaskRunner(max_workers=4), persist_result=False,
-      log_prints=False)
+      log_prints=False, on_crashed=[_sealing_hook("failed", "crashed")],
+      on_cancellation=[_sealing_hook("cancelled", "cancelled")],
+      on_failure=[_sealing_hook("failed", "flow failed")])
 def training_run(
     recipe: str | None = None,
     seed: int = 0,
@@ -133,8 +225,9 @@ def training_run(
             so training overlaps Prefect's start-up).
 
     Returns:
-        The terminal receipt as JSON (docs/ARCHITECTURE.md section 8) when it says ``succeeded``; otherwise a
-        Cancelled or Failed state carrying it. The run succeeded only if the receipt says so.
+        The terminal receipt as JSON (docs/ARCHITECTURE.md section 8) when it says ``succeeded``;
+        otherwise a Cancelled or Failed state whose data is a :class:`RunNotSucceeded` carrying it.
+        The run succeeded only if the receipt says so.
     """
     from gradlab.learn.zygote import zygote_dir
     from gradlab.runs import operations
@@ -149,10 +242,12 @@ def training_run(
     run_id = run_id or _tagged_run_id()
     spec, paths = operations.prepare_spec(settings, recipe=recipe, seed=seed, overrides=overrides, run_id=run_id,
                                           stores=stores, evaluate=evaluate)
+    # Every task's timeout derives from the goal (docs/ARCHITECTURE.md section 8): none can hang the run.
+    limits = task_timeouts(spec, resume_bytes=_largest_publication_bytes(stores, spec.run_id))
     with tags(*_run_tags(spec.run_id)):
         attached = LearnerProcess.attach(learner_pid, paths) if learner_pid else None
         try:
-            plan = run_tasks.open_run(stores, spec, paths)
+            plan = run_tasks.open_run.with_options(timeout_seconds=limits.open_run_s)(stores, spec, paths)
         except BaseException:
             if attached is not None:
                 attached.stop("the attempt could not be opened", grace_s=4.0)
@@ -162,29 +257,34 @@ def training_run(
         elif attached is not None:
             learner = attached
         else:
-            learner = run_tasks.start_learner(spec.run_id, paths, plan.resume_dir, zygote_dir(settings.home))
+            learner = run_tasks.start_learner.with_options(timeout_seconds=limits.start_learner_s)(
+                spec.run_id, paths, plan.resume_dir, zygote_dir(settings.home))
         if spec.evaluate and spec.goal.evaluation_mode == "evaluated":
             operations.prewarm_evaluation(eval_backend)
         mode = wandb_mode or settings.wandb_mode or spec.recipe.logging.wandb_mode
         wandb = operations.wandb_sink(settings, spec, paths, mode)
         attempt_id, epoch = plan.fence
+        evaluate_task = run_tasks.evaluate_checkpoint.with_options(timeout_seconds=limits.evaluate_s + _BACKSTOP_S)
+        request_stop = run_tasks.request_stop.with_options(timeout_seconds=limits.request_stop_s)
+        promote = run_tasks.promote.with_options(timeout_seconds=limits.promote_s)
+        seal = run_tasks.seal_receipt.with_options(timeout_seconds=limits.seal_s)
 
         def publish(track: CheckpointTrack) -> _Done:
-            return _Done(run_tasks.publish_checkpoint.submit(stores, spec.run_id, attempt_id, track.step, track.path,
-                                                             epoch))
+            publish_task = run_tasks.publish_checkpoint.with_options(
+                timeout_seconds=limits.publish_s(folder_bytes(track.path)))
+            return _Done(publish_task.submit(stores, spec.run_id, attempt_id, track.step, track.path, epoch))
 
         def evaluate_track(track: CheckpointTrack) -> _Done:
             directory = operations.local_checkpoint_dir(stores, paths, track.publication)
-            return _Done(run_tasks.evaluate_checkpoint.submit(stores, spec, spec.run_id, track.step, track.publication,
-                                                              directory, eval_backend))
+            return _Done(evaluate_task.submit(stores, spec, spec.run_id, track.step, track.publication, directory,
+                                              eval_backend, limits.evaluate_s))
 
         driver = AttemptDriver(
             spec=spec, paths=paths, stores=stores, plan=plan, learner=learner,
             submit_publish=publish, submit_evaluate=evaluate_track,
-            record_stop=lambda reason: run_tasks.request_stop(stores, spec.run_id, attempt_id, reason),
-            promote=lambda t: run_tasks.promote(stores, spec.run_id, attempt_id, t.step, t.evaluation, t.publication,
-                                                epoch),
-            seal=lambda fields: run_tasks.seal_receipt(stores, spec, spec.run_id, attempt_id, fields, paths),
+            record_stop=lambda reason: request_stop(stores, spec.run_id, attempt_id, reason),
+            promote=lambda t: promote(stores, spec.run_id, attempt_id, t.step, t.evaluation, t.publication, epoch),
+            seal=lambda fields: seal(stores, spec, spec.run_id, attempt_id, fields, paths),
             evaluate=spec.evaluate, wandb=wandb, cancel_requested=_cancel_probe(),
             max_parallel_evals=max(1, (os.cpu_count() or 2) - 1),
         )
@@ -194,9 +294,10 @@ def training_run(
                  time.monotonic() - started, receipt.reason)
         data = receipt.model_dump(mode="json")
         # The Prefect state mirrors the receipt (the receipt stays the authority): the UI shows a
-        # cancelled or failed run as such instead of "Completed".
+        # cancelled or failed run as such instead of "Completed". Its data is an exception carrying
+        # the receipt, which Prefect can raise (a plain dict it cannot, and logs a TypeError).
         if receipt.outcome == "cancelled":
-            return Cancelled(message=receipt.reason, data=data)
+            return Cancelled(message=receipt.reason, data=RunNotSucceeded(data))
         if receipt.outcome != "succeeded":
-            return Failed(message=f"{receipt.outcome}: {receipt.reason}", data=data)
+            return Failed(message=f"{receipt.outcome}: {receipt.reason}", data=RunNotSucceeded(data))
         return data

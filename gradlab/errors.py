@@ -93,3 +93,30 @@ class ConfigProblem:
             out["line"] = self.line
             out["column"] = self.column
         return out
+
+
+def describe_failure(error: BaseException) -> str:
+    """One line naming an error's first cause, for a terminal receipt's reason.
+
+    The first cause is the innermost exception of ``error``'s chain (``__cause__``, else an
+    unsuppressed ``__context__``), so a secondary error raised while handling the first (a failed
+    rollback, a cleanup that failed too) never hides it. An ``OSError`` with an errno and a path
+    reads ``"<strerror, lower case>: <path>"`` (``"no space left on device: /runs/x/journal.jsonl"``);
+    any other error reads ``"<type>: <message>"``.
+    """
+    import os
+
+    first, seen = error, {id(error)}
+    while True:
+        nxt = first.__cause__ or (None if first.__suppress_context__ else first.__context__)
+        if nxt is None or id(nxt) in seen:
+            break
+        seen.add(id(nxt))
+        first = nxt
+    if isinstance(first, OSError) and first.errno:
+        what = os.strerror(first.errno).lower()
+        if first.filename is not None:
+            target = f" -> {first.filename2}" if first.filename2 is not None else ""
+            return f"{what}: {first.filename}{target}"
+        return f"{what}: {first.strerror or first}"
+    return f"{type(first).__name__}: {first}"

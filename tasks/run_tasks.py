@@ -1,4 +1,9 @@
-"""The training run's tasks: each wraps one domain call from ``gradlab.runs.operations``."""
+"""The training run's tasks: each wraps one domain call from ``gradlab.runs.operations``.
+
+Timeouts: the flow sets every task's ``timeout_seconds`` from the goal with ``with_options``
+(:func:`gradlab.runs.timeouts.task_timeouts`); a timed-out task raises ``TimeoutError``, which the
+retry policy treats as transient.
+"""
 
 from __future__ import annotations
 
@@ -41,9 +46,10 @@ def publish_checkpoint(stores: Stores, run_id: str, attempt_id: str, step: int, 
 
 @task(name="evaluate-checkpoint", task_run_name="evaluate-{run_id}-step{step}", **_COMMON)
 def evaluate_checkpoint(stores: Stores, spec: RunSpec, run_id: str, step: int, publication: CheckpointPublication,
-                        checkpoint_dir: Path, backend: str) -> EvaluationRecord:
-    """Evaluate a published checkpoint once (keyed by content) and record the result."""
-    return operations.evaluate(stores, spec, publication, checkpoint_dir, backend=backend)
+                        checkpoint_dir: Path, backend: str, timeout_s: float | None = None) -> EvaluationRecord:
+    """Evaluate a published checkpoint once (keyed by content) and record the result; the backend
+    gets ``timeout_s`` (the task's own ``timeout_seconds`` is set a little above it, as a backstop)."""
+    return operations.evaluate(stores, spec, publication, checkpoint_dir, backend=backend, timeout_s=timeout_s)
 
 
 @task(name="request-stop", task_run_name="request-stop-{run_id}", **_COMMON)

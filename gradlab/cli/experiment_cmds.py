@@ -107,7 +107,8 @@ def _store_view(run_id: str | None) -> dict[str, Any] | None:
         ``{"goal_id", "recipe_id", "seed", "attempts": [{"attempt_id", "mode", "outcome"}],
         "outcome": latest attempt's outcome (None while it runs), "reason", "final_step",
         "checkpoints": [{"step", "sha256", "uri"}], "evaluations": [{"checkpoint_step", "status",
-        "return_mean"}], "promotion": {"checkpoint_step", "sha256", ...} | None}``.
+        "return_mean"}], "promotion": {"checkpoint_step", "sha256", ...} | None, "live": the running
+        attempt's progress (:func:`_live_view`) | None}``.
     """
     if run_id is None:
         return None
@@ -122,6 +123,7 @@ def _store_view(run_id: str | None) -> dict[str, Any] | None:
         return None
     view = run_view(stores, run_id)
     latest = view["attempts"][-1] if view["attempts"] else None
+    live = _live_view(stores, run_id) if latest and not latest["outcome"] else None
     receipt = view["receipt"] if latest and latest["outcome"] and view["receipt"] and \
         view["receipt"]["attempt_id"] == latest["attempt_id"] else None
     return {
@@ -134,7 +136,36 @@ def _store_view(run_id: str | None) -> dict[str, Any] | None:
         "evaluations": [{"checkpoint_step": e["checkpoint_step"], "status": e["status"], "return_mean": e["return_mean"]}
                         for e in view["evaluations"]],
         "promotion": view["promotion"],
+        "live": live,
     }
+
+
+def _live_view(stores: Any, run_id: str) -> dict[str, Any] | None:
+    """A running attempt's progress from its outbox when the run directory is on this machine:
+    ``{"step", "timesteps", "steps_per_s", "learner_done", "checkpoints", "evaluations_left"}``;
+    None when it is elsewhere (another worker's machine)."""
+    from gradlab.receipts import rules
+    from gradlab.runs.progress import RunProgress
+    from gradlab.settings import load_settings
+
+    outbox = load_settings().run_dir(run_id) / "outbox.sqlite"
+    if not outbox.is_file():
+        return None
+    try:
+        timesteps = int(rules.read_run_spec(stores, run_id)["recipe"]["train"]["timesteps"])
+        progress = RunProgress(outbox, timesteps).refresh()
+    except Exception:  # noqa: BLE001 - a view: the stores' part still shows
+        return None
+    rate = progress.learner_steps_per_s
+    return {"step": progress.step, "timesteps": timesteps, "steps_per_s": round(rate, 1) if rate else None,
+            "learner_done": progress.finished, "checkpoints": progress.checkpoints,
+            "evaluations_left": progress.evaluations_left}
+
+
+def _last_evaluation(stores: dict[str, Any]) -> dict[str, Any] | None:
+    """The highest-step evaluation with a result (not ``deferred``), or None."""
+    done = [e for e in stores["evaluations"] if e["status"] != "deferred"]
+    return max(done, key=lambda e: e["checkpoint_step"]) if done else None
 
 
 def _status(client: Any, api_url: str, ref: str) -> dict[str, Any]:
@@ -168,10 +199,18 @@ def _render_status(status: dict[str, Any]) -> None:
         return
     for a in stores["attempts"]:
         console.print(f"  {a['attempt_id']} ({a['mode']}): {a['outcome'] or 'running (no receipt yet)'}")
+    live = stores.get("live")
+    if live:
+        what = (f"learner done, {live['evaluations_left']} evaluation(s) left" if live["learner_done"]
+                else f"{live['steps_per_s']:,.0f} steps/s" if live["steps_per_s"] else "starting")
+        console.print(f"  training: step {live['step']:,}/{live['timesteps']:,} ({what})", highlight=False)
     steps = [c["step"] for c in stores["checkpoints"]]
     console.print(f"  checkpoints: {len(steps)} published" + (f" (steps {', '.join(map(str, steps))})" if steps else ""))
     counts = Counter(e["status"] for e in stores["evaluations"])
     console.print("  evaluations: " + (", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "none"))
+    if (last := _last_evaluation(stores)) is not None:
+        rm = f" (return mean {last['return_mean']:.2f})" if last["return_mean"] is not None else ""
+        console.print(f"  last evaluation: step {last['checkpoint_step']} {last['status']}{rm}", highlight=False)
     promo = stores["promotion"]
     console.print(f"  promotion: step {promo['checkpoint_step']}" if promo else "  promotion: none")
     if stores["outcome"]:
@@ -395,8 +434,8 @@ def logs(
         rows = flow_run_logs(client, flow_runs[0].id, tail) if flow_runs else []
     if flow_runs:
         print(f"== prefect logs of flow run {flow_runs[0].id} ({flow_runs[0].name})")
-    for r in rows:
-        print(f"{r['timestamp']} {logging.getLevelName(r['level']):<8} {r['name']}: {r['message']}")
+    for r in rows:  # every line names its task (or the flow itself)
+        print(f"{r['timestamp']} {logging.getLevelName(r['level']):<8} [{r['task']}] {r['name']}: {r['message']}")
     learner_log = load_settings().run_dir(run_id) / "learner.log" if run_id else None
     if learner_log is not None and learner_log.is_file():
         lines = learner_log.read_text(errors="replace").splitlines()

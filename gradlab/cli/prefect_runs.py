@@ -178,9 +178,10 @@ def flow_run_logs(client: SyncPrefectClient, flow_run_id: Any, tail: int | None 
     """The flow run's Prefect logs (its own and its task runs'), oldest first; the last ``tail`` only.
 
     Returns:
-        ``[{"timestamp": ISO 8601, "level": int, "name": logger, "message": str}]``.
+        ``[{"timestamp": ISO 8601, "level": int, "name": logger, "task": the task run's name, or
+        "flow" for the flow's own lines, "message": str}]``.
     """
-    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, LogFilter, LogFilterFlowRunId
     from prefect.client.schemas.sorting import LogSort
 
     log_filter = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]))
@@ -193,7 +194,19 @@ def flow_run_logs(client: SyncPrefectClient, flow_run_id: Any, tail: int | None 
             rows.extend(page)
             if len(page) < 200:
                 break
-    return [{"timestamp": r.timestamp.isoformat(), "level": r.level, "name": r.name, "message": r.message}
+    names: dict[Any, str] = {}
+    if any(r.task_run_id is not None for r in rows):
+        task_filter = FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
+        offset = 0
+        while True:  # the API pages at 200
+            page = client.read_task_runs(flow_run_filter=task_filter, limit=200, offset=offset)
+            names.update({tr.id: tr.name for tr in page})
+            offset += len(page)
+            if len(page) < 200:
+                break
+    return [{"timestamp": r.timestamp.isoformat(), "level": r.level, "name": r.name,
+             "task": "flow" if r.task_run_id is None else names.get(r.task_run_id, f"task run {r.task_run_id}"),
+             "message": r.message}
             for r in rows]
 
 

@@ -117,7 +117,9 @@ def train(
     api = configure_prefect()
     err_console.print(f"Prefect API: {escape(api)}", highlight=False)
     stop_display = threading.Event()
-    display = threading.Thread(target=_show_progress, args=(paths.outbox, spec.recipe.train.timesteps, stop_display),
+    printer = _LinePrinter()
+    display = threading.Thread(target=_show_progress,
+                               args=(paths.outbox, spec.recipe.train.timesteps, stop_display, printer),
                                daemon=True)
     display.start()
     receipt, state = None, None
@@ -142,7 +144,7 @@ def train(
         stop_display.set()
         display.join(timeout=2)
         if not err_console.is_terminal:  # the last periodic line may be up to 10 s old
-            _print_final_progress(paths.outbox, spec.recipe.train.timesteps)
+            _print_final_progress(paths.outbox, spec.recipe.train.timesteps, printer)
         if learner.exit_code() is None:  # the flow never took the learner over (e.g. it failed to start)
             learner.stop("the supervising flow ended", grace_s=10.0)
     if receipt is None:
@@ -262,42 +264,72 @@ def _wandb_key_configured() -> bool:
         return False
 
 
+def _finishing(progress) -> str:
+    """What a finished learner's run still waits for: the evaluations left and their expected time."""
+    left, each = progress.evaluations_left, progress.eval_seconds_mean
+    if not left:
+        return "learner done, finishing"
+    expected = f", ~{left * each:,.0f} s at {each:,.1f} s each" if each is not None else ""
+    return f"learner done, {left} evaluation{'s' if left != 1 else ''} left{expected}"
+
+
 def _progress_line(progress) -> str:
     """One line, most important first (so a narrow terminal cuts the least useful part)."""
     rate = progress.steps_per_s
     return " · ".join(filter(None, [
         f"step {progress.step:,}/{progress.timesteps:,}",
         f"accepted {progress.accepted}" + (f" (stop: {progress.stop})" if progress.stop else ""),
-        "learner done, finishing evaluations" if progress.finished else (f"{rate:,.0f} steps/s" if rate else None),
+        _finishing(progress) if progress.finished else (f"{rate:,.0f} steps/s" if rate else None),
         f"return {progress.recent_return:.1f}" if progress.recent_return is not None else None,
         f"checkpoints {progress.checkpoints}, published {progress.published}, evaluated {progress.evaluated}",
     ]))
 
 
-def _print_final_progress(outbox_path, timesteps: int) -> None:
+class _LinePrinter:
+    """Progress off a terminal (a log file, CI): a line only when something changed. A milestone
+    (checkpoint, publication, evaluation, stop, the learner's end) prints at once; steps and
+    rate alone at most every ``every_s`` seconds; the same line is never printed twice."""
+
+    def __init__(self, every_s: float = 10.0, out=None):
+        self.every_s = every_s
+        self.out = out or (lambda line: err_console.print(line, highlight=False))
+        self.last_line: str | None = None
+        self.last_milestones: tuple | None = None
+        self.printed_at = float("-inf")
+
+    def offer(self, progress, now: float) -> bool:
+        """Print ``progress``'s line if it says something new; True when printed."""
+        line = _progress_line(progress)
+        if line == self.last_line:
+            return False
+        if progress.milestones == self.last_milestones and now - self.printed_at < self.every_s:
+            return False
+        self.out(line)
+        self.last_line, self.last_milestones, self.printed_at = line, progress.milestones, now
+        return True
+
+
+def _print_final_progress(outbox_path, timesteps: int, printer: _LinePrinter) -> None:
     from gradlab.runs.progress import RunProgress
 
     try:
-        err_console.print(_progress_line(RunProgress(outbox_path, timesteps).refresh()), highlight=False)
+        printer.offer(RunProgress(outbox_path, timesteps).refresh(), float("inf"))
     except Exception:  # noqa: BLE001 - the display must never disturb the run
         pass
 
 
-def _show_progress(outbox_path, timesteps: int, stop: threading.Event) -> None:
-    """Live progress on stderr: a rich progress bar on a terminal, else a line every 10 s."""
+def _show_progress(outbox_path, timesteps: int, stop: threading.Event, printer: _LinePrinter | None = None) -> None:
+    """Live progress on stderr: a rich progress bar on a terminal, else a line when something changed."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     from gradlab.runs.progress import RunProgress
 
     progress = RunProgress(outbox_path, timesteps)
-    if not err_console.is_terminal:  # a line every 10 s, from readings every second (for steps/s)
-        ticks = 0
+    if not err_console.is_terminal:  # readings every second (for steps/s); a line only when it says something new
+        printer = printer or _LinePrinter()
         while not stop.wait(1.0):
-            ticks += 1
             try:
-                progress.refresh()
-                if ticks % 10 == 0:
-                    err_console.print(_progress_line(progress), highlight=False)
+                printer.offer(progress.refresh(), time.monotonic())
             except Exception:  # noqa: BLE001 - the display must never disturb the run
                 continue
         return

@@ -8,7 +8,9 @@ The behaviour lives in :mod:`gradlab.envs.task`; these models only describe it. 
   ``equals_for`` (signal == value for ``steps`` consecutive steps), ``increase``/``decrease``
   (signal changed against the previous step), ``unchanged_for`` (same value for ``steps`` steps);
 * **termination**: any ``success`` or ``failure`` event terminates the episode; any ``timeout``
-  event, or reaching ``max_episode_steps``, truncates it. When several fire in one step,
+  event, or reaching ``max_episode_steps``, truncates it. Reaching a time limit is recorded as the
+  outcome ``timeout_is`` names (``timeout`` unless a survival goal says ``success``); the episode
+  is still truncated, so the value is bootstrapped there. When several fire in one step,
   ``outcome_precedence`` decides the outcome; a step that is both terminal and truncated is
   terminal. A provider's own termination maps to ``native_terminated`` and its own time limit is
   a truncation with reason ``native_time_limit``;
@@ -18,9 +20,9 @@ The behaviour lives in :mod:`gradlab.envs.task`; these models only describe it. 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, model_serializer, model_validator
 
 from gradlab.contracts.base import Contract
 
@@ -70,12 +72,25 @@ class Termination(Contract):
         default_factory=lambda: ["failure", "success", "timeout"],
         description="Which outcome wins when several fire in the same step.",
     )
+    timeout_is: Literal["timeout", "success", "failure"] = Field(
+        default="timeout",
+        description="Outcome recorded when the episode reaches its time limit (max_episode_steps or the "
+                    "provider's own): 'success' for survival goals (CartPole). Truncation stays truncation.",
+    )
 
     @model_validator(mode="after")
     def _check_precedence(self) -> Termination:
         if sorted(self.outcome_precedence) != ["failure", "success", "timeout"]:
             raise ValueError("outcome_precedence must list success, failure and timeout once each")
         return self
+
+    @model_serializer(mode="wrap")
+    def _omit_default_timeout_is(self, handler: Any) -> dict[str, Any]:
+        # A goal that does not set timeout_is keeps the contract hash it had before the key existed.
+        data = handler(self)
+        if data.get("timeout_is") == "timeout":
+            del data["timeout_is"]
+        return data
 
 
 class Reward(Contract):

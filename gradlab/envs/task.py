@@ -22,7 +22,9 @@ Semantics (the contract is :mod:`gradlab.contracts.task`):
   provider's termination mapped by ``native_terminated: ended``) ranks last. On a terminal step
   the step limits (``max_episode_steps``, the provider's time limit) are not candidates, while
   ``timeout`` events still compete by precedence (the flags stay terminal). The reason is the
-  event name, ``max_episode_steps``, ``native_terminated`` or ``native_time_limit``.
+  event name, ``max_episode_steps``, ``native_terminated`` or ``native_time_limit``. When the
+  reason is a time limit the outcome is ``termination.timeout_is`` (``timeout`` by default;
+  ``success`` for survival goals); the step stays truncated, never terminal.
 * Reward: ``native`` = the provider's reward; ``events`` = sum of ``reward.events`` weights of the
   events that fired; ``native_plus_events`` = both; then × ``reward_scale``, then clipped by
   ``reward_clip`` (``true`` = [-1, 1]). So 7 × 0.5 clipped to [-1, 1] is 1.0, and to [-2, 3] 3.0.
@@ -41,6 +43,8 @@ from gradlab.envs.records import EpisodeRecord
 
 #: Outcome rank for "ended" (the provider ended the episode without a mapped outcome): below all.
 _ENDED_RANK = 99
+#: Reasons that are a time limit: their outcome is the goal's ``termination.timeout_is``.
+_TIME_LIMITS = ("max_episode_steps", "native_time_limit")
 
 
 def signal_array(values: Any, n: int) -> np.ndarray:
@@ -380,7 +384,10 @@ class TaskRunner:
         if ntrunc and not terminal:
             candidates.append(("timeout", "native_time_limit"))
         # min() keeps the first of equal rank: events in list order, then limits, then native.
-        return min(candidates, key=lambda c: self._rank[c[0]])
+        outcome, reason = min(candidates, key=lambda c: self._rank[c[0]])
+        if reason in _TIME_LIMITS:  # a survival goal's time limit is its success (the flags stay truncated)
+            outcome = term.timeout_is
+        return outcome, reason
 
     def _progress(self, lane: int) -> dict[str, float]:
         out: dict[str, float] = {}

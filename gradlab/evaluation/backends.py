@@ -290,6 +290,9 @@ class LocalBackend:
         if job.process is not None and job.process.is_alive():
             job.process.terminate()
             job.process.join(5)
+            if job.process.is_alive():  # hung (stopped, stuck in native code): SIGTERM is not enough
+                job.process.kill()
+                job.process.join(5)
         if job.conn is not None:
             job.conn.close()
         self._start_queued()

@@ -8,8 +8,9 @@ Public names:
     Event: one stored event row.
     event_id: the content hash that makes a replayed insert a no-op.
     EVENT_KINDS: the event kinds the learner emits.
+    OutboxError: the file could not be read or written (names it; errno ENOSPC for a full disk).
 """
 
-from gradlab.outbox.store import EVENT_KINDS, Event, Outbox, event_id
+from gradlab.outbox.store import EVENT_KINDS, Event, Outbox, OutboxError, event_id
 
-__all__ = ["EVENT_KINDS", "Event", "Outbox", "event_id"]
+__all__ = ["EVENT_KINDS", "Event", "Outbox", "OutboxError", "event_id"]

@@ -20,18 +20,21 @@ transaction; ``busy_timeout`` makes a writer wait for the other process instead 
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import logging
 import secrets
 import sqlite3
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from gradlab.contracts.hashing import canonical_json, sha256_bytes
-from gradlab.errors import ContractViolation
+from gradlab.errors import ContractViolation, GradlabError
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +45,26 @@ STOP_KEY = "stop_requested"
 FENCE_KEY = "fence"
 IDENTITY_KEY = "identity"
 BUSY_TIMEOUT_S = 30.0
+#: SQLite's result code for "database or disk is full" (https://sqlite.org/rescode.html#full).
+_SQLITE_FULL = 13
+
+
+class OutboxError(GradlabError, OSError):
+    """The outbox file could not be read or written: names the file, and the errno when SQLite's
+    error is one (a full disk is ``ENOSPC``)."""
+
+
+@contextlib.contextmanager
+def _named(path: Path) -> Iterator[None]:
+    """Turn SQLite's errors into :class:`OutboxError` naming ``path`` (SQLite's own names no file;
+    its message is kept in the new one, which is the first cause a receipt's reason names)."""
+    try:
+        yield
+    except sqlite3.Error as e:
+        full = getattr(e, "sqlite_errorcode", None) == _SQLITE_FULL or "disk is full" in str(e)
+        if full:
+            raise OutboxError(errno.ENOSPC, f"No space left on device (SQLite: {e})", str(path)) from None
+        raise OutboxError(f"{path}: {type(e).__name__}: {e}") from None
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS events(
@@ -151,27 +174,28 @@ class Outbox:
                 raise NotFound(f"{self.path}: no outbox file")
         else:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._conn = sqlite3.connect(str(self.path), timeout=BUSY_TIMEOUT_S, isolation_level=None,
-                                     check_same_thread=False)
-        self._conn.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
-        if not readonly:
-            mode = self._conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-            if str(mode).lower() != "wal":
-                logger.warning("%s: journal_mode is %s, not wal", self.path, mode)
-        self._conn.execute("PRAGMA synchronous=FULL")
-        if not readonly:
+        with _named(self.path):
+            self._conn = sqlite3.connect(str(self.path), timeout=BUSY_TIMEOUT_S, isolation_level=None,
+                                         check_same_thread=False)
+            self._conn.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
+            if not readonly:
+                mode = self._conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+                if str(mode).lower() != "wal":
+                    logger.warning("%s: journal_mode is %s, not wal", self.path, mode)
+            self._conn.execute("PRAGMA synchronous=FULL")
+            if not readonly:
+                with self._lock:
+                    self._conn.executescript(_SCHEMA)
+                    cols = {r[1] for r in self._conn.execute("PRAGMA table_info(events)")}
+                    for name, kind in (("attempt", "TEXT"), ("epoch", "INTEGER")):
+                        if name not in cols:  # an outbox written before events were stamped
+                            self._conn.execute(f"ALTER TABLE events ADD COLUMN {name} {kind}")
+                    # The outbox's identity: a random nonce fixed when the file is created, so a lost
+                    # or replaced outbox (its event_seq restarting at 1) is told apart from this one.
+                    self._conn.execute("INSERT OR IGNORE INTO control(key, value, updated_at) VALUES (?, ?, ?)",
+                                       (IDENTITY_KEY, secrets.token_hex(8), _now()))
             with self._lock:
-                self._conn.executescript(_SCHEMA)
                 cols = {r[1] for r in self._conn.execute("PRAGMA table_info(events)")}
-                for name, kind in (("attempt", "TEXT"), ("epoch", "INTEGER")):
-                    if name not in cols:  # an outbox written before events were stamped
-                        self._conn.execute(f"ALTER TABLE events ADD COLUMN {name} {kind}")
-                # The outbox's identity: a random nonce fixed when the file is created, so a lost
-                # or replaced outbox (its event_seq restarting at 1) is told apart from this one.
-                self._conn.execute("INSERT OR IGNORE INTO control(key, value, updated_at) VALUES (?, ?, ?)",
-                                   (IDENTITY_KEY, secrets.token_hex(8), _now()))
-        with self._lock:
-            cols = {r[1] for r in self._conn.execute("PRAGMA table_info(events)")}
         self._select = ("SELECT event_seq, event_id, kind, step, payload, created_at, "
                         + ("attempt, epoch" if {"attempt", "epoch"} <= cols else "NULL, NULL") + " FROM events")
         #: The fence this connection stamps its events with (see the module docstring).
@@ -208,7 +232,7 @@ class Outbox:
         stamp = self.stamp
         eid = event_id(kind, step, payload, stamp)
         body = json.dumps(payload, sort_keys=True, separators=(",", ":"), allow_nan=False)
-        with self._lock:
+        with self._lock, _named(self.path):
             # Look up and insert in one write transaction: a plain INSERT OR IGNORE would burn an
             # AUTOINCREMENT number on the ignored row and leave a gap in event_seq.
             self._conn.execute("BEGIN IMMEDIATE")
@@ -223,7 +247,11 @@ class Outbox:
                 )
                 self._conn.execute("COMMIT")
             except BaseException:
-                self._conn.execute("ROLLBACK")
+                # SQLite may have rolled back already (a full disk does): a second ROLLBACK would
+                # raise "no transaction is active" and hide the first error.
+                if self._conn.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):
+                        self._conn.execute("ROLLBACK")
                 raise
             return int(cur.lastrowid)  # type: ignore[arg-type]
 
@@ -236,24 +264,24 @@ class Outbox:
             args.append(kind)
         sql += " ORDER BY event_seq LIMIT ?"
         args.append(int(limit))
-        with self._lock:
+        with self._lock, _named(self.path):
             rows = self._conn.execute(sql, args).fetchall()
         return [_event(r) for r in rows]
 
     def last(self, kind: str) -> Event | None:
         """The most recent event of ``kind``, or None."""
-        with self._lock:
+        with self._lock, _named(self.path):
             r = self._conn.execute(self._select + " WHERE kind = ? ORDER BY event_seq DESC LIMIT 1", (kind,)).fetchone()
         return None if r is None else _event(r)
 
     def max_seq(self) -> int:
         """The highest ``event_seq`` written so far (0 when empty)."""
-        with self._lock:
+        with self._lock, _named(self.path):
             r = self._conn.execute("SELECT COALESCE(MAX(event_seq), 0) FROM events").fetchone()
         return int(r[0])
 
     def count(self, kind: str | None = None) -> int:
-        with self._lock:
+        with self._lock, _named(self.path):
             if kind is None:
                 r = self._conn.execute("SELECT COUNT(*) FROM events").fetchone()
             else:
@@ -263,7 +291,7 @@ class Outbox:
     # -- control -----------------------------------------------------------------------------
     def set_control(self, key: str, value: str | None) -> None:
         """Upsert one control value (the supervisor's side)."""
-        with self._lock:
+        with self._lock, _named(self.path):
             self._conn.execute(
                 "INSERT INTO control(key, value, updated_at) VALUES (?, ?, ?) "
                 "ON CONFLICT(key) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at",
@@ -271,7 +299,7 @@ class Outbox:
             )
 
     def get_control(self, key: str) -> str | None:
-        with self._lock:
+        with self._lock, _named(self.path):
             r = self._conn.execute("SELECT value FROM control WHERE key = ?", (key,)).fetchone()
         return None if r is None else r[0]
 
@@ -343,7 +371,7 @@ class Outbox:
     # -- deliveries --------------------------------------------------------------------------
     def ack(self, sink: str, event_seq: int) -> None:
         """Record that ``sink`` has everything up to ``event_seq``; the mark never moves back."""
-        with self._lock:
+        with self._lock, _named(self.path):
             self._conn.execute(
                 "INSERT INTO deliveries(sink, high_water) VALUES (?, ?) "
                 "ON CONFLICT(sink) DO UPDATE SET high_water = MAX(high_water, excluded.high_water)",
@@ -352,6 +380,6 @@ class Outbox:
 
     def high_water(self, sink: str) -> int:
         """The highest acknowledged ``event_seq`` of ``sink`` (0 when none)."""
-        with self._lock:
+        with self._lock, _named(self.path):
             r = self._conn.execute("SELECT high_water FROM deliveries WHERE sink = ?", (sink,)).fetchone()
         return 0 if r is None else int(r[0])

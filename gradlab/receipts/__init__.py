@@ -17,7 +17,8 @@ Prefect task agrees with its own earlier write:
     request_stop, read_stop_request (first request wins)
     write_promotion, read_promotion (create-only, exactly one per run; a second promoter agrees
         when it names the same checkpoint, else Conflict)
-    seal_terminal, read_terminal, run_inventory, reconcile_run (closes attempts whose hooks never ran)
+    seal_terminal, read_terminal, run_inventory, reconcile_run (closes attempts whose hooks never ran),
+        attempt_inventory, close_attempt (seal an attempt from what it did itself: hooks, reconcile)
 
 Key layout: :mod:`gradlab.stores` (module docstring).
 """
@@ -58,7 +59,9 @@ from gradlab.receipts.models import (
     utcnow,
 )
 from gradlab.receipts.rules import (
+    attempt_inventory,
     begin_attempt,
+    close_attempt,
     download_checkpoint,
     list_attempts,
     list_evaluations,
@@ -86,6 +89,7 @@ __all__ = [
     "EvaluationRecord", "FileEntry", "HeldLease", "IndexEntry", "LearnerExit", "Lease", "LeaseHeld", "LeaseLost",
     "Promotion", "PromotionRef", "RunIndex", "RunRecord", "StopRequest", "TerminalCheckpoint",
     "TerminalEvaluation", "TerminalMetrics", "TerminalPromotion", "TerminalReceipt", "acquire_lease",
+    "attempt_inventory", "close_attempt",
     "begin_attempt", "download_checkpoint", "dump_model", "evaluation_intent_key", "list_attempts", "list_evaluations",
     "list_publications", "list_runs", "make_evaluation_record", "open_run", "publish_checkpoint", "read_index",
     "read_lease", "read_model", "read_promotion", "read_run", "read_run_spec", "read_stop_request",

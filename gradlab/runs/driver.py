@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gradlab.contracts.run_spec import RunSpec
-from gradlab.errors import GradlabError, IntegrityError
+from gradlab.errors import GradlabError, IntegrityError, describe_failure
 from gradlab.outbox import Outbox
 from gradlab.receipts.lease import LeaseLost, release_lease, renew_lease
 from gradlab.receipts.models import LearnerExit, TerminalMetrics, TerminalReceipt
@@ -33,6 +33,9 @@ from gradlab.stores import Stores
 USER_CANCEL = threading.Event()
 
 log = logging.getLogger(__name__)
+
+#: Free bytes below which the run directory's filesystem counts as full (one checkpoint does not fit).
+_FULL_BELOW_BYTES = 64 * 1024
 
 
 class Cancelled(GradlabError):
@@ -94,6 +97,10 @@ class AttemptDriver:
         for track in self.supervisor.tracks.values():
             local = self.paths.checkpoints / _checkpoint_name(track.step, track.sha256)
             track.path = local
+        # Verified checkpoints an earlier attempt wrote but never published (the one this attempt
+        # resumes from among them): published now, like the new learner's own.
+        for local_ckpt in self.plan.unpublished:
+            self.supervisor.adopt_local(local_ckpt.step, local_ckpt.sha256, local_ckpt.path, local_ckpt.purpose)
         self._lease = self.plan.lease
         self._lease_renewed_at = time.monotonic()
         self._cancel_checked_at = 0.0
@@ -134,10 +141,18 @@ class AttemptDriver:
                         break
                 time.sleep(self.tick_s)
         except BaseException as e:
-            reason = self.cancelled_reason or self.lease_lost or f"interrupted: {type(e).__name__}"
-            receipt = self._end_early("cancelled" if not self.lease_lost else "failed", reason)
-            if isinstance(e, Cancelled):
-                return receipt
+            if self.lease_lost:
+                outcome, reason = "failed", self.lease_lost
+            elif self.cancelled_reason or not isinstance(e, Exception):
+                # A cancel, Ctrl-C, or a termination signal (Prefect's are BaseExceptions).
+                outcome, reason = "cancelled", self.cancelled_reason or f"interrupted: {type(e).__name__}"
+            else:  # the attempt itself failed (a full disk, a store error the task retries gave up on...)
+                outcome, reason = "failed", f"the attempt failed: {describe_failure(e)}"
+                log.error("run %s: %s", self.spec.run_id, reason)
+                log.debug("run %s: the attempt's failure", self.spec.run_id, exc_info=e)
+            receipt = self._end_early(outcome, reason)
+            if isinstance(e, Exception):
+                return receipt  # sealed with its first cause: the caller reads the receipt
             raise
         return self._finish(learner_exit)
 
@@ -178,7 +193,8 @@ class AttemptDriver:
         failures = sup.publish_failures()
         evaluated = sup.evaluate
         if finished is None or (learner_exit not in (0, None)):
-            outcome, reason = "failed", f"the learner exited with code {learner_exit} before finishing{self._learner_said()}"
+            outcome, reason = "failed", (f"the learner exited with code {learner_exit} before finishing"
+                                         f"{self._disk_full()}{self._learner_said()}")
         elif failures:
             steps = ", ".join(str(t.step) for t in failures)
             outcome, reason = "failed", f"checkpoints at steps {steps} could not be published: {failures[0].publish_error}"
@@ -212,23 +228,39 @@ class AttemptDriver:
             return ""
         return f" ({lines[-1].strip()[:300]}; see {self.paths.learner_log})" if lines else ""
 
+    def _disk_full(self) -> str:
+        """``": no space left on device: <run dir>"`` when the run directory's filesystem is full (a
+        learner that crashed there cannot even log why), else ``""``."""
+        import os
+
+        try:
+            st = os.statvfs(self.paths.root)
+        except OSError:
+            return ""
+        return f": no space left on device: {self.paths.root}" if st.f_bavail * st.f_frsize < _FULL_BELOW_BYTES else ""
+
     def _earlier_finish(self) -> dict[str, Any] | None:
         event = self.outbox.last("learner_finished")
         return dict(event.payload) if event else None
 
     def _end_early(self, outcome: str, reason: str) -> TerminalReceipt:
-        """Cancellation or a lost lease: stop the learner, keep what is published, seal."""
+        """Cancellation, a lost lease or a failure: stop the learner, keep what is published, seal."""
         sup = self.supervisor
         sup.frozen = True  # nothing written after the cancel is published
-        code = self.learner.stop("cancelled", grace_s=self.grace_s) if self.learner is not None else None
+        code = self.learner.stop(outcome, grace_s=self.grace_s) if self.learner is not None else None
         sup.abandon_evaluations(reason)
-        _wait_futures(sup, timeout_s=self.grace_s)
-        sup.poll_outbox()
         try:
+            _wait_futures(sup, timeout_s=self.grace_s)
+        except Exception as e:  # noqa: BLE001 - a failing outbox (full disk): seal with the first cause anyway
+            log.warning("run %s: collecting work after %s failed: %s", self.spec.run_id, outcome, describe_failure(e))
+        finished = None
+        try:  # what the learner wrote while stopping; a full disk or a broken outbox must not hide the first cause
+            sup.poll_outbox()
             sup.deliver_metrics()
+            finished = sup.learner_finished or self._earlier_finish()
         except Exception as e:  # noqa: BLE001 - the journal catches up on the next drain
-            log.warning("run %s: metric delivery after cancel failed: %s", self.spec.run_id, e)
-        finished = sup.learner_finished or self._earlier_finish()
+            log.warning("run %s: metric delivery after %s failed: %s", self.spec.run_id, outcome, describe_failure(e))
+            finished = sup.learner_finished
         return self._seal(outcome, reason, (finished or {}).get("final_step", sup.last_step or None), drained=False,
                           learner=LearnerExit(exit_code=code, stop_reason=(finished or {}).get("stop_reason")),
                           wandb_wait_s=self.grace_s)
@@ -248,18 +280,42 @@ class AttemptDriver:
                     log.warning("run %s: last W&B delivery failed: %s", self.spec.run_id, e)
             self.wandb.finish(timeout_s=wandb_wait_s)
             wandb_hw = self.wandb.high_water
-        local = self.outbox.high_water("journal")
+        try:
+            local = self.outbox.high_water("journal")
+        except OSError as e:  # the outbox cannot be read (a full disk): the journal's mark is unknown
+            log.warning("run %s: cannot read the journal's high-water mark: %s", self.spec.run_id, describe_failure(e))
+            local = 0
         if wandb_hw is not None and not self.wandb.complete(local):
             pending.append("wandb")  # behind, failed, or split over several offline segments
+        try:
+            identity = self.outbox.identity()
+        except OSError:
+            identity = None
         metrics = TerminalMetrics(local_high_water=local, sinks={"journal": local, "wandb": wandb_hw}, pending=pending,
-                                  outbox=self.outbox.identity())
-        receipt = self.seal({"outcome": outcome, "reason": reason, "final_step": final_step, "metrics": metrics,
-                             "drained": drained, "learner": learner})
+                                  outbox=identity)
+        try:
+            receipt = self.seal({"outcome": outcome, "reason": reason, "final_step": final_step, "metrics": metrics,
+                                 "drained": drained, "learner": learner})
+        except BaseException:
+            if self._receipt_stored():  # stored, then something after it failed: the attempt is over
+                self._release_lease()
+            raise
+        self._release_lease()
+        return receipt
+
+    def _receipt_stored(self) -> bool:
+        from gradlab.receipts.rules import read_terminal
+
+        try:
+            return read_terminal(self.stores, self.spec.run_id, self.plan.attempt.attempt_id) is not None
+        except Exception:  # noqa: BLE001 - unknown: keep the lease (it expires by itself)
+            return False
+
+    def _release_lease(self) -> None:
         try:
             release_lease(self.stores.control, self._lease)
         except GradlabError as e:  # it expires by itself
             log.warning("run %s: lease release failed: %s", self.spec.run_id, e)
-        return receipt
 
 
 def _wait_futures(sup: Supervisor, timeout_s: float) -> None:

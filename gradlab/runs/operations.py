@@ -34,12 +34,10 @@ from gradlab.receipts.models import (
 )
 from gradlab.runs.paths import RunPaths
 from gradlab.settings import Settings
-from gradlab.stores import Stores
+from gradlab.stores import Stores, keys
 
 log = logging.getLogger(__name__)
 
-#: Longest one evaluation may run before it is cancelled and retried (a transient failure), seconds.
-EVAL_TIMEOUT_S = 3600.0
 
 
 def prepare_spec(
@@ -87,9 +85,9 @@ def write_local_spec(paths: RunPaths, spec: RunSpec) -> None:
         if sha256_json(existing) != sha256_json(spec.to_json()):
             raise ContractViolation(f"{paths.spec}: holds another spec for run {spec.run_id}")
         return
-    tmp = paths.spec.with_suffix(".json.partial")
-    tmp.write_text(body)
-    tmp.replace(paths.spec)
+    from gradlab.fsync import write_atomic
+
+    write_atomic(paths.spec, body.encode())
 
 
 def outbox_high_water(paths: RunPaths, sink: str) -> int:
@@ -139,20 +137,37 @@ def _run_exists(stores: Stores, run_id: str) -> bool:
 
 
 @dataclass(frozen=True)
+class LocalCheckpoint:
+    """A checkpoint an earlier attempt's learner wrote that was never published, verified against
+    its own manifest (every file's sha256 and size): the new attempt publishes it."""
+
+    step: int
+    sha256: str
+    path: Path
+    purpose: str
+
+
+@dataclass(frozen=True)
 class AttemptPlan:
-    """What this attempt does: start fresh, resume from a published checkpoint, or only drain."""
+    """What this attempt does: start fresh, resume from a checkpoint, or only drain."""
 
     attempt: Attempt
     lease: HeldLease
     resume_dir: Path | None
     publications: tuple[CheckpointPublication, ...] = ()
     records: tuple[EvaluationRecord, ...] = ()
-    #: Outbox events before this seq belong to an abandoned learner lineage (a resumed attempt
-    #: continues from the last *published* checkpoint): their checkpoints are never published.
+    #: Outbox events before this seq belong to an abandoned learner lineage (a retried attempt
+    #: starts a new learner): their checkpoint events are never published from the outbox.
     first_seq: int = 0
     #: The outbox's next event_seq when this attempt set its fence: an event from here on stamped
     #: with another attempt or epoch is a superseded learner's, refused (docs/ARCHITECTURE.md section 5).
     opened_seq: int = 0
+
+    #: Verified checkpoints of the abandoned lineage above the last published one, up to the one
+    #: this attempt resumes from: published by this attempt (step order).
+    unpublished: tuple[LocalCheckpoint, ...] = ()
+    #: Attempts closed when this one opened (their process ended without sealing a receipt).
+    reconciled: tuple[str, ...] = ()
 
     @property
     def fence(self) -> tuple[str, int]:
@@ -163,11 +178,17 @@ class AttemptPlan:
 def open_attempt(stores: Stores, spec: RunSpec, paths: RunPaths) -> AttemptPlan:
     """Open the run (create-or-agree) and begin its next attempt under the writer lease.
 
-    Mode: ``fresh`` for a run's first attempt; ``drain`` when an earlier attempt's learner had
-    already finished (its outbox holds ``learner_finished``); otherwise ``resume`` from the newest
-    published checkpoint that verifies against its publication receipt (downloaded, verified,
-    into the run directory when the local copy is missing or differs). Newer checkpoints that fail
-    verification are passed over and named in the attempt receipt (``skipped_checkpoints``).
+    Mode: ``fresh`` for a run's first attempt (or a retry with no checkpoint to continue from);
+    ``drain`` when an earlier attempt's learner had already finished (its outbox holds
+    ``learner_finished``); otherwise ``resume`` from the newest checkpoint that verifies, wherever
+    it is: still local above the newest published one and verified against its own manifest and
+    the outbox's announcement (then this attempt publishes it, and any other verified unpublished
+    checkpoint below it), else the newest published checkpoint that verifies against its
+    publication receipt (downloaded, verified, into the run directory when the local copy is
+    missing or differs). Newer published checkpoints that fail verification are passed over and
+    named in the attempt receipt (``skipped_checkpoints``). A retried attempt never inherits an
+    earlier attempt's stop request, and attempts that ended without sealing a receipt are
+    reconciled first (:func:`gradlab.receipts.rules.reconcile_run`; docs/ARCHITECTURE.md section 8).
 
     Raises:
         LeaseHeld: another attempt's lease is live (a retry is refused while it is).
@@ -182,20 +203,32 @@ def open_attempt(stores: Stores, spec: RunSpec, paths: RunPaths) -> AttemptPlan:
     skipped: list[str] = []
     publications: tuple[CheckpointPublication, ...] = ()
     records: tuple[EvaluationRecord, ...] = ()
+    unpublished: tuple[LocalCheckpoint, ...] = ()
+    reconciled: tuple[str, ...] = ()
     outbox = Outbox(paths.outbox)
     if previous:
+        reconciled = tuple(r.attempt_id for r in rules.reconcile_run(stores, spec.run_id))
         publications = tuple(rules.list_publications(stores, spec.run_id))
         records = tuple(rec for _, rec in rules.list_evaluations(stores, spec.run_id) if rec)
         accepted = any(r.status == "accepted" for r in records) and spec.goal.stops_on_acceptance
         if accepted or _learner_done(outbox):
             mode = "drain"
-        elif publications:
-            mode = "resume"
-            from gradlab.receipts.lease import require_no_live_lease
+        else:
+            newest = publications[-1].step if publications else -1
+            unpublished = tuple(verified_local_checkpoints(paths, outbox, spec.run_id, above_step=newest))
+            if unpublished:
+                mode, local = "resume", unpublished[-1]
+                resume_dir = local.path
+                resume = CheckpointRef(step=local.step, sha256=local.sha256,
+                                       uri=stores.model.url(keys.checkpoint_prefix(spec.run_id, local.step,
+                                                                                   local.sha256).rstrip("/")) + "/")
+            elif publications:
+                mode = "resume"
+                from gradlab.receipts.lease import require_no_live_lease
 
-            require_no_live_lease(stores.control, spec.run_id)  # refuse before touching the run directory
-            resume_dir, chosen, skipped = choose_resume_checkpoint(stores, paths, publications)
-            resume = chosen.ref
+                require_no_live_lease(stores.control, spec.run_id)  # refuse before touching the run directory
+                resume_dir, chosen, skipped = choose_resume_checkpoint(stores, paths, publications)
+                resume = chosen.ref
     identity = outbox.identity()
     recorded = next((a for a in reversed(previous) if a.outbox is not None), None)
     replaced = None
@@ -205,15 +238,17 @@ def open_attempt(stores: Stores, spec: RunSpec, paths: RunPaths) -> AttemptPlan:
         log.warning("run %s: %s", spec.run_id, replaced)
     attempt, held = rules.begin_attempt(stores, spec.run_id, mode=mode, resume_from=resume,
                                         skipped_checkpoints=skipped, outbox=identity, outbox_replaced=replaced)
-    # Only the lease holder may touch the run's control state: clear a stale stop request now, and
-    # fence out any earlier learner still writing to this outbox (paused past its lease).
-    if mode == "resume":
+    # Only the lease holder may touch the run's control state: a new learner never inherits the
+    # stop request an earlier attempt wrote (a cancel, or a stop it never got to observe), and any
+    # earlier learner still writing to this outbox (paused past its lease) is fenced out.
+    if mode != "drain":
         outbox.clear_stop()
     outbox.set_fence(attempt.attempt_id, held.lease.generation)
     opened = outbox.max_seq() + 1
     outbox.close()
     return AttemptPlan(attempt=attempt, lease=held, resume_dir=resume_dir, publications=publications, records=records,
-                       first_seq=opened if mode == "resume" else 0, opened_seq=opened)
+                       first_seq=opened if previous and mode != "drain" else 0, opened_seq=opened,
+                       unpublished=unpublished, reconciled=reconciled)
 
 
 def choose_resume_checkpoint(stores: Stores, paths: RunPaths, publications: tuple[CheckpointPublication, ...]
@@ -238,6 +273,41 @@ def choose_resume_checkpoint(stores: Stores, paths: RunPaths, publications: tupl
             skipped.append(f"step {publication.step}: {e}")
     raise IntegrityError(f"run {publications[0].run_id}: no published checkpoint verifies against its publication "
                          f"receipt, refusing to resume: {'; '.join(skipped)}")
+
+
+def verified_local_checkpoints(paths: RunPaths, outbox: Any, run_id: str, *, above_step: int) -> list[LocalCheckpoint]:
+    """The checkpoints the run's learners announced (``checkpoint_ready``) above ``above_step``
+    whose folder verifies against its own manifest and names this run, by step.
+
+    A checkpoint that fails verification (a crash while writing, a corrupted file) is skipped with
+    a warning naming it; one announced twice with different content keeps the latest announcement.
+    """
+    from gradlab.checkpoints import verify_checkpoint
+    from gradlab.errors import IntegrityError
+
+    announced: dict[int, Any] = {}
+    for event in outbox.read(0, 1_000_000, kind="checkpoint_ready"):
+        if int(event.payload["step"]) > above_step:
+            announced[int(event.payload["step"])] = event.payload
+    found = []
+    for step, payload in sorted(announced.items()):
+        path = Path(payload["path"])
+        if not path.is_absolute():
+            path = paths.root / path
+        try:
+            manifest = verify_checkpoint(path)
+        except (IntegrityError, ContractViolation, NotFound, OSError) as e:
+            log.warning("run %s: unpublished checkpoint at step %d does not verify (%s): not resumed from",
+                        run_id, step, e)
+            continue
+        if manifest.sha256 != str(payload["sha256"]) or manifest.run_id != run_id or manifest.step != step:
+            log.warning("run %s: %s: its manifest names step %d / %s of run %s, the outbox step %d / %s: skipped",
+                        run_id, path, manifest.step, manifest.sha256[:16], manifest.run_id, step,
+                        str(payload["sha256"])[:16])
+            continue
+        found.append(LocalCheckpoint(step=step, sha256=manifest.sha256, path=path,
+                                     purpose=str(payload.get("purpose", manifest.purpose))))
+    return found
 
 
 def _learner_done(outbox: Any) -> bool:
@@ -302,24 +372,31 @@ def publish(stores: Stores, run_id: str, attempt_id: str, checkpoint_dir: Path, 
 
 
 def evaluate(
-    stores: Stores, spec: RunSpec, publication: CheckpointPublication, checkpoint_dir: Path, *, backend: str = "local"
+    stores: Stores, spec: RunSpec, publication: CheckpointPublication, checkpoint_dir: Path, *, backend: str = "local",
+    timeout_s: float | None = None,
 ) -> EvaluationRecord:
     """Evaluate a published checkpoint once, keyed by content; record and return the result.
 
     A result already recorded for the same (run, checkpoint, goal, manifest) is returned as it is:
     a retried task never evaluates twice. A permanent evaluation failure is recorded as
-    ``failed``; a transient one (backend unreachable) is raised for the task to retry. The local
-    copy is checked against the publication receipt before and after the evaluation, and every
-    model-store object of the checkpoint is re-read and checked before the result is recorded: a
-    difference records ``failed``, naming the object and both hashes.
+    ``failed``; a transient one (backend unreachable, no result within ``timeout_s``, by default
+    the goal's :func:`gradlab.runs.timeouts.task_timeouts` ``evaluate_s``) is raised for the task
+    to retry. The local copy is checked against the publication receipt before and after the
+    evaluation, and every model-store object of the checkpoint is re-read and checked before the
+    result is recorded: a difference records ``failed``, naming the object and both hashes.
 
     Raises:
-        TransientError: the backend or a store is unavailable.
+        TransientError: the backend or a store is unavailable, or the evaluation timed out (the
+            backend's job is cancelled first).
     """
     from gradlab.checkpoints import verify_against_publication
+    if timeout_s is None:
+        from gradlab.runs.timeouts import task_timeouts
+
+        timeout_s = task_timeouts(spec).evaluate_s
     from gradlab.errors import IntegrityError
     from gradlab.evaluation import EvalRequest, build_manifest, validate_result
-    from gradlab.evaluation.backends import EvaluationFailed, evaluate_with, get_backend
+    from gradlab.evaluation.backends import BackendUnavailable, EvaluationFailed, evaluate_with, get_backend
 
     manifest = build_manifest(spec.goal)
     intent = EvaluationIntent.create(
@@ -336,7 +413,12 @@ def evaluate(
         # What is evaluated is byte-identical to what was published (docs/ARCHITECTURE.md section 8):
         # the local copy against the publication receipt before, the model store's objects after.
         verify_against_publication(Path(checkpoint_dir), publication.files)
-        result = evaluate_with(runner, request, timeout_s=EVAL_TIMEOUT_S)
+        try:
+            result = evaluate_with(runner, request, timeout_s=timeout_s)
+        except BackendUnavailable as e:
+            log.warning("run %s: evaluation of step %d: %s (a hang: cancelled; the task's retry evaluates again)",
+                        spec.run_id, publication.step, e)
+            raise
         expected = {"checkpoint_sha256": publication.sha256, "episode_manifest_sha256": manifest.sha256, **spec.hashes}
         validated = validate_result(result, expected=expected, goal=spec.goal)
         verify_against_publication(Path(checkpoint_dir), publication.files)
@@ -439,10 +521,25 @@ def seal(
     )
     stored = rules.seal_terminal(stores, receipt)
     if paths is not None:
-        target = paths.attempt_receipt(attempt_id)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(stored.model_dump_json(indent=1))
+        write_local_receipt(paths, stored)
     return stored
+
+
+def write_local_receipt(paths: RunPaths, receipt: TerminalReceipt) -> bool:
+    """Keep a copy of a stored receipt in the run directory (atomic); False when it cannot be
+    written (a full disk): the store's copy is the authority, so sealing goes on without it."""
+    from gradlab.errors import describe_failure
+    from gradlab.fsync import write_atomic
+
+    target = paths.attempt_receipt(receipt.attempt_id)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(target, receipt.model_dump_json(indent=1).encode())
+    except OSError as e:
+        log.warning("run %s: local copy of the receipt not written (%s); the receipt store has it",
+                    receipt.run_id, describe_failure(e))
+        return False
+    return True
 
 
 def wait_for(predicate, timeout_s: float, interval_s: float = 0.1) -> bool:
@@ -453,3 +550,67 @@ def wait_for(predicate, timeout_s: float, interval_s: float = 0.1) -> bool:
             return True
         time.sleep(interval_s)
     return bool(predicate())
+
+
+def close_abandoned_attempt(stores: Stores, paths: RunPaths | None, run_id: str, *, outcome: str,
+                            reason: str) -> TerminalReceipt | None:
+    """Seal the run's open attempt after its flow ended without sealing it (Prefect's state hooks:
+    a crash, a cancellation or a failure; docs/ARCHITECTURE.md section 8).
+
+    The attempt is the lease holder's, closed only once its flow process is gone (or is this
+    process, whose flow body has ended): its learner is stopped first, the receipt lists what that
+    attempt did itself (:func:`gradlab.receipts.rules.close_attempt`), and the lease is released
+    so a retry may start at once. An attempt held from another host is left to the reconciler.
+
+    Returns:
+        The receipt sealed now, or None (nothing open, sealed already, or not ours to close).
+    """
+    import os
+    import socket
+
+    from gradlab.learn.watch import pid_alive
+    from gradlab.receipts.lease import LeaseLost, read_lease, release_lease
+
+    held = read_lease(stores.control, run_id)
+    if held is None or held.lease.released:
+        return None
+    host, _, pid = held.lease.owner.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return None
+    if int(pid) != os.getpid() and pid_alive(int(pid)):
+        return None  # the flow process still runs: it seals by itself
+    attempt_id = held.lease.holder
+    learner = LearnerExit(exit_code=None, stop_reason=None)
+    final_step = None
+    if paths is not None and paths.outbox.is_file():
+        learner, final_step = _stop_orphaned_learner(paths, reason)
+    receipt = rules.close_attempt(stores, run_id, attempt_id, outcome=outcome, reason=reason, final_step=final_step,
+                                  learner=learner)
+    if receipt is not None and paths is not None:
+        write_local_receipt(paths, receipt)
+    if rules.read_terminal(stores, run_id, attempt_id) is not None:
+        try:
+            release_lease(stores.control, held)
+        except LeaseLost as e:
+            log.info("run %s: lease of %s not released: %s", run_id, attempt_id, e)
+    return receipt
+
+
+def _stop_orphaned_learner(paths: RunPaths, reason: str) -> tuple[LearnerExit, int | None]:
+    """Stop the learner a dead flow process left behind; (its exit, the last step it reported)."""
+    from gradlab.learn.watch import pid_alive
+    from gradlab.runs.process import LearnerProcess
+
+    outbox = Outbox(paths.outbox)
+    try:
+        started = outbox.last("learner_started")
+        if started is not None and pid_alive(int(started.payload["pid"])):
+            LearnerProcess.attach(int(started.payload["pid"]), paths).stop(reason[:200], grace_s=10.0)
+        finished = outbox.last("learner_finished")
+        if finished is not None and (started is None or finished.event_seq > started.event_seq):
+            return (LearnerExit(exit_code=0, stop_reason=finished.payload.get("stop_reason")),
+                    finished.payload.get("final_step"))
+        last = outbox.read(max(0, outbox.max_seq() - 1), 1)
+        return LearnerExit(exit_code=None, stop_reason=None), (last[0].step if last else None) or None
+    finally:
+        outbox.close()

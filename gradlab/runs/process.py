@@ -138,7 +138,11 @@ class LearnerProcess:
         from gradlab.outbox import Outbox
 
         if self.exit_code() is None:
-            Outbox(self.paths.outbox).request_stop(reason)
+            try:
+                Outbox(self.paths.outbox).request_stop(reason)
+            except OSError as e:  # a full disk: SIGTERM asks for the same stop
+                log.warning("learner %d: stop request not written (%s): SIGTERM", self.pid, e)
+                self._signal_group(signal.SIGTERM)
             if self.wait(grace_s / 2) is None:
                 log.warning("learner %d did not stop within %.1f s of the request: SIGTERM", self.pid, grace_s / 2)
                 self._signal_group(signal.SIGTERM)

@@ -1,16 +1,22 @@
 """What a person watching a run wants to see, read from the outbox without touching the run.
 
 :class:`RunProgress` folds outbox events into a snapshot (steps, steps/s, recent return,
-checkpoints ready/published/evaluated/accepted, ETA). The CLI renders it with rich.
+checkpoints ready/published/evaluated/accepted, evaluations left and their mean time, ETA). The
+CLI renders it with rich (``gradlab train``) and in ``gradlab experiment status``.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 RETURN_METRIC = "train/episode/return/shaped/mean"
+
+
+def _parse_time(iso: str) -> datetime:
+    return datetime.fromisoformat(iso)
 
 
 @dataclass
@@ -26,7 +32,15 @@ class RunProgress:
     stop: str | None = None
     finished: bool = False
     after_seq: int = 0
+    #: Steps of the checkpoints announced, evaluated, and accepted (from the supervisor's metrics).
+    ready_steps: set[int] = field(default_factory=set)
+    evaluated_steps: set[int] = field(default_factory=set)
+    accepted_steps: set[int] = field(default_factory=set)
+    #: Seconds each evaluation took, submit to result (``orchestration/eval/seconds``).
+    eval_seconds: list[float] = field(default_factory=list)
     _rate_window: list[tuple[float, int]] = field(default_factory=list)
+    #: (event time, step) of recent metrics events: the rate as the learner wrote it.
+    _event_window: list[tuple[datetime, int]] = field(default_factory=list)
 
     def refresh(self) -> RunProgress:
         """Read events since the last refresh (no-op while the outbox does not exist yet)."""
@@ -43,12 +57,22 @@ class RunProgress:
                     self.step = max(self.step, event.step)
                     if RETURN_METRIC in metrics:
                         self.recent_return = float(metrics[RETURN_METRIC])
+                    self._event_window.append((_parse_time(event.created_at), event.step))
                 elif event.kind == "checkpoint_ready":
                     self.checkpoints += 1
+                    self.ready_steps.add(int(event.payload.get("step", event.step)))
                 elif event.kind == "supervisor_metrics":
                     self.published = int(metrics.get("orchestration/checkpoints/published", self.published))
+                    accepted = int(metrics.get("orchestration/checkpoints/accepted", self.accepted))
+                    if "eval/checkpoint_step" in metrics:
+                        step = int(metrics["eval/checkpoint_step"])
+                        self.evaluated_steps.add(step)
+                        if accepted > self.accepted:
+                            self.accepted_steps.add(step)
+                    if "orchestration/eval/seconds" in metrics:
+                        self.eval_seconds.append(float(metrics["orchestration/eval/seconds"]))
                     self.evaluated = int(metrics.get("orchestration/checkpoints/evaluated", self.evaluated))
-                    self.accepted = int(metrics.get("orchestration/checkpoints/accepted", self.accepted))
+                    self.accepted = accepted
                 elif event.kind == "stop_observed":
                     self.stop = str(event.payload.get("reason"))
                 elif event.kind == "learner_finished":
@@ -59,7 +83,38 @@ class RunProgress:
         now = time.monotonic()
         self._rate_window.append((now, self.step))
         self._rate_window = [(t, s) for t, s in self._rate_window if now - t <= 10.0]
+        if self._event_window:
+            newest = self._event_window[-1][0]
+            self._event_window = [(t, s) for t, s in self._event_window if (newest - t).total_seconds() <= 10.0]
         return self
+
+    @property
+    def evaluations_left(self) -> int:
+        """Announced checkpoints not evaluated yet that still will be: none above the lowest accepted
+        step (the supervisor defers those; promotion takes the lowest accepted one)."""
+        lowest = min(self.accepted_steps, default=None)
+        return sum(1 for s in self.ready_steps - self.evaluated_steps if lowest is None or s < lowest)
+
+    @property
+    def eval_seconds_mean(self) -> float | None:
+        """Mean seconds of the evaluations so far (None before the first)."""
+        return sum(self.eval_seconds) / len(self.eval_seconds) if self.eval_seconds else None
+
+    @property
+    def milestones(self) -> tuple:
+        """What a reader waits for (checkpoints, publications, evaluations, stop, the learner's end):
+        a progress line off a terminal is printed at once when these change."""
+        return (self.checkpoints, self.published, self.evaluated, self.accepted, self.stop, self.finished)
+
+    @property
+    def learner_steps_per_s(self) -> float | None:
+        """Env steps per second over the learner's last 10 s of metrics, from the events' own times
+        (one reading is enough: ``experiment status``); None when fewer than two events or done."""
+        if self.finished or len(self._event_window) < 2:
+            return None
+        (t0, s0), (t1, s1) = self._event_window[0], self._event_window[-1]
+        seconds = (t1 - t0).total_seconds()
+        return (s1 - s0) / seconds if seconds > 0 and s1 > s0 else None
 
     @property
     def steps_per_s(self) -> float | None:

@@ -179,6 +179,12 @@ class Supervisor:
             track.evaluation = records.get(pub.sha256)
             self.tracks[pub.step] = track
 
+    def adopt_local(self, step: int, sha256: str, path: Path, purpose: str) -> None:
+        """Seed an unpublished, verified checkpoint of an earlier attempt: it is published like a new one."""
+        if step not in self.tracks:
+            self.tracks[step] = CheckpointTrack(step=step, sha256=sha256, path=path, purpose=purpose,
+                                                ready_at=self.clock())
+
     def poll_outbox(self) -> list[Event]:
         """Read new outbox events and fold them into the state."""
         events = self.outbox.read(self.after_seq, 1000)

@@ -172,7 +172,7 @@ def _learner_pid(queue: Queue, run_id: str) -> int:
         path = queue.run_dir(run_id) / "outbox.sqlite"
         try:
             event = Outbox(path, readonly=True).last("learner_started") if path.exists() else None
-        except sqlite3.OperationalError:  # created, its tables not yet
+        except (sqlite3.OperationalError, OSError):  # created, its tables not yet (OutboxError)
             return None
         return event and int(event.payload["pid"])
 
@@ -384,3 +384,67 @@ def test_retry_after_a_sigkilled_learner_resumes_to_the_planned_steps(queue: Que
     status = json.loads(queue.gradlab("experiment", "status", "--run", run_id, "--json").stdout)
     assert [f["state"] for f in status["flow_runs"]] == ["Completed", "Failed"]
     assert [a["outcome"] for a in status["stores"]["attempts"]] == ["failed", "succeeded"]
+
+
+def _worker_logs(queue: Queue) -> dict[Path, int]:
+    return {p: p.stat().st_size for p in queue.home.glob("worker-*.log")}
+
+
+def _logged_since(sizes: dict[Path, int], queue: Queue) -> str:
+    text = ""
+    for path in queue.home.glob("worker-*.log"):
+        with path.open("rb") as f:
+            f.seek(sizes.get(path, 0))
+            text += f.read().decode(errors="replace")
+    return text
+
+
+def test_a_rejected_run_ends_failed_in_prefect_with_no_traceback_in_the_worker_log(queue: Queue, stores_of) -> None:
+    before = _worker_logs(queue)
+    # A policy that never learns (learning rate 0) picks arms at random: every evaluation is rejected.
+    entry = _launch(queue, "gradlab__bandit/ppo", "--set", "train.timesteps=4096",
+                    "--set", "train.backend.config.learning_rate=0.0")
+    flow_run = _final_flow_run(queue, entry["flow_run_id"], 180)
+    terminal = rules.read_terminal(stores_of, entry["run_id"], "attempt-001")
+    assert terminal.outcome == "failed" and "no checkpoint met the acceptance rule" in terminal.reason, terminal.reason
+    assert flow_run.state.type.value == "FAILED"
+    assert flow_run.state.message == f"failed: {terminal.reason}"
+    logged = _logged_since(before, queue)
+    assert "Traceback" not in logged and "Unexpected result" not in logged, logged[-4000:]
+    # `experiment status` names the last evaluation; `experiment logs` names the task of every line.
+    shown = queue.gradlab("experiment", "status", "--run", entry["run_id"])
+    last = max(terminal.evaluations, key=lambda e: e.checkpoint_step)
+    assert f"last evaluation: step {last.checkpoint_step} rejected" in shown.stdout, shown.stdout + shown.stderr
+    logs = queue.gradlab("experiment", "logs", "--run", entry["run_id"])
+    assert logs.returncode == 0, logs.stderr
+    prefect_lines = logs.stdout.split("== learner log")[0].splitlines()[1:]
+    assert prefect_lines and all(re.match(r"^\S+ \S+\s+\[[^\]]+\] ", line) for line in prefect_lines
+                                 if line and not line.startswith(" ")), prefect_lines
+    assert any(f"[evaluate-{entry['run_id']}-step" in line for line in prefect_lines), prefect_lines
+
+
+def test_a_sigkilled_flow_run_is_sealed_by_its_crash_hook_with_its_own_inventory(queue: Queue, stores_of) -> None:
+    from gradlab.receipts.lease import read_lease
+
+    entry = _launch(queue, "gradlab__bandit/ppo", "--no-eval", "--set", "train.timesteps=262144")
+    run_id = entry["run_id"]
+    learner = _learner_pid(queue, run_id)
+    wait_for(lambda: len(_publications(stores_of, run_id)) >= 1, 120, "a published checkpoint")
+    # A running run's status shows where its learner is, and how fast.
+    status = json.loads(queue.gradlab("experiment", "status", "--run", run_id, "--json").stdout)
+    live = status["stores"]["live"]
+    assert live["timesteps"] == 262144 and 0 < live["step"] < 262144 and live["steps_per_s"] > 0, live
+    shown = queue.gradlab("experiment", "status", "--run", run_id).stdout
+    assert re.search(r"training: step [\d,]+/262,144 \([\d,]+ steps/s\)", shown), shown
+    flow_pid = int(read_lease(stores_of.control, run_id).lease.owner.rpartition(":")[2])
+    os.kill(flow_pid, signal.SIGKILL)
+
+    # Prefect runs on_crashed in the worker's process a few seconds later: no `runs reconcile` needed.
+    terminal = wait_for(lambda: rules.read_terminal(stores_of, run_id, "attempt-001"), 90, "the crash hook's receipt")
+    assert terminal.outcome == "failed" and terminal.reason.startswith("crashed: "), terminal.reason
+    published = [(p.step, p.sha256) for p in rules.list_publications(stores_of, run_id) if p.attempt_id == "attempt-001"]
+    assert published and [(c.step, c.sha256) for c in terminal.checkpoints] == published
+    assert read_lease(stores_of.control, run_id).lease.released  # a retry may start at once
+    wait_for(lambda: not pid_alive(learner) and not group_alive(learner), 30, "the orphaned learner stopped")
+    flow_run = _final_flow_run(queue, entry["flow_run_id"], 60)
+    assert flow_run.state.type.value == "CRASHED"

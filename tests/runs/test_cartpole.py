@@ -42,6 +42,14 @@ def test_cartpole_stops_early_promotes_and_eval_reproduces_the_promoted_result(p
     assert result["planned"] == result["completed"] == 100
     returns = [row["return"] for row in result["episodes"]]
     assert result["aggregates"]["eval/episode/return/mean"] == pytest.approx(sum(returns) / 100)
+    # A survival goal (`timeout_is: success`): balancing to the 500-step limit is a success, a fall a failure.
+    rows = result["episodes"]
+    assert all((r["outcome"], r["reason"]) == ("success", "native_time_limit") for r in rows if r["length"] == 500)
+    assert all((r["outcome"], r["reason"]) == ("failure", "native_terminated") for r in rows if r["length"] < 500)
+    rate = result["aggregates"]["eval/outcome/success/rate"]
+    assert rate == sum(r["length"] == 500 for r in rows) / 100
+    if result["aggregates"]["eval/episode/return/mean"] == 500:
+        assert rate == 1.0
     # `gradlab eval RUN_ID` evaluates the promoted checkpoint again and gets the same result exactly.
     again = run_gradlab(["eval", receipt["run_id"], "--json"], env, timeout_s=300)
     assert again.returncode == 0, again.stderr[-3000:]

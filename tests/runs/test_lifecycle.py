@@ -1,0 +1,218 @@
+"""The run lifecycle under faults, end to end against a real Prefect server (issue 16): a retry
+after an early cancel, failures sealed with their first cause, hooks and reconciliation."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import shutil
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gradlab.outbox import Outbox
+from gradlab.receipts import rules
+from gradlab.receipts.lease import read_lease
+from gradlab.stores import open_stores
+from tests.runs.conftest import (
+    gradlab_env,
+    last_json_line,
+    only_run_dir,
+    pid_alive,
+    run_gradlab,
+    start_gradlab,
+    wait_for,
+)
+
+#: No periodic checkpoint: the only one a cancelled learner leaves is its final one, never published.
+NO_PERIODIC = ["--set", "train.timesteps=16384", "--set", "train.checkpoint_freq=1000000"]
+
+
+def _outbox(run_dir: Path) -> Outbox | None:
+    path = run_dir / "outbox.sqlite"
+    try:
+        return Outbox(path, readonly=True) if path.exists() else None
+    except Exception:  # noqa: BLE001 - created, its tables not yet
+        return None
+
+
+def _trained_a_little(home: Path) -> Path | None:
+    """The run directory once its attempt is open and its learner has reported a metric."""
+    run_dir = only_run_dir(home)
+    if run_dir is None or not rules.list_attempts(open_stores(), run_dir.name):
+        return None
+    outbox = _outbox(run_dir)
+    try:
+        return run_dir if outbox is not None and outbox.last("metrics") is not None else None
+    except Exception:  # noqa: BLE001 - tables not yet created
+        return None
+
+
+@pytest.mark.slow
+def test_retry_after_a_cancel_before_any_publication_resumes_from_the_local_checkpoint(
+        prefect_api: str, gradlab_home: Path) -> None:
+    env = gradlab_env(prefect_api)
+    proc = start_gradlab(["train", "gradlab__bandit/ppo", "--no-eval", *NO_PERIODIC, "--json"], env)
+    try:
+        run_dir = wait_for(lambda: _trained_a_little(gradlab_home), 120, "an open attempt whose learner trains")
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=90)
+    finally:
+        proc.kill()
+    run_id = run_dir.name
+    first = last_json_line(out)
+    assert first["outcome"] == "cancelled", first["reason"]
+    assert first["checkpoints"] == [], "the cancel came before any publication"
+    # The cancelled learner wrote its final checkpoint; the cancelled attempt did not publish it.
+    late = Outbox(run_dir / "outbox.sqlite", readonly=True).last("checkpoint_ready")
+    assert late is not None, err[-3000:]
+    late_step, late_sha = int(late.payload["step"]), str(late.payload["sha256"])
+    assert 0 < late_step < 16384
+    assert rules.list_publications(open_stores(), run_id) == []
+
+    retry = run_gradlab(["runs", "retry", run_id, "--json"], env, timeout_s=300)
+    assert retry.returncode == 0, retry.stderr[-3000:]
+    second = last_json_line(retry.stdout)
+    assert (second["attempt_id"], second["outcome"]) == ("attempt-002", "succeeded"), second["reason"]
+    # No inherited stop request: the resumed learner ran to its budget.
+    assert second["learner"]["stop_reason"] == "budget" and second["final_step"] == 16384
+    attempt = rules.list_attempts(open_stores(), run_id)[-1]
+    assert attempt.mode == "resume" and (attempt.resume_from.step, attempt.resume_from.sha256) == (late_step, late_sha)
+    published = {(c["step"], c["sha256"]) for c in second["checkpoints"]}
+    assert (late_step, late_sha) in published  # the checkpoint it resumed from is published, as it was written
+    assert attempt.resume_from.uri in {c["uri"] for c in second["checkpoints"]}
+    assert max(step for step, _ in published) == 16384
+
+
+@pytest.fixture
+def small_runs_filesystem(gradlab_home: Path) -> Iterator[Path]:
+    """``$GRADLAB_HOME/runs`` on a 16 MiB tmpfs of its own (the stores stay on the real disk), so the
+    test can fill the run directory's filesystem for real: writes there fail with ENOSPC."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
+    runs = gradlab_home / "runs"
+    runs.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m,mode=0700", "tmpfs", str(runs)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield runs
+    finally:
+        subprocess.run(["umount", "-l", str(runs)], check=False)
+
+
+def _fill(folder: Path) -> int:
+    """Write a file in ``folder`` until its filesystem is full; the bytes written."""
+    written = 0
+    with open(folder / "filler", "ab", buffering=0) as f:
+        chunk = b"\0" * 65536
+        while True:
+            try:
+                written += f.write(chunk)
+            except OSError as e:
+                assert e.errno == errno.ENOSPC, e
+                break
+    return written
+
+
+@pytest.mark.slow
+def test_a_full_disk_under_the_run_directory_seals_failed_naming_the_path(
+        prefect_api: str, gradlab_home: Path, small_runs_filesystem: Path) -> None:
+    env = gradlab_env(prefect_api)
+    proc = start_gradlab(["train", "gradlab__bandit/ppo", "--no-eval", "--wandb", "disabled",
+                          "--set", "train.timesteps=262144", "--json"], env)
+    try:
+        run_dir = wait_for(lambda: _trained_a_little(gradlab_home), 120, "an open attempt whose learner trains")
+        run_id = run_dir.name
+        wait_for(lambda: rules.list_publications(open_stores(), run_id), 120, "a published checkpoint")
+        assert _fill(small_runs_filesystem) > 0
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1, err[-3000:]
+    receipt = last_json_line(out)
+    assert receipt["outcome"] == "failed", receipt["reason"]
+    # The first cause, with its errno and the path, not a secondary error or `cancelled`.
+    assert f"no space left on device: {run_dir}" in receipt["reason"], receipt["reason"]
+    stores = open_stores()
+    assert rules.read_terminal(stores, run_id, "attempt-001").reason == receipt["reason"]
+    assert read_lease(stores.control, run_id).lease.released  # a retry may start at once
+    # Every published checkpoint is listed; the local receipt copy is whole or absent, never partial.
+    assert [(c["step"], c["sha256"]) for c in receipt["checkpoints"]] == [
+        (p.step, p.sha256) for p in rules.list_publications(stores, run_id)]
+    local = run_dir / "attempts" / "attempt-001.json"
+    if local.exists():
+        assert json.loads(local.read_text())["reason"] == receipt["reason"]
+    assert not list(run_dir.rglob("*.partial")), "a temporary file was left behind"
+    assert "Traceback" not in err, err[-3000:]
+
+
+def _eval_workers(parent: int) -> list[int]:
+    """Evaluation processes (spawned, warm or busy) of process ``parent``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text().rsplit(")", 1)[-1].split()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(stat[1]) == parent and b"spawn_main" in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.slow
+def test_a_hung_evaluation_times_out_is_retried_and_the_run_still_drains(
+        prefect_api: str, gradlab_home: Path, experiments_copy: Path) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from gradlab.contracts import Experiments
+    from gradlab.contracts.run_spec import RunSpec
+    from gradlab.runs.timeouts import task_timeouts
+
+    # The bandit's episodes last one step: say so, and every timeout derived from the goal is small.
+    goal = experiments_copy / "goals" / "gradlab__bandit" / "_goal.yaml"
+    goal.write_text(goal.read_text().replace("        failure: [miss]\n", "        failure: [miss]\n"
+                                             "        max_episode_steps: 1\n"))
+    env = {**gradlab_env(prefect_api), "GRADLAB_EXPERIMENTS": str(experiments_copy),
+           "GRADLAB_TASK_TIMEOUT_SCALE": "0.2"}
+    proc = start_gradlab(["train", "gradlab__bandit/ppo", "--set", "train.checkpoint_freq=8192", "--json"], env)
+    try:
+        # The warm evaluation process is spawned before training starts: freeze it, so the first
+        # evaluation it is handed hangs for real.
+        [spare] = wait_for(lambda: _eval_workers(proc.pid), 60, "the warm evaluation process")
+        os.kill(spare, signal.SIGSTOP)
+        out, err = proc.communicate(timeout=240)
+    finally:
+        proc.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(spare, signal.SIGKILL)
+    assert proc.returncode == 0, err[-3000:]
+    receipt = last_json_line(out)
+    assert receipt["outcome"] == "succeeded" and receipt["drained"], receipt["reason"]
+    first = receipt["evaluations"][0]
+    assert first["status"] == "accepted"
+    # It timed out after the goal's evaluation timeout and was evaluated again by a retry.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GRADLAB_TASK_TIMEOUT_SCALE", "0.2")
+        spec = RunSpec.from_resolved(Experiments().resolve("gradlab__bandit/ppo"), seed=0)
+        limit = task_timeouts(spec).evaluate_s
+    name = f"evaluate-{receipt['run_id']}-step{first['checkpoint_step']}"
+    with temporary_settings(updates={PREFECT_API_URL: prefect_api}), get_client(sync_client=True) as client:
+        [task_run] = client.read_task_runs(task_run_filter=TaskRunFilter(name=TaskRunFilterName(any_=[name])))
+        states = [st.name for st in client.read_task_run_states(task_run.id)]
+    assert task_run.run_count >= 2 and task_run.state.is_completed() and "AwaitingRetry" in states, states
+    assert f"evaluation of step {first['checkpoint_step']}: local evaluation" in err
+    assert f"did not finish within {limit:g} s" in err, err[-3000:]
+    assert "is running in a worker thread" not in err  # Prefect's per-task notice is not repeated
+    assert not pid_alive(spare)  # the hung worker was killed, not left behind
