@@ -394,9 +394,10 @@ class SB3Backend:
         import torch
 
         from gradlab.checkpoints.policy import export_policy, save_policy_files
+        from gradlab.checkpoints.sb3zip import write_sb3_zip
 
         m = self.model
-        m.save(str(folder / POLICY_FILE))
+        write_sb3_zip(m, folder / POLICY_FILE)
         vn = self.vecnormalize
         tensors, pspec = export_policy(
             m, backend_id=self.id, algorithm=self.algorithm, policy_model=self.spec.recipe.train.policy_model,  # type: ignore[union-attr]
