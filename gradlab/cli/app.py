@@ -40,6 +40,7 @@ app.command("eval")(eval_cmds.eval_command)
 app.add_typer(pools_cmds.pools_app, name="pools")
 app.add_typer(experiment_cmds.experiment_app, name="experiment")
 app.command("export")(share_cmds.export_command)
+app.command("publish")(share_cmds.publish_command)
 
 
 def main() -> None:

@@ -302,7 +302,7 @@ def _render(result: Any, goal: Any, *, protocol: bool, success_defined: bool, ti
 
 
 def eval_command(
-    checkpoint: Annotated[str, typer.Argument(help="Checkpoint directory, or RUN_ID[:STEP] (default: promoted, else newest).")],
+    checkpoint: Annotated[str, typer.Argument(help="Checkpoint directory, RUN_ID[:STEP] (default: promoted, else newest), or hf://OWNER/NAME (a published repository).")],
     episodes: Annotated[int | None, typer.Option("--episodes", min=1, help="Episodes N instead of the goal's (not a protocol result).")] = None,
     deterministic: Annotated[bool | None, typer.Option("--deterministic/--stochastic", help="Action mode (default: the goal's).", show_default=False)] = None,
     backend: Annotated[str, typer.Option("--backend", help="inline (this process), local (worker process) or modal.")] = "inline",
@@ -321,12 +321,21 @@ def eval_command(
         from gradlab.evaluation import EvalRequest
         from gradlab.evaluation.runner import parse_spec
 
-        resolved = resolve_checkpoint(checkpoint)
+        verify = "full"
+        if checkpoint.startswith("hf://"):  # a published repository: weights-only files, verified against gradlab.json
+            from gradlab.share.hub import load_repo
+
+            hub = load_repo(checkpoint)
+            resolved = ResolvedCheckpoint(path=hub.checkpoint, spec=hub.spec, spec_source=f"{checkpoint} run_spec.json",
+                                          origin="hub")
+            verify = "weights_only"
+        else:
+            resolved = resolve_checkpoint(checkpoint)
         ckpt, spec_json = resolved.path, resolved.spec
         spec = parse_spec(spec_json, source=resolved.spec_source)
         manifest = read_manifest(ckpt)
         policy = None if deterministic is None else ("deterministic" if deterministic else "stochastic")
-        request = EvalRequest(checkpoint_dir=str(ckpt), checkpoint_sha256=manifest.sha256,
+        request = EvalRequest(checkpoint_dir=str(ckpt), checkpoint_sha256=manifest.sha256, verify=verify,
                               checkpoint_step=manifest.step, spec=spec_json, episodes=episodes, policy=policy)
         if not json_out:
             err_console.print(f"evaluating {ckpt} ({resolved.origin}, {backend})", highlight=False)

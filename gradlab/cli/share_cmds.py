@@ -49,3 +49,91 @@ def export_command(
                           f"-f {escape(str(out))} --exp-id 1", highlight=False)
     if json_out:
         print_json(json.loads((Path(out) / "gradlab_export.json").read_text()))
+
+
+def _accepted_result(stores, spec, sha256: str):
+    """The run's accepted evaluation result for checkpoint ``sha256`` (validated), or None."""
+    from gradlab.contracts.hashing import sha256_json
+    from gradlab.evaluation import validate_result
+    from gradlab.evaluation.result import EvalResult
+    from gradlab.receipts import rules
+
+    for _intent, record in rules.list_evaluations(stores, spec.run_id):
+        if record is None or record.checkpoint_sha256 != sha256 or record.result is None:
+            continue
+        if record.result_sha256 != sha256_json(record.result):
+            from gradlab.errors import IntegrityError
+
+            raise IntegrityError(f"run {spec.run_id}: the evaluation record of {sha256[:16]} does not match its result hash")
+        result = EvalResult.from_json(record.result, source=f"run {spec.run_id} evaluation")
+        validate_result(result, expected={"checkpoint_sha256": sha256, **spec.hashes}, goal=spec.goal)
+        return result
+    return None
+
+
+def publish_command(
+    checkpoint: Annotated[str, typer.Argument(help="RUN_ID[:STEP] (default: the promoted checkpoint) or a checkpoint folder.")],
+    repo: Annotated[str | None, typer.Option("--repo", help="OWNER/NAME on the Hugging Face Hub to upload to (needs HF_TOKEN or `hf auth login`).")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="The repository folder to write (default: $GRADLAB_HOME/publish/<run>-<step>).")] = None,
+    private: Annotated[bool, typer.Option("--private", help="Create the hub repository as private.")] = False,
+    allow_unaccepted: Annotated[bool, typer.Option("--allow-unaccepted", help="Publish a checkpoint that is not the run's accepted promotion (the card says so).")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print gradlab.json (and the commit URL) as one JSON document.")] = False,
+) -> None:
+    """Assemble a Hugging Face model repository of a promoted checkpoint (card, evidence, SB3 zip, replay) and upload it."""
+    from gradlab.share.hub import parse_hf_ref
+
+    if repo is not None:
+        try:
+            parse_hf_ref(f"hf://{repo}")
+        except GradlabError as e:
+            raise typer.BadParameter(str(e).removeprefix("hf://"), param_hint="--repo") from None
+    try:
+        from gradlab.checkpoints import read_manifest
+        from gradlab.cli.eval_cmds import resolve_checkpoint
+        from gradlab.evaluation.runner import parse_spec
+        from gradlab.receipts import rules
+        from gradlab.settings import load_settings
+        from gradlab.share.hub import build_repo_folder, commit_message, hf_token, upload_folder
+        from gradlab.stores import open_stores
+
+        settings = load_settings()
+        resolved = resolve_checkpoint(checkpoint)
+        spec = parse_spec(resolved.spec, source=resolved.spec_source)
+        manifest = read_manifest(resolved.path)
+        stores = open_stores(settings)
+        promotion = rules.read_promotion(stores, spec.run_id)
+        promoted = promotion is not None and promotion.checkpoint_sha256 == manifest.sha256
+        if not promoted and not allow_unaccepted:
+            which = (f"its promotion is step {promotion.checkpoint_step}" if promotion is not None
+                     else "it has no promotion (no checkpoint was accepted)")
+            fail(f"run {spec.run_id}: checkpoint step {manifest.step} ({manifest.sha16}) is not promoted ({which}); "
+                 "only promoted checkpoints publish: pass --allow-unaccepted to publish it anyway (the model card "
+                 "then says it was not accepted)")
+        result = _accepted_result(stores, spec, manifest.sha256) if promoted else None
+        if result is None:
+            from gradlab.evaluation import EvalRequest, run_evaluation
+
+            err_console.print(f"evaluating step {manifest.step} on the goal's manifest for the model card", highlight=False)
+            result = run_evaluation(EvalRequest(checkpoint_dir=str(resolved.path), checkpoint_sha256=manifest.sha256,
+                                                checkpoint_step=manifest.step, spec=resolved.spec))
+        folder = out or settings.home / "publish" / f"{spec.display_name}-{manifest.step}"
+        index = build_repo_folder(resolved.path, spec, result, folder, accepted=promoted and result.accepted,
+                                  repo_id=repo)
+    except GradlabError as e:
+        fail(str(e))
+    err_console.print(f"repository folder {escape(str(folder))}: {len(index['files']) + 1} files"
+                      + ("" if index["accepted"] else " (not accepted: the card says so)"), highlight=False)
+    url = None
+    if repo is not None:
+        token = hf_token()
+        if not token:
+            fail(f"no Hugging Face token (set HF_TOKEN, or run `hf auth login`): nothing uploaded; the repository "
+                 f"folder is kept at {folder}; upload it with `hf upload {repo} {folder} .` or run this command again "
+                 "with a token")
+        try:
+            url = upload_folder(folder, repo, token=token, private=private, message=commit_message(index))
+        except GradlabError as e:
+            fail(f"{e}; the repository folder is kept at {folder}")
+        err_console.print(f"uploaded to hf://{repo}: {escape(url)}", highlight=False)
+    if json_out:
+        print_json({**index, "folder": str(folder), "commit_url": url})
