@@ -177,16 +177,19 @@ def resolve_init_from(source: str, *, ref: str, overrides: list[str], optimizer:
     from gradlab.errors import GradlabError
 
     try:
-        if source.startswith("hf://"):
+        from gradlab.checkpoints import read_manifest, verify_checkpoint
+        from gradlab.share.lineage import check_spaces
+
+        if source.startswith("hf://"):  # weights-only files, every one verified against gradlab.json
             from gradlab.share.hub import load_repo
 
             folder = load_repo(source).checkpoint
+            manifest = read_manifest(folder)
+            if optimizer:
+                fail(f"--init-optimizer: {source} is a published repository, which holds no optimizer state")
         else:
             folder = resolve_checkpoint(source).path
-        from gradlab.checkpoints import verify_checkpoint
-        from gradlab.share.lineage import check_spaces
-
-        manifest = verify_checkpoint(folder)
+            manifest = verify_checkpoint(folder)
         check_spaces(folder, Experiments().resolve(ref, overrides).environment, source=source)
     except GradlabError as e:
         fail(str(e))

@@ -451,11 +451,23 @@ class SB3Backend:
         import torch
         from safetensors.torch import load_file
 
-        from gradlab.checkpoints.bundle import verify_checkpoint
+        from gradlab.checkpoints.bundle import file_sha256, read_manifest
+        from gradlab.checkpoints.manifest import POLICY_SPEC_FILE
         from gradlab.errors import IntegrityError
 
         path = Path(init.path)
-        manifest = verify_checkpoint(path)
+        manifest = read_manifest(path)
+        # Every file this reads is checked against the manifest first; a published repository's
+        # checkpoint/ holds only the weights-only files (its other files were verified at download).
+        needed = [WEIGHTS_FILE, POLICY_SPEC_FILE, *([f"{RESUME_DIR}/optimizer.pt"] if init.optimizer else [])]
+        present = [rel for rel in manifest.files if (path / rel).is_file()]
+        for rel in sorted(set(needed) | set(present)):
+            entry = manifest.files.get(rel)
+            if entry is None or not (path / rel).is_file():
+                raise IntegrityError(f"{path / rel}: needed for the warm start but not in the checkpoint")
+            digest = file_sha256(path / rel)
+            if digest != entry.sha256:
+                raise IntegrityError(f"{path / rel}: sha256 expected {entry.sha256}, found {digest}")
         if manifest.sha256 != init.checkpoint_sha256:
             raise IntegrityError(f"{path}: --init-from expected policy sha256 {init.checkpoint_sha256}, found {manifest.sha256}")
         parent = {k: v for k, v in load_file(str(path / WEIGHTS_FILE)).items() if not k.startswith("gradlab.")}

@@ -221,3 +221,41 @@ def test_publish_refuses_an_unpromoted_checkpoint_and_keeps_the_folder_without_a
     index = json.loads((tmp_path / "r2" / "gradlab.json").read_text())
     assert index["accepted"] is False and index["files"]["README.md"]
     assert sha256_json(index) and read_manifest(list_checkpoints(home_run)[-1]).sha256 == index["checkpoint_sha256"]
+
+
+_WARM_FROM_HUB = """
+import json, sys
+from pathlib import Path
+from gradlab.cli.train_cmds import resolve_init_from
+from gradlab.contracts import Experiments
+from gradlab.contracts.run_spec import RunSpec
+from gradlab.checkpoints import list_checkpoints, read_manifest
+from gradlab.learn.learner import run_learner
+overrides = ["train.timesteps=512", "train.checkpoint_freq=512"]
+init = resolve_init_from("hf://alice/bandit-ppo", ref="gradlab__bandit/ppo", overrides=overrides, optimizer=False)
+spec = RunSpec.from_resolved(Experiments().resolve("gradlab__bandit/ppo", overrides), seed=3, init_from=init,
+                             run_id="gradlab-20260101T000000-00b0b0b1")
+run_learner(spec, Path(sys.argv[1]), watch_parent=False)
+print(json.dumps({"source": init.source, "parent": read_manifest(list_checkpoints(Path(sys.argv[1]))[-1]).init_from_sha256}))
+"""
+
+
+@pytest.mark.slow
+def test_warm_start_from_a_published_repository(home_run: Path, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from tests.share.conftest import REPO
+
+    result = _record(home_run, promote=True)
+    folder = tmp_path / "repo"
+    assert gradlab("publish", RUN_ID, "--out", str(folder), env=_hf_env(tmp_path)).returncode == 0
+    _cache(folder, tmp_path / "hub", "alice/bandit-ppo")
+    import os
+
+    env = {**os.environ, **_hf_env(tmp_path, HF_HUB_CACHE=str(tmp_path / "hub"), HF_HUB_OFFLINE="1")}
+    out = subprocess.run([sys.executable, "-c", _WARM_FROM_HUB, str(tmp_path / "child")], capture_output=True, text=True,
+                         cwd=REPO, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"source": "hf://alice/bandit-ppo",
+                                                               "parent": result.checkpoint_sha256}
