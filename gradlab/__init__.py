@@ -12,7 +12,23 @@ Packages and what each ships by default:
     receipts     run, attempt, evaluation, promotion and terminal receipts
     cli          the ``gradlab`` command
 
+Goals as gymnasium environments (imported lazily):
+    make_env(GOAL) -> gymnasium.Env; make_vector_env(GOAL, n) -> gymnasium.vector.VectorEnv
+    (``gradlab.envs.goal_env``: the goal's provider, preprocessing and task program).
+
 ``import gradlab`` is cheap: it imports neither torch nor prefect.
 """
 
+from typing import Any
+
 __version__ = "0.1.0"
+
+__all__ = ["__version__", "make_env", "make_vector_env"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("make_env", "make_vector_env"):
+        from gradlab.envs import goal_env
+
+        return getattr(goal_env, name)
+    raise AttributeError(f"module 'gradlab' has no attribute {name!r}")

@@ -12,6 +12,7 @@ Public names:
     write_checkpoint(...): the atomic writer (``.partial`` → fsync → rename).
     list_checkpoints(run_dir), latest_checkpoint(run_dir): a run's complete checkpoints.
     is_trusted, require_trust, load_sb3_model: trust rules for pickle-based files.
+    write_sb3_zip(model, path): the one writer of ``policy.zip`` (self-contained, deterministic).
     CheckpointManifest, Policy, PolicySpec: the models.
 
 Importing this package does not import torch.
@@ -29,10 +30,12 @@ from gradlab.checkpoints.bundle import (
 )
 from gradlab.checkpoints.manifest import CheckpointManifest, FileEntry, checkpoint_dir_name
 from gradlab.checkpoints.policy import Policy, PolicySpec, load_policy
+from gradlab.checkpoints.sb3zip import write_sb3_zip
 from gradlab.checkpoints.trust import is_trusted, load_sb3_model, require_trust
 
 __all__ = [
     "CHECKPOINTS_DIR", "CheckpointManifest", "FileEntry", "Policy", "PolicySpec", "checkpoint_dir_name",
     "file_sha256", "is_trusted", "latest_checkpoint", "list_checkpoints", "load_policy", "load_sb3_model",
     "read_manifest", "require_trust", "verify_against_publication", "verify_checkpoint", "write_checkpoint",
+    "write_sb3_zip",
 ]

@@ -44,6 +44,8 @@ class CheckpointManifest(BaseModel):
     backend_config_sha256: str
     versions: dict[str, str]
     created_at: str
+    init_from_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$",
+                                         description="A warm-started run's parent checkpoint sha256 (lineage).")
 
     @property
     def sha16(self) -> str:

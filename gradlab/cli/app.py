@@ -14,6 +14,7 @@ from gradlab.cli import (
     pools_cmds,
     runs_cmds,
     server_cmds,
+    share_cmds,
     train_cmds,
 )
 
@@ -38,6 +39,8 @@ app.add_typer(env_cmds.rom_app, name="rom")
 app.command("eval")(eval_cmds.eval_command)
 app.add_typer(pools_cmds.pools_app, name="pools")
 app.add_typer(experiment_cmds.experiment_app, name="experiment")
+app.command("export")(share_cmds.export_command)
+app.command("publish")(share_cmds.publish_command)
 
 
 def _secure_home() -> None:

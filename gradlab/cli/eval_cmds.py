@@ -286,7 +286,7 @@ def outcome_counts(result: Any) -> str:
     return ", ".join(f"{o} {counts[o]}/{total}" for o in OUTCOMES if counts[o]) or "none"
 
 
-def _render(result: Any, goal: Any, *, protocol: bool, success_defined: bool) -> None:
+def _render(result: Any, goal: Any, *, protocol: bool, success_defined: bool, title: str | None = None) -> None:
     """Print the human table of an evaluation.
 
     Args:
@@ -301,8 +301,8 @@ def _render(result: Any, goal: Any, *, protocol: bool, success_defined: bool) ->
 
     agg = result.aggregates
     verdict = "[green]accepted[/]" if result.accepted else "[red]rejected[/]"
-    table = Table(title=f"{result.goal_id} · checkpoint step {result.checkpoint_step} · "
-                        f"{result.checkpoint_sha256[:16]}", show_header=False)
+    table = Table(title=title or f"{result.goal_id} · checkpoint step {result.checkpoint_step} · "
+                                 f"{result.checkpoint_sha256[:16]}", show_header=False)
     table.add_column("metric")
     table.add_column("value")
     table.add_row("verdict", verdict + ("" if protocol else " [yellow](not the goal's protocol)[/]"))
@@ -331,24 +331,40 @@ def _render(result: Any, goal: Any, *, protocol: bool, success_defined: bool) ->
 
 
 def eval_command(
-    checkpoint: Annotated[str, typer.Argument(help="Checkpoint directory, or RUN_ID[:STEP] (default: promoted, else newest).")],
+    checkpoint: Annotated[str, typer.Argument(help="Checkpoint directory, RUN_ID[:STEP] (default: promoted, else newest), or hf://OWNER/NAME (a published repository).")],
     episodes: Annotated[int | None, typer.Option("--episodes", min=1, help="Episodes N instead of the goal's (not a protocol result).")] = None,
     deterministic: Annotated[bool | None, typer.Option("--deterministic/--stochastic", help="Action mode (default: the goal's).", show_default=False)] = None,
     backend: Annotated[str, typer.Option("--backend", help="inline (this process), local (worker process) or modal.")] = "inline",
     json_out: Annotated[bool, typer.Option("--json", help="Print the full result as one JSON document.")] = False,
+    baseline: Annotated[str | None, typer.Option("--baseline", help="random or noop: evaluate that reference policy on GOAL (the argument is then a goal id); the result is stored in the eval store.")] = None,
+    video: Annotated[Path | None, typer.Option("--video", help="Also record manifest episodes as MP4 files into this folder.")] = None,
+    video_episodes: Annotated[int, typer.Option("--video-episodes", min=1, help="How many manifest episodes --video records (the first K).")] = 1,
 ) -> None:
-    """Evaluate a checkpoint on its goal's fixed episode manifest and print the verdict."""
+    """Evaluate a checkpoint (or a --baseline policy) on its goal's fixed episode manifest and print the verdict."""
+    if baseline is not None:
+        _baseline_command(checkpoint, baseline, episodes=episodes, json_out=json_out, video=video,
+                          video_episodes=video_episodes)
+        return
     try:
         from gradlab.checkpoints import read_manifest
         from gradlab.evaluation import EvalRequest
         from gradlab.evaluation.runner import parse_spec
 
-        resolved = resolve_checkpoint(checkpoint)
+        verify = "full"
+        if checkpoint.startswith("hf://"):  # a published repository: weights-only files, verified against gradlab.json
+            from gradlab.share.hub import load_repo
+
+            hub = load_repo(checkpoint)
+            resolved = ResolvedCheckpoint(path=hub.checkpoint, spec=hub.spec, spec_source=f"{checkpoint} run_spec.json",
+                                          origin="hub")
+            verify = "weights_only"
+        else:
+            resolved = resolve_checkpoint(checkpoint)
         ckpt, spec_json = resolved.path, resolved.spec
         spec = parse_spec(spec_json, source=resolved.spec_source)
         manifest = read_manifest(ckpt)
         policy = None if deterministic is None else ("deterministic" if deterministic else "stochastic")
-        request = EvalRequest(checkpoint_dir=str(ckpt), checkpoint_sha256=manifest.sha256,
+        request = EvalRequest(checkpoint_dir=str(ckpt), checkpoint_sha256=manifest.sha256, verify=verify,
                               checkpoint_step=manifest.step, spec=spec_json, episodes=episodes, policy=policy)
         if not json_out:
             err_console.print(f"evaluating {ckpt} ({resolved.origin}, {backend})", highlight=False)
@@ -375,3 +391,79 @@ def eval_command(
     else:
         _render(result, spec.goal, protocol=protocol,
                 success_defined=bool(spec.eval_environment.task.termination.success))
+    if video is not None:
+        def weights_only_policy() -> Any:
+            from gradlab.checkpoints import load_policy
+
+            return load_policy(ckpt, verify=False)  # verified by resolve_checkpoint
+
+        _record_videos(weights_only_policy, result=result, goal=spec.goal, environment=spec.eval_environment,
+                       out_dir=video, count=video_episodes, prefix=f"{spec.goal_id}__step{result.checkpoint_step}")
+
+
+def _record_videos(make_policy: Any, *, result: Any, goal: Any, environment: Any, out_dir: Path, count: int,
+                   prefix: str, metadata: dict[str, object] | None = None) -> None:
+    """``--video``: record the first ``count`` manifest episodes; one stderr line per file."""
+    from gradlab.evaluation.recording import record_evaluation_videos
+
+    try:
+        recorded = record_evaluation_videos(make_policy(), result=result, goal=goal, environment=environment,
+                                            out_dir=out_dir, count=min(count, result.planned),
+                                            metadata=metadata or {}, prefix=prefix)
+    except GradlabError as e:
+        fail(str(e))
+    for rec in recorded:
+        note = "" if rec.matches_evaluation in (None, True) else " (differs from the evaluated episode: stochastic policy)"
+        err_console.print(f"video {rec.path}: {rec.frames} frames, return {rec.return_:.3f}{note}", highlight=False)
+
+
+def _baseline_command(goal_id: str, name: str, *, episodes: int | None, json_out: bool, video: Path | None,
+                      video_episodes: int) -> None:
+    """``gradlab eval --baseline random|noop GOAL``: evaluate, store (protocol runs only), print."""
+    try:
+        from gradlab.contracts.experiments import Experiments
+        from gradlab.evaluation.baselines import BASELINES, evaluate_baseline, read_baselines, store_baseline
+        from gradlab.stores import open_stores
+
+        if name not in BASELINES:
+            raise typer.BadParameter(f"expected one of {', '.join(BASELINES)}, found {name!r}", param_hint="--baseline")
+        goal = Experiments().load_goal(goal_id)
+        if not json_out:
+            err_console.print(f"evaluating the {name} baseline on {goal_id}", highlight=False)
+        result = evaluate_baseline(goal, name, episodes=episodes)
+        stored = None
+        stores = open_stores()
+        if result.planned == goal.eval.episodes:
+            stored = store_baseline(stores, goal, name, result)
+        others = read_baselines(stores, goal)
+    except GradlabError as e:
+        fail(str(e))
+    if json_out:
+        print_json(result.as_json())
+    else:
+        _render(result, goal, protocol=stored is not None, title=f"{goal_id} · {name} baseline",
+                success_defined=bool(goal.train.environment.task.termination.success))
+        mean = result.aggregates["eval/episode/return/mean"]
+        random_mean = others["random"].aggregates["eval/episode/return/mean"] if "random" in others else None
+        for ref, value in sorted(goal.reference_scores.items()):
+            line = f"reference {ref}: {value:g}"
+            if random_mean is not None and value != random_mean:
+                from gradlab.evaluation.baselines import normalised_score
+
+                line += f"; this {name} baseline scores {normalised_score(mean, random=random_mean, reference=value):.3f} {ref}-normalised"
+            err_console.print(line, highlight=False)
+        err_console.print(f"stored {stored}" if stored else "not stored (--episodes: not the goal's protocol)",
+                          highlight=False)
+    if video is not None:
+        def baseline_policy() -> Any:
+            from gradlab.envs import make_vector_env
+            from gradlab.evaluation.baselines import BaselinePolicy
+
+            probe = make_vector_env(goal.eval_environment().model_copy(update={"n_envs": 1}), seed=0)
+            try:
+                return BaselinePolicy(name, probe.single_action_space)
+            finally:
+                probe.close()
+
+        _record_videos(baseline_policy, result=result, goal=goal, environment=goal.eval_environment(), out_dir=video,
+                       count=video_episodes, prefix=f"{goal_id}__{name}", metadata={"baseline": name})

@@ -45,8 +45,13 @@ def run_view(stores, run_id: str) -> dict:
     from gradlab.runs.operations import inventory
 
     checkpoints, evaluations, promotion = inventory(stores, run_id)
+    try:
+        init_from = rules.read_run_spec(stores, run_id).get("init_from")
+    except NotFound:
+        init_from = None
     return {
         "run": record.model_dump(mode="json"),
+        "init_from": init_from,
         "attempts": attempts,
         "receipt": receipt,
         "checkpoints": [c.model_dump(mode="json") for c in checkpoints],
@@ -126,6 +131,11 @@ def show(run_id: Annotated[str, typer.Argument(help="The run id.")], json_out: J
         console.print(f"  {a['attempt_id']} ({a['mode']}): {a['outcome'] or 'no receipt yet'}")
     if view["receipt"]:
         console.print(f"  outcome: {view['receipt']['outcome']}: {escape(view['receipt']['reason'])}")
+    if view.get("init_from"):
+        parent = view["init_from"]
+        console.print(f"  warm start from {escape(parent['source'])}: step {parent['checkpoint_step']}, "
+                      f"sha256 {parent['checkpoint_sha256']}" + (" (with its optimizer)" if parent.get("optimizer") else ""),
+                      highlight=False)
     table = Table("step", "sha256", "evaluation", "return mean")
     evals = {e["checkpoint_step"]: e for e in view["evaluations"]}
     for c in view["checkpoints"]:

@@ -75,8 +75,12 @@ def train(
     eval_backend: Annotated[str, typer.Option("--eval-backend", help="Evaluation backend: local or modal.")] = "local",
     no_eval: Annotated[bool, typer.Option("--no-eval", help="Train and publish only; nothing is promoted.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the terminal receipt as the last stdout line.")] = False,
+    init_from: Annotated[str | None, typer.Option("--init-from", help="Warm start from a checkpoint: RUN[:STEP], a checkpoint folder or hf://OWNER/NAME (its sha256 is recorded as the run's parent).")] = None,
+    init_optimizer: Annotated[bool, typer.Option("--init-optimizer", help="With --init-from: also start from the parent's optimizer state.")] = False,
 ) -> None:
     """Train GOAL/RECIPE as a supervised Prefect flow; exit 0 only if the terminal receipt says succeeded."""
+    if init_optimizer and init_from is None:
+        fail("--init-optimizer needs --init-from")
     if wandb is not None and wandb not in ("disabled", "offline", "online"):
         fail(f"--wandb: expected disabled, offline or online, found {wandb!r}")
     if eval_backend not in ("local", "modal"):
@@ -102,8 +106,10 @@ def train(
     from gradlab.settings import load_settings
 
     settings = load_settings()
+    parent = resolve_init_from(init_from, ref=ref, overrides=list(overrides or []), optimizer=init_optimizer) \
+        if init_from else None
     spec, paths = operations.prepare_spec(settings, recipe=ref, seed=seed, overrides=list(overrides or []),
-                                          run_id=new_run_id(), evaluate=not no_eval)
+                                          run_id=new_run_id(), evaluate=not no_eval, init_from=parent)
     learner = LearnerProcess.start(paths, zygote=zygote_dir(settings.home))
     _cancel_on_ctrl_c()
     if spec.evaluate and spec.goal.evaluation_mode == "evaluated":
@@ -161,6 +167,38 @@ def train(
     if json_out:
         print_json(receipt)
     raise typer.Exit(0 if receipt["outcome"] == "succeeded" else 1)
+
+
+def resolve_init_from(source: str, *, ref: str, overrides: list[str], optimizer: bool):
+    """The verified parent checkpoint of a warm start, checked against the new run's spaces.
+
+    ``source`` is ``RUN[:STEP]`` or a checkpoint folder (as ``gradlab eval`` reads them) or
+    ``hf://OWNER/NAME`` (a published repository, hashes verified). Exits 1 with the error.
+    """
+    from gradlab.cli.eval_cmds import resolve_checkpoint
+    from gradlab.contracts import Experiments
+    from gradlab.contracts.run_spec import InitFrom
+    from gradlab.errors import GradlabError
+
+    try:
+        from gradlab.checkpoints import read_manifest, verify_checkpoint
+        from gradlab.share.lineage import check_spaces
+
+        if source.startswith("hf://"):  # weights-only files, every one verified against gradlab.json
+            from gradlab.share.hub import load_repo
+
+            folder = load_repo(source).checkpoint
+            manifest = read_manifest(folder)
+            if optimizer:
+                fail(f"--init-optimizer: {source} is a published repository, which holds no optimizer state")
+        else:
+            folder = resolve_checkpoint(source).path
+            manifest = verify_checkpoint(folder)
+        check_spaces(folder, Experiments().resolve(ref, overrides).environment, source=source)
+    except GradlabError as e:
+        fail(str(e))
+    return InitFrom(source=source, checkpoint_sha256=manifest.sha256, checkpoint_step=manifest.step,
+                    run_id=manifest.run_id, path=str(Path(folder).resolve()), optimizer=optimizer)
 
 
 def _cancel_on_ctrl_c() -> None:

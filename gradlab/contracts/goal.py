@@ -82,6 +82,11 @@ class Goal(Contract):
     objective: Objective = Field(default_factory=Objective)
     train: GoalTrain
     eval: GoalEval = Field(default_factory=GoalEval)
+    reference_scores: dict[str, float] = Field(
+        default_factory=dict,
+        description="Published reference returns on this goal, e.g. {human: 30.5}; with the measured random "
+                    "baseline they give normalised scores (score - random) / (human - random). Cite the source "
+                    "in the description.")
 
     @model_validator(mode="after")
     def _check_mode(self) -> Goal:
@@ -100,4 +105,5 @@ class Goal(Contract):
         return env.model_copy(update={"n_envs": self.eval.n_envs})
 
 
-COSMETIC_GOAL_FIELDS = {"title", "description", "tags"}
+COSMETIC_GOAL_FIELDS = {"title", "description", "tags", "reference_scores"}
+"""Fields outside ``goal_contract_sha256``: they describe the goal, they do not define its protocol."""

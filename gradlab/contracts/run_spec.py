@@ -26,6 +26,17 @@ def new_run_id(now: datetime | None = None) -> str:
     return f"gradlab-{now.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(4)}"
 
 
+class InitFrom(Contract):
+    """A warm start's parent checkpoint (``gradlab train --init-from``): lineage and where to read it."""
+
+    source: str = Field(description="What the user named: RUN[:STEP], a checkpoint folder or hf://OWNER/NAME.")
+    checkpoint_sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="sha256 of the parent's policy file.")
+    checkpoint_step: int = Field(ge=0)
+    run_id: str | None = Field(default=None, description="The parent checkpoint's run.")
+    path: str = Field(description="The verified local folder of the parent checkpoint the learner reads.")
+    optimizer: bool = Field(default=False, description="Also start from the parent's optimizer state.")
+
+
 class RunSpec(Contract):
     run_id: str
     goal_id: str
@@ -43,6 +54,7 @@ class RunSpec(Contract):
     recipe_sha256: str
     environment_sha256: str
     created_at: str
+    init_from: InitFrom | None = Field(default=None, description="Warm start: the parent checkpoint (lineage).")
 
     @property
     def display_name(self) -> str:
@@ -59,7 +71,7 @@ class RunSpec(Contract):
 
     @classmethod
     def from_resolved(cls, resolved: ResolvedRecipe, *, seed: int, run_id: str | None = None,
-                      evaluate: bool = True) -> RunSpec:
+                      evaluate: bool = True, init_from: InitFrom | None = None) -> RunSpec:
         return cls(
             run_id=run_id or new_run_id(),
             goal_id=resolved.goal.goal_id,
@@ -72,6 +84,7 @@ class RunSpec(Contract):
             eval_environment=resolved.eval_environment,
             checkpoint_freq=resolved.checkpoint_freq,
             evaluate=evaluate,
+            init_from=init_from,
             created_at=datetime.now(UTC).isoformat(),
             **resolved.hashes.as_dict(),
         )

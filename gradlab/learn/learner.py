@@ -152,6 +152,7 @@ def run_learner(spec: RunSpec, run_dir: Path, *, resume_from: Path | None = None
     manifest_fields = {
         "run_id": spec.run_id, **spec.hashes, "backend_id": backend.id,
         "backend_config_sha256": config_sha, "versions": versions(spec.environment.provider),
+        **({"init_from_sha256": spec.init_from.checkpoint_sha256} if spec.init_from is not None else {}),
     }
     written: list[str] = []
     try:
@@ -167,6 +168,9 @@ def run_learner(spec: RunSpec, run_dir: Path, *, resume_from: Path | None = None
             _restore_early_stop(monitor, Path(resume_from))
             logger.info("resumed from %s at step %d (lanes %s)", resume_from, backend.num_timesteps,
                         "continue" if env_restored else "reset")
+        elif spec.init_from is not None:
+            backend.warm_start(spec.init_from)
+            logger.info("warm start from %s (%s)", spec.init_from.source, spec.init_from.checkpoint_sha256[:16])
         backend.begin(resumed=resume_from is not None)
         step = backend.num_timesteps
         outbox.append("learner_started", step, {"pid": os.getpid(), "step": step,

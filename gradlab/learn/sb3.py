@@ -400,9 +400,10 @@ class SB3Backend:
         import torch
 
         from gradlab.checkpoints.policy import export_policy, save_policy_files
+        from gradlab.checkpoints.sb3zip import write_sb3_zip
 
         m = self.model
-        m.save(str(folder / POLICY_FILE))
+        write_sb3_zip(m, folder / POLICY_FILE)
         vn = self.vecnormalize
         tensors, pspec = export_policy(
             m, backend_id=self.id, algorithm=self.algorithm, policy_model=self.spec.recipe.train.policy_model,  # type: ignore[union-attr]
@@ -440,6 +441,61 @@ class SB3Backend:
             "rng": _rng_state(),
         }
         (resume / "state.json").write_text(json.dumps(state))
+
+    def warm_start(self, init: Any) -> None:
+        """Start from a parent checkpoint's weights (``spec.init_from``); call after :meth:`setup`.
+
+        Loads ``policy.safetensors`` (and with ``init.optimizer`` the optimizer state, and the
+        observation statistics when both recipes normalise); counters, schedules and RNG streams
+        start fresh, as in a new run.
+
+        Raises:
+            IntegrityError: the parent fails verification or is not the recorded sha256.
+            ContractViolation: the first tensor (in this policy's order) that is missing from the
+                parent, has another shape, or is extra in the parent.
+        """
+        import torch
+        from safetensors.torch import load_file
+
+        from gradlab.checkpoints.bundle import file_sha256, read_manifest
+        from gradlab.checkpoints.manifest import POLICY_SPEC_FILE
+        from gradlab.errors import IntegrityError
+
+        path = Path(init.path)
+        manifest = read_manifest(path)
+        # Every file this reads is checked against the manifest first; a published repository's
+        # checkpoint/ holds only the weights-only files (its other files were verified at download).
+        needed = [WEIGHTS_FILE, POLICY_SPEC_FILE, *([f"{RESUME_DIR}/optimizer.pt"] if init.optimizer else [])]
+        present = [rel for rel in manifest.files if (path / rel).is_file()]
+        for rel in sorted(set(needed) | set(present)):
+            entry = manifest.files.get(rel)
+            if entry is None or not (path / rel).is_file():
+                raise IntegrityError(f"{path / rel}: needed for the warm start but not in the checkpoint")
+            digest = file_sha256(path / rel)
+            if digest != entry.sha256:
+                raise IntegrityError(f"{path / rel}: sha256 expected {entry.sha256}, found {digest}")
+        if manifest.sha256 != init.checkpoint_sha256:
+            raise IntegrityError(f"{path}: --init-from expected policy sha256 {init.checkpoint_sha256}, found {manifest.sha256}")
+        parent = {k: v for k, v in load_file(str(path / WEIGHTS_FILE)).items() if not k.startswith("gradlab.")}
+        check_warm_start_tensors(self.model.policy.state_dict(), parent, source=init.source)
+        self.model.policy.load_state_dict(parent, strict=True)
+        if init.optimizer:
+            opt = path / RESUME_DIR / "optimizer.pt"
+            if not opt.is_file():
+                raise ContractViolation(f"{opt}: --init-optimizer needs the parent's optimizer state, missing")
+            try:
+                self.model.policy.optimizer.load_state_dict(
+                    torch.load(opt, map_location=self.model.device, weights_only=True))
+            except (ValueError, KeyError, RuntimeError) as e:
+                raise ContractViolation(f"{opt}: the parent's optimizer state does not fit this recipe's optimizer: {e}") from None
+        stats = path / RESUME_DIR / "vecnormalize.json"
+        vn = self.vecnormalize
+        if vn is not None and vn.norm_obs and stats.is_file():
+            data = json.loads(stats.read_text())
+            if data.get("norm_obs"):
+                vn.obs_rms.mean = np.asarray(data["obs_rms"]["mean"], dtype=np.float64)
+                vn.obs_rms.var = np.asarray(data["obs_rms"]["var"], dtype=np.float64)
+                vn.obs_rms.count = float(data["obs_rms"]["count"])
 
     def _inner_env(self) -> Any:
         """The env below SB3's and gradlab's wrappers (the gradlab ``SB3VecEnv``)."""
@@ -504,6 +560,30 @@ class SB3Backend:
     def close(self) -> None:
         if self.model is not None and self.model.env is not None:
             self.model.env.close()
+
+
+def check_warm_start_tensors(own: dict[str, Any], parent: dict[str, Any], *, source: str) -> None:
+    """Refuse a parent whose tensors do not fit this policy, naming the first mismatching tensor.
+
+    Args:
+        own: this recipe's policy state dict (name -> tensor), in module order.
+        parent: the parent checkpoint's tensors (gradlab's own ``gradlab.*`` entries removed).
+
+    Raises:
+        ContractViolation: ``--init-from SOURCE: tensor NAME: ...`` for the first tensor of ``own``
+            missing from ``parent`` or of another shape, else the first extra tensor of ``parent``.
+    """
+    for name, tensor in own.items():
+        if name not in parent:
+            raise ContractViolation(f"--init-from {source}: tensor {name}: this recipe's policy has it "
+                                    f"{tuple(tensor.shape)}, the parent checkpoint has no such tensor (another architecture)")
+        if tuple(parent[name].shape) != tuple(tensor.shape):
+            raise ContractViolation(f"--init-from {source}: tensor {name}: shape expected {tuple(tensor.shape)} "
+                                    f"(this recipe's policy), found {tuple(parent[name].shape)} in the parent checkpoint")
+    extra = [name for name in parent if name not in own]
+    if extra:
+        raise ContractViolation(f"--init-from {source}: tensor {extra[0]}: in the parent checkpoint but not in this "
+                                "recipe's policy (another architecture)")
 
 
 def _vecnormalize_state(vn: Any) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gradlab.contracts.hashing import sha256_json
-from gradlab.contracts.run_spec import RunSpec
+from gradlab.contracts.run_spec import InitFrom, RunSpec
 from gradlab.errors import ContractViolation, NotFound
 from gradlab.outbox import Outbox
 from gradlab.receipts import rules
@@ -49,10 +49,12 @@ def prepare_spec(
     run_id: str | None = None,
     stores: Stores | None = None,
     evaluate: bool = True,
+    init_from: InitFrom | None = None,
 ) -> tuple[RunSpec, RunPaths]:
     """Resolve a new run's spec from ``GOAL/RECIPE``, or read an existing run's spec by ``run_id``.
 
-    ``seed``, ``overrides`` and ``evaluate`` apply to a new run only; an existing run keeps its own.
+    ``seed``, ``overrides``, ``evaluate`` and ``init_from`` (a warm start's parent) apply to a new run
+    only; an existing run keeps its own.
 
     The spec is written to the run directory (``spec.json``) so the learner can read it.
 
@@ -71,7 +73,7 @@ def prepare_spec(
         from gradlab.contracts import Experiments
 
         resolved = Experiments().resolve(recipe, list(overrides or []))
-        spec = RunSpec.from_resolved(resolved, seed=seed, run_id=run_id, evaluate=evaluate)
+        spec = RunSpec.from_resolved(resolved, seed=seed, run_id=run_id, evaluate=evaluate, init_from=init_from)
     paths = RunPaths(settings.run_dir(spec.run_id)).ensure()
     write_local_spec(paths, spec)
     return spec, paths

@@ -28,6 +28,7 @@ file's sha256; every object is create-only except those marked CAS)::
     eval store
       runs/<run_id>/evaluations/<intent_key>/intent.json       EvaluationIntent
       runs/<run_id>/evaluations/<intent_key>/result.json       EvaluationRecord
+      baselines/<goal_id>/<baseline>-<manifest sha16>.json     EvalResult of a random/noop policy
     model store
       runs/<run_id>/checkpoints/<step>-<sha16>/<file>          checkpoint bundle files (verified)
       runs/<run_id>/index.json                                 RunIndex (CAS): checkpoints + promotion

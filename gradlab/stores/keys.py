@@ -76,6 +76,16 @@ def evaluation_result(run_id: str, intent_key: str) -> str:
     return evaluations_prefix(run_id) + f"{_seg(intent_key, 'intent key')}/result.json"
 
 
+def baselines_prefix(goal_id: str) -> str:
+    """``baselines/<goal_id>/``: reference policies' results on a goal's manifest (eval store)."""
+    return f"baselines/{_seg(goal_id, 'goal id')}/"
+
+
+def baseline_result(goal_id: str, baseline: str, manifest_sha256: str) -> str:
+    """``baselines/<goal_id>/<baseline>-<manifest sha16>.json`` (eval store)."""
+    return baselines_prefix(goal_id) + f"{_seg(baseline, 'baseline')}-{manifest_sha256[:16]}.json"
+
+
 # -- model store -----------------------------------------------------------------------------
 def checkpoint_prefix(run_id: str, step: int, sha256: str) -> str:
     return run_prefix(run_id) + f"checkpoints/{checkpoint_name(step, sha256)}/"

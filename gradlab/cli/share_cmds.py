@@ -1,0 +1,139 @@
+"""``gradlab export`` and ``gradlab publish``: a checkpoint for rl-zoo3 / SB3 users and the Hugging Face Hub.
+
+Both take ``RUN[:STEP]`` or a checkpoint folder, read as ``gradlab eval`` reads it (verified against
+its manifest and, for a published checkpoint, its publication receipt). docs/SHARING.md has the
+layouts; docs/ARCHITECTURE.md section 12 the contracts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+
+from gradlab.cli.output import err_console, fail, print_json
+from gradlab.errors import GradlabError
+
+
+def export_command(
+    checkpoint: Annotated[str, typer.Argument(help="RUN_ID[:STEP] (default: promoted, else newest) or a checkpoint folder.")],
+    out: Annotated[Path, typer.Option("--out", help="Output folder.")],
+    fmt: Annotated[str, typer.Option("--format", help="rl-zoo (rl-zoo3's folder layout) or sb3 (policy.zip + vecnormalize.pkl).")] = "rl-zoo",
+    json_out: Annotated[bool, typer.Option("--json", help="Print the export's provenance as one JSON document.")] = False,
+) -> None:
+    """Export a checkpoint so rl-zoo3's enjoy or plain stable-baselines3 can play it."""
+    if fmt not in ("rl-zoo", "sb3"):
+        raise typer.BadParameter(f"expected rl-zoo or sb3, found {fmt!r}", param_hint="--format")
+    try:
+        import json
+
+        from gradlab.cli.eval_cmds import resolve_checkpoint
+        from gradlab.evaluation.runner import parse_spec
+        from gradlab.share.export import export_checkpoint
+
+        resolved = resolve_checkpoint(checkpoint)
+        spec = parse_spec(resolved.spec, source=resolved.spec_source)
+        written, files, why = export_checkpoint(resolved.path, spec, out, fmt=fmt)
+    except GradlabError as e:
+        fail(str(e))
+    if why:
+        err_console.print(f"rl-zoo3 cannot build {spec.environment.provider}:{spec.environment.env_id} ({why}); "
+                          f"exported the SB3 files only", highlight=False)
+    for path in files:
+        err_console.print(f"wrote {escape(str(path))}", highlight=False)
+    if written == "rl-zoo":
+        algo = spec.recipe.train.backend.id.split(".", 1)[1]
+        err_console.print(f"play it: python -m rl_zoo3.enjoy --algo {algo} --env {spec.environment.env_id} "
+                          f"-f {escape(str(out))} --exp-id 1", highlight=False)
+    if json_out:
+        print_json(json.loads((Path(out) / "gradlab_export.json").read_text()))
+
+
+def _accepted_result(stores, spec, sha256: str):
+    """The run's accepted evaluation result for checkpoint ``sha256`` (validated), or None."""
+    from gradlab.contracts.hashing import sha256_json
+    from gradlab.evaluation import validate_result
+    from gradlab.evaluation.result import EvalResult
+    from gradlab.receipts import rules
+
+    for _intent, record in rules.list_evaluations(stores, spec.run_id):
+        if record is None or record.checkpoint_sha256 != sha256 or record.result is None:
+            continue
+        if record.result_sha256 != sha256_json(record.result):
+            from gradlab.errors import IntegrityError
+
+            raise IntegrityError(f"run {spec.run_id}: the evaluation record of {sha256[:16]} does not match its result hash")
+        result = EvalResult.from_json(record.result, source=f"run {spec.run_id} evaluation")
+        validate_result(result, expected={"checkpoint_sha256": sha256, **spec.hashes}, goal=spec.goal)
+        return result
+    return None
+
+
+def publish_command(
+    checkpoint: Annotated[str, typer.Argument(help="RUN_ID[:STEP] (default: the promoted checkpoint) or a checkpoint folder.")],
+    repo: Annotated[str | None, typer.Option("--repo", help="OWNER/NAME on the Hugging Face Hub to upload to (needs HF_TOKEN or `hf auth login`).")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="The repository folder to write (default: $GRADLAB_HOME/publish/<run>-<step>).")] = None,
+    private: Annotated[bool, typer.Option("--private", help="Create the hub repository as private.")] = False,
+    allow_unaccepted: Annotated[bool, typer.Option("--allow-unaccepted", help="Publish a checkpoint that is not the run's accepted promotion (the card says so).")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print gradlab.json (and the commit URL) as one JSON document.")] = False,
+) -> None:
+    """Assemble a Hugging Face model repository of a promoted checkpoint (card, evidence, SB3 zip, replay) and upload it."""
+    from gradlab.share.hub import parse_hf_ref
+
+    if repo is not None:
+        try:
+            parse_hf_ref(f"hf://{repo}")
+        except GradlabError as e:
+            raise typer.BadParameter(str(e).removeprefix("hf://"), param_hint="--repo") from None
+    try:
+        from gradlab.checkpoints import read_manifest
+        from gradlab.cli.eval_cmds import resolve_checkpoint
+        from gradlab.evaluation.runner import parse_spec
+        from gradlab.receipts import rules
+        from gradlab.settings import load_settings
+        from gradlab.share.hub import build_repo_folder, commit_message, hf_token, upload_folder
+        from gradlab.stores import open_stores
+
+        settings = load_settings()
+        resolved = resolve_checkpoint(checkpoint)
+        spec = parse_spec(resolved.spec, source=resolved.spec_source)
+        manifest = read_manifest(resolved.path)
+        stores = open_stores(settings)
+        promotion = rules.read_promotion(stores, spec.run_id)
+        promoted = promotion is not None and promotion.checkpoint_sha256 == manifest.sha256
+        if not promoted and not allow_unaccepted:
+            which = (f"its promotion is step {promotion.checkpoint_step}" if promotion is not None
+                     else "it has no promotion (no checkpoint was accepted)")
+            fail(f"run {spec.run_id}: checkpoint step {manifest.step} ({manifest.sha16}) is not promoted ({which}); "
+                 "only promoted checkpoints publish: pass --allow-unaccepted to publish it anyway (the model card "
+                 "then says it was not accepted)")
+        result = _accepted_result(stores, spec, manifest.sha256) if promoted else None
+        if result is None:
+            from gradlab.evaluation import EvalRequest, run_evaluation
+
+            err_console.print(f"evaluating step {manifest.step} on the goal's manifest for the model card", highlight=False)
+            result = run_evaluation(EvalRequest(checkpoint_dir=str(resolved.path), checkpoint_sha256=manifest.sha256,
+                                                checkpoint_step=manifest.step, spec=resolved.spec))
+        folder = out or settings.home / "publish" / f"{spec.display_name}-{manifest.step}"
+        index = build_repo_folder(resolved.path, spec, result, folder, accepted=promoted and result.accepted,
+                                  repo_id=repo)
+    except GradlabError as e:
+        fail(str(e))
+    err_console.print(f"repository folder {escape(str(folder))}: {len(index['files']) + 1} files"
+                      + ("" if index["accepted"] else " (not accepted: the card says so)"), highlight=False)
+    url = None
+    if repo is not None:
+        token = hf_token()
+        if not token:
+            fail(f"no Hugging Face token (set HF_TOKEN, or run `hf auth login`): nothing uploaded; the repository "
+                 f"folder is kept at {folder}; upload it with `hf upload {repo} {folder} .` or run this command again "
+                 "with a token")
+        try:
+            url = upload_folder(folder, repo, token=token, private=private, message=commit_message(index))
+        except GradlabError as e:
+            fail(f"{e}; the repository folder is kept at {folder}")
+        err_console.print(f"uploaded to hf://{repo}: {escape(url)}", highlight=False)
+    if json_out:
+        print_json({**index, "folder": str(folder), "commit_url": url})

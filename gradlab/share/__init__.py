@@ -1,0 +1,9 @@
+"""Sharing and reuse: warm-start lineage, rl-zoo3 / SB3 export, Hugging Face publication (docs/ARCHITECTURE.md section 12).
+
+Public names:
+    lineage.check_spaces(parent_dir, environment): refuse a warm start across observation/action spaces.
+    export.export_checkpoint(...): the rl-zoo3 layout (or the SB3 files only) of a checkpoint.
+    hub.build_repo_folder(...), hub.upload_folder(...), hub.load_repo(...): Hugging Face model repos.
+
+Importing this package imports neither torch nor huggingface_hub.
+"""

@@ -1,0 +1,298 @@
+"""Hugging Face model repositories of gradlab checkpoints: build, upload, load back verified.
+
+Repository layout (``gradlab publish``; docs/ARCHITECTURE.md section 12)::
+
+    README.md                    model card; YAML metadata with model-index (mean_reward) and tags
+    gradlab.json                 index: format, run, step, checkpoint sha256, the five hashes, the
+                                 verdict, and the sha256 of every other file of the repository
+    run_spec.json                the run spec (composed goal and recipe, overrides, seed)
+    goal.json, recipe.json       the composed goal and recipe (hashes in gradlab.json)
+    evaluation.json              the evaluation result with its per-episode rows
+    checkpoint/manifest.json     the checkpoint's manifest (sha256 of its files)
+    checkpoint/policy.safetensors, checkpoint/policy_spec.json   the weights-only policy
+    <algo>-<env_id>.zip          the SB3 zip (the checkpoint's policy.zip, byte-identical)
+    vecnormalize.pkl             SB3's normalisation statistics, when the recipe normalises
+    replay.mp4                   one manifest episode, an illustration (the evidence is evaluation.json)
+
+:func:`load_repo` reads ``hf://OWNER/NAME`` from the hub (or its local cache when offline,
+``HF_HUB_OFFLINE=1`` or no network) and refuses a repository whose files do not match
+``gradlab.json``, whose policy files do not match the checkpoint manifest, or whose goal and
+recipe do not hash to the recorded hashes, naming the file. Nothing in it is unpickled: playback
+and evaluation use the weights-only policy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gradlab.checkpoints import file_sha256
+from gradlab.errors import ConfigError, ContractViolation, IntegrityError, NotFound
+
+INDEX_FILE = "gradlab.json"
+REPO_FORMAT = "gradlab.hf-repo/1"
+CHECKPOINT_DIR = "checkpoint"
+WEIGHTS_ONLY = ("manifest.json", "policy.safetensors", "policy_spec.json")
+
+
+def parse_hf_ref(ref: str) -> str:
+    """``hf://OWNER/NAME`` -> ``OWNER/NAME``.
+
+    Raises:
+        ConfigError: not of that form.
+    """
+    repo = ref.removeprefix("hf://")
+    parts = repo.split("/")
+    if not ref.startswith("hf://") or len(parts) != 2 or not all(parts):
+        raise ConfigError(f"{ref}: expected hf://OWNER/NAME")
+    return repo
+
+
+def hf_token() -> str | None:
+    """The Hugging Face token: ``HF_TOKEN``, else the one ``hf auth login`` stored; None without one."""
+    token = os.environ.get("HF_TOKEN")
+    if token:
+        return token
+    from huggingface_hub import get_token
+
+    return get_token()
+
+
+def _model_card(spec: Any, result: Any, *, accepted: bool, algo: str, repo_id: str | None, sb3: bool) -> str:
+    from huggingface_hub import EvalResult as HfEvalResult
+    from huggingface_hub import ModelCardData
+
+    env_id = spec.environment.env_id
+    agg = result.aggregates
+    mean, std = agg["eval/episode/return/mean"], agg["eval/episode/return/std"]
+    name = f"{algo}-{env_id}"
+    tags = ["reinforcement-learning", *(["stable-baselines3"] if sb3 else []), "gradlab", env_id,
+            "deep-reinforcement-learning"]
+    data = ModelCardData(
+        library_name="stable-baselines3" if sb3 else None, tags=tags, model_name=name,
+        eval_results=[HfEvalResult(task_type="reinforcement-learning", task_name="reinforcement-learning",
+                                   dataset_type=env_id, dataset_name=env_id, metric_type="mean_reward",
+                                   metric_name="mean_reward", metric_value=f"{mean:.2f} +/- {std:.2f}")],
+    )
+    verdict = ("Accepted under the goal's acceptance rule (the run's promoted checkpoint)." if accepted else
+               "**Not accepted**: this checkpoint did not pass the goal's acceptance rule (or is not the run's "
+               "promoted checkpoint); it was published with `--allow-unaccepted`.")
+    rules = "; ".join(f"`{r.metric} {r.operator} {r.threshold:g}`" for r in spec.goal.eval.acceptance) or "none"
+    repo = repo_id or "OWNER/NAME"
+    body = f"""# {name}: gradlab goal `{spec.goal_id}`, recipe `{spec.recipe_id}`, seed {spec.seed}
+
+A {algo.upper()} policy for `{env_id}` trained by [gradlab](https://github.com/) (run `{spec.run_id}`,
+checkpoint at step {result.checkpoint_step}, policy sha256 `{result.checkpoint_sha256}`).
+
+{verdict}
+
+## Evaluation (the evidence: `evaluation.json`, one row per episode)
+
+| | |
+|---|---|
+| episodes | {result.completed} of {result.planned}, {result.policy} actions, the goal's fixed manifest |
+| return | {mean:.2f} ± {std:.2f} (median {agg['eval/episode/return/median']:.2f}) |
+| success rate | {agg['eval/outcome/success/rate']:.3f} |
+| acceptance rule | {rules} |
+| episode manifest sha256 | `{result.hashes['episode_manifest_sha256']}` |
+
+`replay.mp4` shows one manifest episode as an **illustration, not evidence**.
+
+## Use it
+
+```python
+from stable_baselines3 import {algo.upper()}
+model = {algo.upper()}.load("{name}.zip")   # plain SB3: nothing of gradlab is pickled in it
+```
+
+`gradlab eval hf://{repo}` re-runs the evaluation after checking every file against `gradlab.json`.
+The goal's environment (task program, preprocessing) is in `goal.json`; with gradlab installed,
+`gradlab.make_env("{spec.goal_id}")` builds it as a gymnasium env.
+"""
+    return f"---\n{data.to_yaml()}\n---\n\n{body}"
+
+
+def build_repo_folder(checkpoint: Path, spec: Any, result: Any, out: Path, *, accepted: bool,
+                      repo_id: str | None = None, video: bool = True) -> dict[str, Any]:
+    """Assemble the repository folder of a verified checkpoint (see the module docstring).
+
+    Args:
+        checkpoint: the checkpoint folder (verified here).
+        spec: the run's :class:`~gradlab.contracts.run_spec.RunSpec`.
+        result: its :class:`~gradlab.evaluation.result.EvalResult` (validated by the caller).
+        out: the folder to write (created; must be empty or absent).
+        accepted: whether the checkpoint is the run's accepted promotion (the card says so).
+
+    Returns:
+        The index written to ``gradlab.json``.
+
+    Raises:
+        IntegrityError: the checkpoint fails verification. ContractViolation: ``out`` is not empty.
+    """
+    from gradlab.checkpoints import verify_checkpoint
+    from gradlab.contracts.experiments import goal_contract_sha256, recipe_sha256
+
+    manifest = verify_checkpoint(checkpoint)
+    if result.checkpoint_sha256 != manifest.sha256:
+        raise ContractViolation(f"{checkpoint}: the evaluation result is for {result.checkpoint_sha256[:16]}, "
+                                f"the checkpoint is {manifest.sha256[:16]}")
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise ContractViolation(f"{out}: not empty; choose a new --out folder")
+    (out / CHECKPOINT_DIR).mkdir(parents=True, exist_ok=True)
+    sb3 = manifest.backend_id.startswith("sb3.")
+    algo = manifest.backend_id.split(".", 1)[1]
+    env_id = spec.environment.env_id
+    for name in WEIGHTS_ONLY:
+        shutil.copyfile(Path(checkpoint) / name, out / CHECKPOINT_DIR / name)
+    if sb3:
+        shutil.copyfile(Path(checkpoint) / "policy.zip", out / f"{algo}-{env_id}.zip")
+        stats = Path(checkpoint) / "resume" / "vecnormalize.json"
+        if stats.is_file():
+            from gradlab.share.export import _vecnormalize
+
+            _vecnormalize(spec.environment, json.loads(stats.read_text()), out / "vecnormalize.pkl")
+    (out / "run_spec.json").write_text(json.dumps(spec.to_json(), indent=1, sort_keys=True) + "\n")
+    (out / "goal.json").write_text(json.dumps(spec.goal.model_dump(mode="json"), indent=1, sort_keys=True) + "\n")
+    (out / "recipe.json").write_text(json.dumps(spec.recipe.model_dump(mode="json"), indent=1, sort_keys=True) + "\n")
+    (out / "evaluation.json").write_text(json.dumps(result.as_json(), indent=1, sort_keys=True) + "\n")
+    if video:
+        from gradlab.checkpoints import load_policy
+        from gradlab.evaluation.manifest import build_manifest
+        from gradlab.evaluation.recording import record_episode
+        from gradlab.evaluation.runner import policy_rng
+
+        episodes = build_manifest(spec.goal, episodes=result.planned)
+        record_episode(load_policy(checkpoint, verify=False), environment=spec.eval_environment,
+                       episode=episodes.episodes[0], deterministic=result.policy == "deterministic",
+                       rng=policy_rng(episodes), path=out / "replay.mp4", row=result.episodes[0],
+                       metadata={"checkpoint_sha256": manifest.sha256, "goal_id": spec.goal_id, "run_id": spec.run_id,
+                                 "checkpoint_step": manifest.step, "label": "illustration_not_evidence"})
+    (out / "README.md").write_text(_model_card(spec, result, accepted=accepted, algo=algo, repo_id=repo_id, sb3=sb3))
+    files = {p.relative_to(out).as_posix(): file_sha256(p) for p in sorted(out.rglob("*")) if p.is_file()}
+    index = {
+        "format": REPO_FORMAT, "run_id": spec.run_id, "goal_id": spec.goal_id, "recipe_id": spec.recipe_id,
+        "seed": spec.seed, "step": manifest.step, "checkpoint_sha256": manifest.sha256, "backend_id": manifest.backend_id,
+        "goal_contract_sha256": goal_contract_sha256(spec.goal), "recipe_sha256": recipe_sha256(spec.recipe),
+        "environment_sha256": spec.environment_sha256,
+        "episode_manifest_sha256": result.hashes["episode_manifest_sha256"], "accepted": accepted,
+        "verdict": result.verdict, "init_from_sha256": manifest.init_from_sha256, "files": files,
+    }
+    (out / INDEX_FILE).write_text(json.dumps(index, indent=1, sort_keys=True) + "\n")
+    return index
+
+
+def commit_message(index: dict[str, Any]) -> str:
+    """The upload's commit message: run, step and checkpoint sha256 prefix."""
+    return f"gradlab publish {index['goal_id']} run {index['run_id']} step {index['step']} ({index['checkpoint_sha256'][:16]})"
+
+
+def upload_folder(folder: Path, repo_id: str, *, token: str, private: bool, message: str) -> str:
+    """Create the model repository (if needed) and upload the folder as one commit; returns the commit URL.
+
+    The endpoint is huggingface_hub's own setting (``HF_ENDPOINT``).
+
+    Raises:
+        ConfigError: the hub refused (authentication, permissions), with its message.
+    """
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import HfHubHTTPError
+
+    api = HfApi(token=token)
+    try:
+        api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True)
+        info = api.upload_folder(folder_path=str(folder), repo_id=repo_id, repo_type="model", commit_message=message)
+    except HfHubHTTPError as e:
+        raise ConfigError(f"hf://{repo_id}: the hub refused the upload: {e}") from None
+    return str(info)
+
+
+@dataclass(frozen=True)
+class HubModel:
+    """A verified published repository on this machine.
+
+    Attributes:
+        folder: the repository snapshot (hub cache). checkpoint: its ``checkpoint/`` folder (weights only).
+        index: ``gradlab.json``. spec: the run spec JSON. result: the published evaluation result JSON.
+    """
+
+    folder: Path
+    checkpoint: Path
+    index: dict[str, Any]
+    spec: dict[str, Any]
+    result: dict[str, Any]
+
+
+def verify_repo_folder(folder: Path) -> HubModel:
+    """Check a repository folder against its ``gradlab.json`` before anything in it is used.
+
+    Raises:
+        NotFound: no ``gradlab.json``. IntegrityError: a file missing or with another sha256 than
+        the index, an unlisted policy file, the policy files or zip not the checkpoint manifest's,
+        or the goal / recipe not hashing to the recorded hashes (each naming the file).
+    """
+    from gradlab.contracts.experiments import goal_contract_sha256, recipe_sha256
+    from gradlab.contracts.goal import Goal
+    from gradlab.contracts.recipe import Recipe
+
+    folder = Path(folder)
+    index_path = folder / INDEX_FILE
+    if not index_path.is_file():
+        raise NotFound(f"{folder}: not a gradlab repository (no {INDEX_FILE})")
+    index = json.loads(index_path.read_text())
+    if index.get("format") != REPO_FORMAT:
+        raise IntegrityError(f"{index_path}: format expected {REPO_FORMAT!r}, found {index.get('format')!r}")
+    for rel, digest in sorted(index["files"].items()):
+        path = folder / rel
+        if not path.is_file():
+            raise IntegrityError(f"{path}: listed in {INDEX_FILE} but missing")
+        found = file_sha256(path)
+        if found != digest:
+            raise IntegrityError(f"{path}: sha256 expected {digest} ({INDEX_FILE}), found {found}")
+    manifest = json.loads((folder / CHECKPOINT_DIR / "manifest.json").read_text())
+    for name in WEIGHTS_ONLY[1:]:
+        if manifest["files"][name]["sha256"] != index["files"][f"{CHECKPOINT_DIR}/{name}"]:
+            raise IntegrityError(f"{folder / CHECKPOINT_DIR / name}: not the file the checkpoint manifest lists")
+    if manifest["sha256"] != index["checkpoint_sha256"]:
+        raise IntegrityError(f"{folder / CHECKPOINT_DIR / 'manifest.json'}: policy sha256 {manifest['sha256']} is not "
+                             f"the published checkpoint {index['checkpoint_sha256']}")
+    zips = [rel for rel in index["files"] if rel.endswith(".zip") and "/" not in rel]
+    for rel in zips:
+        if index["files"][rel] != index["checkpoint_sha256"]:
+            raise IntegrityError(f"{folder / rel}: not the checkpoint's policy.zip (sha256 differs from the manifest)")
+    spec = json.loads((folder / "run_spec.json").read_text())
+    goal, recipe = Goal.model_validate(spec["goal"]), Recipe.model_validate(spec["recipe"])
+    for what, found, key in (("goal", goal_contract_sha256(goal), "goal_contract_sha256"),
+                             ("recipe", recipe_sha256(recipe), "recipe_sha256")):
+        if found != index[key] or found != manifest[key]:
+            raise IntegrityError(f"{folder / 'run_spec.json'}: the {what} hashes to {found}, {INDEX_FILE} records "
+                                 f"{index[key]} and the checkpoint {manifest[key]}")
+    result = json.loads((folder / "evaluation.json").read_text())
+    return HubModel(folder=folder, checkpoint=folder / CHECKPOINT_DIR, index=index, spec=spec, result=result)
+
+
+def load_repo(ref: str) -> HubModel:
+    """Download (or find in the hub cache) ``hf://OWNER/NAME`` and verify it (:func:`verify_repo_folder`).
+
+    Offline (``HF_HUB_OFFLINE=1``, or the hub unreachable) the local cache is used.
+
+    Raises:
+        ConfigError: a malformed reference. NotFound: not on the hub and not in the cache.
+        IntegrityError: a file does not match (named).
+    """
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    repo = parse_hf_ref(ref)
+    try:
+        folder = snapshot_download(repo_id=repo, repo_type="model")
+    except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as first:
+        try:
+            folder = snapshot_download(repo_id=repo, repo_type="model", local_files_only=True)
+        except LocalEntryNotFoundError:
+            raise NotFound(f"{ref}: not reachable on the hub ({type(first).__name__}) and not in the local hub cache") from None
+    return verify_repo_folder(Path(folder))
