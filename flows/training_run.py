@@ -19,6 +19,7 @@ from prefect import flow, tags
 from prefect.states import Cancelled, Failed
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from flows.run_artifacts import RunArtifacts
 from gradlab.runs.supervisor import CheckpointTrack
 from tasks import run_tasks
 
@@ -117,6 +118,7 @@ def training_run(
     evaluate: bool = True,
     run_id: str | None = None,
     learner_pid: int | None = None,
+    cohort_id: str | None = None,
 ) -> Any:
     """Train ``recipe`` (GOAL/RECIPE) with ``seed``, or retry the existing run ``run_id``.
 
@@ -131,13 +133,14 @@ def training_run(
         run_id: an existing run to retry (a new attempt), or the id a caller reserved for a new run.
         learner_pid: a learner the caller already started for this run (``gradlab train`` does,
             so training overlaps Prefect's start-up).
+        cohort_id: the ``sweep`` cohort this run belongs to (its W&B group).
 
     Returns:
         The terminal receipt as JSON (DESIGN.md section 8) when it says ``succeeded``; otherwise a
         Cancelled or Failed state carrying it. The run succeeded only if the receipt says so.
     """
     from gradlab.learn.zygote import zygote_dir
-    from gradlab.metrics.wandb_sink import WandbSink
+    from gradlab.metrics.wandb_sink import WandbSink, wandb_project
     from gradlab.runs import operations
     from gradlab.runs.driver import AttemptDriver
     from gradlab.runs.process import LearnerProcess
@@ -166,7 +169,7 @@ def training_run(
         if spec.evaluate and spec.goal.evaluation_mode == "evaluated":
             operations.prewarm_evaluation(eval_backend)
         mode = wandb_mode or settings.wandb_mode or spec.recipe.logging.wandb_mode
-        wandb = WandbSink(spec.run_id, mode, paths.wandb_dir, settings.wandb_project or spec.recipe.logging.wandb_project,
+        wandb = WandbSink(spec.run_id, mode, paths.wandb_dir, wandb_project(settings.wandb_project, spec), group=cohort_id,
                           config={"spec": spec.to_json()}, entity=settings.wandb_entity, name=spec.display_name,
                           high_water=operations.outbox_high_water(paths, "wandb"), background=True)
         attempt_id = plan.attempt.attempt_id
@@ -189,7 +192,9 @@ def training_run(
             max_parallel_evals=max(1, (os.cpu_count() or 2) - 1),
         )
         started = time.monotonic()
+        artifacts = RunArtifacts(spec, paths, stores).start()
         receipt = driver.run()
+        artifacts.finish(receipt.model_dump(mode="json"))
         log.info("run %s attempt %s: %s after %.1f s (%s)", spec.run_id, attempt_id, receipt.outcome,
                  time.monotonic() - started, receipt.reason)
         data = receipt.model_dump(mode="json")

@@ -44,6 +44,24 @@ AXES = (
 )
 
 
+def wandb_project(configured: str | None, spec: Any) -> str:
+    """The W&B project of a run: the machine setting (``GRADLAB_WANDB_PROJECT``), else the recipe's
+    ``logging.wandb_project`` when it is not the default ``gradlab``, else the goal's family (its
+    project in ``experiments/goals/_catalog.yaml``), else ``gradlab``."""
+    if configured:
+        return configured
+    recipe_project = spec.recipe.logging.wandb_project
+    if recipe_project != "gradlab":
+        return recipe_project
+    try:
+        from gradlab.contracts import Experiments
+
+        return Experiments().catalog().project_of(spec.goal_id) or recipe_project
+    except Exception as e:  # noqa: BLE001 - an unreadable catalog: the default project
+        logger.debug("goal catalog unreadable (%s): W&B project %s", e, recipe_project)
+        return recipe_project
+
+
 class WandbSink:
     """Deliver outbox metric events to one W&B run (see the module docstring).
 
@@ -54,6 +72,7 @@ class WandbSink:
         project: W&B project.
         config: run config shown in W&B (the resolved spec's hashes, recipe, seed...).
         entity, name, tags: W&B entity, display name, tags.
+        group: W&B group (a sweep's cohort id: the runs of one cohort share it).
         high_water: the last ``event_seq`` already delivered (the outbox's mark for sink ``wandb``).
         init_timeout_s: seconds ``wandb.init`` may take before the sink gives up (pending).
         finish_timeout_s: seconds :meth:`finish` waits for W&B to flush before reporting pending.
@@ -77,6 +96,7 @@ class WandbSink:
         entity: str | None = None,
         name: str | None = None,
         tags: list[str] | None = None,
+        group: str | None = None,
         high_water: int = 0,
         init_timeout_s: float = 30.0,
         finish_timeout_s: float = 30.0,
@@ -98,14 +118,14 @@ class WandbSink:
         if mode == "disabled":
             self._ready.set()
             return
-        init = dict(project=project, entity=entity, name=name, tags=tags, config=config,
+        init = dict(project=project, entity=entity, name=name, tags=tags, group=group, config=config,
                     init_timeout_s=init_timeout_s, finish_timeout_s=finish_timeout_s)
         if background:
             threading.Thread(target=self._init, kwargs=init, name=f"wandb-init-{run_id}", daemon=True).start()
         else:
             self._init(**init)
 
-    def _init(self, *, project, entity, name, tags, config, init_timeout_s, finish_timeout_s) -> None:
+    def _init(self, *, project, entity, name, tags, group, config, init_timeout_s, finish_timeout_s) -> None:
         run_id, mode = self.run_id, self.mode
         if threading.current_thread() is not threading.main_thread():
             # W&B's service process inherits this thread's signal mask: a Ctrl-C in the terminal
@@ -121,6 +141,7 @@ class WandbSink:
                 entity=entity,
                 name=name or run_id,
                 tags=tags,
+                group=group,
                 config=dict(config or {}),
                 dir=str(self.dir),
                 mode=mode,
