@@ -270,3 +270,57 @@ def leaders_checkpoints(
                       "-" if c.return_mean is None else f"{c.return_mean:.3f}", c.sha256[:16], c.play_command)
     console.print(table)
     console.print("* promoted")
+
+
+# -- reports ---------------------------------------------------------------------------------------
+@reports_app.command("build")
+def reports_build(
+    goal: Annotated[str | None, typer.Option("--goal", help="Only this goal's page.")] = None,
+    out: Annotated[Path, typer.Option("--out", help="The site's folder.")] = Path("reports"),
+    json_out: JsonOption = False,
+) -> None:
+    """Write the static HTML reports (one page per project and goal; images embedded; no network)."""
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from gradlab.results.reports import build_site
+    from gradlab.settings import load_settings
+
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err_console,
+                  transient=True) as bar:
+        bar.add_task("building the reports", total=None)
+        site = _domain(lambda: build_site(load_settings(), _stores(), out, goal=goal))
+    if json_out:
+        print_json({"out": str(site.root), "pages": list(site.pages), "goals": list(site.goals)})
+        return
+    err_console.print(f"wrote {len(site.pages)} pages to {escape(str(site.root))}; open {escape(str(site.root / 'index.html'))}")
+
+
+@reports_app.command("sync")
+def reports_sync(
+    goal: Annotated[str | None, typer.Option("--goal", help="Only this goal's page.")] = None,
+    store: Annotated[str | None, typer.Option("--store", help="file:// or s3:// URL (default: "
+                                              "GRADLAB_REPORTS_STORE_URL, else the model store).")] = None,
+    site: Annotated[Path | None, typer.Option("--site", help="Publish this built site instead of building one.")] = None,
+    json_out: JsonOption = False,
+) -> None:
+    """Build the reports and publish them: create-only under the build's content hash, the index by
+    compare-and-swap."""
+    import tempfile
+
+    from gradlab.results.reports import build_site, reports_store_url, sync_site
+    from gradlab.settings import load_settings
+    from gradlab.stores import open_store
+
+    settings = load_settings()
+    target = _domain(lambda: open_store(store or reports_store_url(settings)))
+    with tempfile.TemporaryDirectory(prefix="gradlab-reports-") as tmp:
+        root = site
+        if root is None:
+            root = Path(tmp) / "site"
+            _domain(lambda: build_site(settings, _stores(), root, goal=goal))
+        result = _domain(lambda: sync_site(root, target))
+    if json_out:
+        print_json(result)
+        return
+    err_console.print(f"build {result['build'][:16]}: {result['files']} files ({result['uploaded']} new) at "
+                      f"{escape(result['url'])}")

@@ -56,7 +56,7 @@ def wandb_project(configured: str | None, spec: Any) -> str:
     try:
         from gradlab.contracts import Experiments
 
-        return Experiments().catalog().project_of(spec.goal_id) or recipe_project
+        return Experiments().catalog.project_of(spec.goal_id) or recipe_project
     except Exception as e:  # noqa: BLE001 - an unreadable catalog: the default project
         logger.debug("goal catalog unreadable (%s): W&B project %s", e, recipe_project)
         return recipe_project
