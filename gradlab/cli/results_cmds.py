@@ -197,6 +197,9 @@ def _print_cohort(c, title: str) -> None:
 def compare(
     ref_a: Annotated[str, typer.Argument(help="GOAL/RECIPE_A.")],
     ref_b: Annotated[str, typer.Argument(help="GOAL/RECIPE_B (the same goal).")],
+    set_a: Annotated[list[str] | None, typer.Option("--set-a", help="A's overrides (dotted.key=value, repeatable), "
+                                                     "when the recipe has several cohorts.")] = None,
+    set_b: Annotated[list[str] | None, typer.Option("--set-b", help="B's overrides.")] = None,
     json_out: JsonOption = False,
 ) -> None:
     """Both cohorts' statistics and the probability that a seed of A beats a seed of B."""
@@ -209,8 +212,8 @@ def compare(
     if ref_a.split("/")[0] != ref_b.split("/")[0]:
         fail(f"compare: {ref_a} and {ref_b} are of different goals; only cohorts of one goal are comparable")
     stores = _stores()
-    a = _domain(lambda: find_cohort(stores, ref_a))
-    b = _domain(lambda: find_cohort(stores, ref_b))
+    a = _domain(lambda: find_cohort(stores, ref_a, set_a))
+    b = _domain(lambda: find_cohort(stores, ref_b, set_b))
     p = _domain(lambda: compare_cohorts(a, b))
     if json_out:
         print_json({"a": a.as_json(), "b": b.as_json(), "probability_of_improvement": p.as_json()})

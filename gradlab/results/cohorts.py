@@ -351,21 +351,37 @@ def cohorts(results: Sequence[SeedResult]) -> list[CohortStats]:
     return [cohort_stats(g) for _, g in sorted(groups.items())]
 
 
-def find_cohort(stores, ref: str, overrides: Sequence[str] = ()) -> CohortStats:
-    """The cohort of ``GOAL/RECIPE`` (with exactly ``overrides``).
+def find_cohort(stores, ref: str, overrides: Sequence[str] | None = None) -> CohortStats:
+    """The cohort of ``GOAL/RECIPE``: with exactly ``overrides`` when given; otherwise the recipe's only
+    cohort, or else its cohort without overrides.
 
     Raises:
-        ContractViolation: ``ref`` is not GOAL/RECIPE.
+        ContractViolation: ``ref`` is not GOAL/RECIPE, or ``overrides`` is None and the recipe has
+            several cohorts, none without overrides (names them).
         NotFound: no sealed run of it.
     """
     if ref.count("/") != 1 or not all(ref.split("/")):
         raise ContractViolation(f"{ref!r}: expected GOAL/RECIPE")
     goal_id, recipe_id = ref.split("/")
-    results = [r for r in goal_results(stores, goal_id)
-               if r.recipe_id == recipe_id and r.overrides == tuple(overrides)]
-    if not results:
+    mine = [r for r in goal_results(stores, goal_id) if r.recipe_id == recipe_id]
+    if not mine:
         raise NotFound(f"{ref}: no sealed runs in {stores.control.base_url} (train some with `gradlab sweep {ref} --seeds N`)")
-    return cohort_stats(results)
+    groups: dict[tuple[str, ...], list[SeedResult]] = defaultdict(list)
+    for r in mine:
+        groups[r.overrides].append(r)
+    if overrides is not None:
+        chosen = groups.get(tuple(overrides))
+        if not chosen:
+            raise NotFound(f"{ref}: no sealed runs with overrides {list(overrides)} (found: "
+                           f"{'; '.join(cohort_label(recipe_id, o) for o in groups)})")
+    elif len(groups) == 1:
+        chosen = next(iter(groups.values()))
+    elif () in groups:
+        chosen = groups[()]
+    else:
+        raise ContractViolation(f"{ref}: several cohorts ({'; '.join(cohort_label(recipe_id, o) for o in groups)}); "
+                                "name one with its overrides")
+    return cohort_stats(chosen)
 
 
 def compare(a: CohortStats, b: CohortStats, *, seed: int = 0) -> stats.Estimate:

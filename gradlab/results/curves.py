@@ -149,6 +149,26 @@ def open_journal(settings: Settings, stores: Stores | None, run_id: str):
     return journal
 
 
+class JournalSnapshot:
+    """One read of a journal serving every curve drawn from it (the journal's own ``read``/``curve``
+    logic, lineage rules included, applied to entries read once)."""
+
+    def __init__(self, journal):
+        self._journal = journal
+        self._entries = journal.read()
+
+    def read(self):
+        return self._entries
+
+    def curve(self, name: str, axis: str = STEP_AXIS):
+        from gradlab.metrics.journal import Journal
+
+        return Journal.curve(self, name, axis)
+
+    def __getattr__(self, name: str):
+        return getattr(self._journal, name)
+
+
 def expand_metric(journal, name: str) -> list[str]:
     """The concrete names a registered ``name`` stands for in this journal (a template expands to every
     matching name logged; an exact name stands for itself)."""
@@ -236,7 +256,7 @@ def run_curves(settings: Settings, stores: Stores | None, run_ids: Sequence[str]
         raise ContractViolation(f"--x: expected one of {', '.join(X_AXES)}, found {x!r}")
     curves = []
     for run_id in run_ids:
-        journal = open_journal(settings, stores, run_id)
+        journal = JournalSnapshot(open_journal(settings, stores, run_id))
         seconds = _learner_seconds(journal) if x == "seconds" else None
         for name in metrics:
             for concrete in expand_metric(journal, name):

@@ -2,7 +2,8 @@
 training-run flow on a real Prefect server; curves, leaders, compare, the Prefect artifacts, the
 HTML report (in headless chromium) and reports sync (file and S3 stores) are checked on it.
 
-The cohort is trained once for the module (~30 s here); every test reads it in its own way.
+The cohort is trained once for the module (a subprocess, as a user runs it); the read-only commands
+then run in this process through typer's runner, which saves an interpreter start per command.
 """
 
 from __future__ import annotations
@@ -42,9 +43,30 @@ def cohort(prefect_api: str, tmp_path_factory: pytest.TempPathFactory) -> Cohort
                       WANDB_DIR=str(home / "wandb"))
     for var in ("GRADLAB_CONTROL_STORE_URL", "GRADLAB_EVAL_STORE_URL", "GRADLAB_MODEL_STORE_URL"):
         env.pop(var, None)
-    out = run_gradlab(["sweep", f"{GOAL}/{RECIPE}", "--seeds", "3", "--json"], env, timeout_s=400)
+    out = run_gradlab(["sweep", f"{GOAL}/{RECIPE}", "--seeds", "3", "--set", "train.timesteps=4096", "--json"], env,
+                      timeout_s=400)
     assert out.returncode == 0, out.stderr[-3000:]
     return Cohort(home=home, env=env, api_url=prefect_api, doc=last_json_line(out.stdout))
+
+
+@dataclass(frozen=True)
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def cli(args: list[str], env: dict[str, str]) -> Result:
+    """``gradlab ARGS`` in this process (typer's runner) with ``env``'s gradlab home."""
+    from typer.testing import CliRunner
+
+    from gradlab.cli.app import app
+
+    keys = ("GRADLAB_HOME", "GRADLAB_CONFIG", "PREFECT_API_URL")
+    out = CliRunner().invoke(app, args, env={k: env[k] for k in keys if k in env})
+    if out.exception is not None and not isinstance(out.exception, SystemExit):
+        raise out.exception
+    return Result(out.exit_code, out.stdout, out.stderr)
 
 
 @pytest.fixture
@@ -77,13 +99,13 @@ def test_sweep_seals_three_run_receipts_and_a_cohort_receipt(cohort: Cohort, sto
 
 
 def test_leaders_rank_the_recipe_and_its_checkpoints(cohort: Cohort, stores) -> None:
-    out = run_gradlab(["leaders", "runs", "--goal", GOAL, "--min-seeds", "3", "--json"], cohort.env)
+    out = cli(["leaders", "runs", "--goal", GOAL, "--min-seeds", "3", "--json"], cohort.env)
     assert out.returncode == 0, out.stderr
     (leader,) = json.loads(out.stdout)
     assert (leader["recipe_id"], leader["n_scored"]) == (RECIPE, 3)
     assert sorted(s["run_id"] for s in leader["seeds"]) == sorted(cohort.run_ids)
-    assert json.loads(run_gradlab(["leaders", "runs", "--goal", GOAL, "--min-seeds", "4", "--json"], cohort.env).stdout) == []
-    out = run_gradlab(["leaders", "checkpoints", "--goal", GOAL, "--limit", "2", "--json"], cohort.env)
+    assert json.loads(cli(["leaders", "runs", "--goal", GOAL, "--min-seeds", "4", "--json"], cohort.env).stdout) == []
+    out = cli(["leaders", "checkpoints", "--goal", GOAL, "--limit", "2", "--json"], cohort.env)
     rows = json.loads(out.stdout)
     assert len(rows) == 2 and all(r["promoted"] and r["run_id"] in cohort.run_ids for r in rows)
     from gradlab.receipts import rules
@@ -92,15 +114,18 @@ def test_leaders_rank_the_recipe_and_its_checkpoints(cohort: Cohort, stores) -> 
         promotion = rules.read_promotion(stores, r["run_id"])
         assert (r["step"], r["sha256"]) == (promotion.checkpoint_step, promotion.checkpoint_sha256)
         assert r["play_command"] == f"gradlab play {r['run_id']}:{r['step']}"
-    missing = run_gradlab(["leaders", "runs", "--goal", "CartPole-v1"], cohort.env)
+    missing = cli(["leaders", "runs", "--goal", "CartPole-v1"], cohort.env)
     assert missing.returncode == 1 and "goal CartPole-v1: no sealed runs" in missing.stderr
 
 
 def test_compare_identical_cohorts_gives_one_half_and_refuses_two_goals(cohort: Cohort) -> None:
-    out = run_gradlab(["compare", f"{GOAL}/{RECIPE}", f"{GOAL}/{RECIPE}", "--json"], cohort.env)
+    out = cli(["compare", f"{GOAL}/{RECIPE}", f"{GOAL}/{RECIPE}", "--json"], cohort.env)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["probability_of_improvement"]["value"] == 0.5
-    other = run_gradlab(["compare", f"{GOAL}/{RECIPE}", "CartPole-v1/ppo"], cohort.env)
+    named = cli(["compare", f"{GOAL}/{RECIPE}", f"{GOAL}/{RECIPE}", "--set-a", "train.timesteps=4096", "--set-b",
+                 "train.timesteps=8192"], cohort.env)
+    assert named.returncode == 1 and "no sealed runs with overrides ['train.timesteps=8192']" in named.stderr
+    other = cli(["compare", f"{GOAL}/{RECIPE}", "CartPole-v1/ppo"], cohort.env)
     assert other.returncode == 1 and "different goals" in other.stderr
 
 
@@ -117,7 +142,7 @@ def _journal_points(path: Path, metric: str, axis: str) -> list[tuple[float, flo
 def test_curve_points_equal_the_journal_and_the_png_is_written(cohort: Cohort, tmp_path: Path) -> None:
     run_id = cohort.run_ids[0]
     out_png = tmp_path / "curves.png"
-    out = run_gradlab(["runs", "curves", run_id, "--metric", "train/episode/return/shaped/mean", "--metric",
+    out = cli(["runs", "curves", run_id, "--metric", "train/episode/return/shaped/mean", "--metric",
                        "eval/outcome/success/rate", "--metric", "train/algorithm/{algorithm}/update/value_loss",
                        "--out", str(out_png), "--json"], cohort.env)
     assert out.returncode == 0, out.stderr
@@ -135,7 +160,7 @@ def test_curve_points_equal_the_journal_and_the_png_is_written(cohort: Cohort, t
     low = _journal_points(journal, "eval/outcome/success/rate_ci95_low", "eval/checkpoint_step")
     assert curves["eval/outcome/success/rate"]["low"] == [y for _, y in low]
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out_png.stat().st_size > 10_000
-    seconds = run_gradlab(["runs", "curves", run_id, "--x", "seconds", "--out", str(tmp_path / "c.svg"), "--json"],
+    seconds = cli(["runs", "curves", run_id, "--x", "seconds", "--out", str(tmp_path / "c.svg"), "--json"],
                           cohort.env)
     assert seconds.returncode == 0, seconds.stderr
     xs = json.loads(seconds.stdout)["curves"][0]["x"]
@@ -144,10 +169,10 @@ def test_curve_points_equal_the_journal_and_the_png_is_written(cohort: Cohort, t
 
 def test_curves_refuse_bad_metric_unknown_run_missing_and_truncated_journal(cohort: Cohort, tmp_path: Path) -> None:
     run_id = cohort.run_ids[1]
-    bad = run_gradlab(["runs", "curves", run_id, "--metric", "train/episode/retrun", "--out", str(tmp_path / "x.png")],
+    bad = cli(["runs", "curves", run_id, "--metric", "train/episode/retrun", "--out", str(tmp_path / "x.png")],
                       cohort.env)
     assert bad.returncode == 1 and "metric 'train/episode/retrun' is not registered" in bad.stderr
-    unknown = run_gradlab(["runs", "curves", "gradlab-20260101T000000-deadbeef", "--out", str(tmp_path / "x.png")],
+    unknown = cli(["runs", "curves", "gradlab-20260101T000000-deadbeef", "--out", str(tmp_path / "x.png")],
                           cohort.env)
     assert unknown.returncode == 1 and "no run gradlab-20260101T000000-deadbeef" in unknown.stderr
     # A copy of the home, so the module's cohort stays whole.
@@ -157,11 +182,11 @@ def test_curves_refuse_bad_metric_unknown_run_missing_and_truncated_journal(coho
     journal = home / "runs" / run_id / "journal.jsonl"
     lines = journal.read_text().splitlines(keepends=True)
     journal.write_text("".join(lines[: len(lines) // 2]))
-    truncated = run_gradlab(["runs", "curves", run_id, "--out", str(tmp_path / "x.png")], env)
+    truncated = cli(["runs", "curves", run_id, "--out", str(tmp_path / "x.png")], env)
     assert truncated.returncode == 1
     assert f"run {run_id}: metric journal {journal} is truncated" in truncated.stderr.replace("\n", "")
     journal.unlink()
-    missing = run_gradlab(["runs", "curves", run_id, "--out", str(tmp_path / "x.png")], env)
+    missing = cli(["runs", "curves", run_id, "--out", str(tmp_path / "x.png")], env)
     assert missing.returncode == 1 and f"run {run_id}: metric journal {journal} is missing" in missing.stderr.replace("\n", "")
     assert not (tmp_path / "x.png").exists()
 
@@ -207,7 +232,7 @@ def test_report_renders_its_leaders_table_and_images_in_chromium(cohort: Cohort,
     from tests.browser import open_page, screenshot
 
     site = tmp_path / "site"
-    out = run_gradlab(["reports", "build", "--out", str(site), "--json"], cohort.env)
+    out = cli(["reports", "build", "--out", str(site), "--json"], cohort.env)
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert doc["goals"] == [GOAL] and f"smoke/{GOAL}.html" in doc["pages"]
@@ -218,7 +243,7 @@ def test_report_renders_its_leaders_table_and_images_in_chromium(cohort: Cohort,
         page.get_by_role("link", name=GOAL).click()
         page.wait_for_selector("#leaders")
         cells = page.locator("#leaders tr").nth(1).locator("td").all_inner_texts()
-        assert cells[:3] == ["1", RECIPE, "3"]
+        assert cells[:3] == ["1", f"{RECIPE} [train.timesteps=4096]", "3"]
         assert page.locator("#seeds tr").count() == 4 and page.locator("#checkpoints tr").count() == 4
         widths = page.eval_on_selector_all("img", "imgs => imgs.map(i => i.complete ? i.naturalWidth : 0)")
         assert widths and all(w > 100 for w in widths)
@@ -245,6 +270,6 @@ def test_reports_sync_is_create_only_by_content_hash_with_a_cas_index(cohort: Co
         page = store.get(f"reports/builds/{first['build']}/smoke/{GOAL}.html")
         assert page == (site / "smoke" / f"{GOAL}.html").read_bytes()
     # The CLI publishes to the same file store: an unchanged site is the same build.
-    out = run_gradlab(["reports", "sync", "--store", (tmp_path / "store").as_uri(), "--json"], cohort.env)
+    out = cli(["reports", "sync", "--store", (tmp_path / "store").as_uri(), "--json"], cohort.env)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["build"] == first["build"]
