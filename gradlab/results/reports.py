@@ -159,7 +159,7 @@ def goal_page(settings, stores, goal_id: str, results: Sequence[cohorts_mod.Seed
     if promoted:
         parts.append("<table id='checkpoints'><tr><th>run</th><th>recipe</th><th>seed</th><th>step</th><th>sha256</th>"
                      "<th>play</th></tr>")
-        parts += [f"<tr><td>{_e(r.run_id)}</td><td>{_e(r.recipe_id)}</td><td>{r.seed}</td><td>{r.steps_to_acceptance}</td>"
+        parts += [f"<tr><td>{_e(r.run_id)}</td><td>{_e(cohorts_mod.cohort_label(r.recipe_id, r.overrides))}</td><td>{r.seed}</td><td>{r.steps_to_acceptance}</td>"
                   f"<td><code>{_e(r.checkpoint_sha256)}</code></td>"
                   f"<td><code>gradlab play {_e(r.run_id)}:{r.steps_to_acceptance}</code></td></tr>" for r in promoted]
         parts.append("</table>")

@@ -223,6 +223,9 @@ def test_training_runs_show_progress_evaluations_and_receipt_artifacts(cohort: C
         (table,) = client.read_latest_artifacts(artifact_filter=ArtifactFilter(
             key=ArtifactFilterKey(any_=[cohort.doc["cohort"]["cohort_id"].lower()])))
         sweep_run = client.read_flow_run(uuid.UUID(cohort.doc["cohort"]["flow_run_id"]))
+        child = client.read_flow_run(progress.flow_run_id)
+    # A child flow run of the sweep, in the cohort's W&B group.
+    assert child.parameters["cohort_id"] == cohort.doc["cohort"]["cohort_id"] and child.parent_task_run_id is not None
     assert sweep_run.name and table.flow_run_id == sweep_run.id
     assert sorted(r["run_id"] for r in json.loads(table.data)) == sorted(cohort.run_ids)
 
