@@ -72,7 +72,11 @@ def receipt_markdown(receipt: dict) -> str:
 
 
 class RunArtifacts:
-    """Keeps the progress and evaluations artifacts of one flow run current (a daemon thread)."""
+    """Keeps the progress and evaluations artifacts of one flow run current (a daemon thread).
+
+    Use as a context manager around the driver: ``finish(receipt)`` writes the final artifacts;
+    leaving the block stops the updates in every case.
+    """
 
     def __init__(self, spec: Any, paths: Any, stores: Any, poll_s: float = POLL_S):
         self.spec, self.paths, self.stores, self.poll_s = spec, paths, stores, poll_s
@@ -89,6 +93,13 @@ class RunArtifacts:
                                         daemon=True)
         self._thread.start()
         return self
+
+    def __enter__(self) -> RunArtifacts:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        """Stop the updates (also when the run raised before :meth:`finish`)."""
+        self._stop.set()
 
     def _progress(self, step: int) -> None:
         from prefect.artifacts import create_progress_artifact, update_progress_artifact

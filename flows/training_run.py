@@ -192,9 +192,9 @@ def training_run(
             max_parallel_evals=max(1, (os.cpu_count() or 2) - 1),
         )
         started = time.monotonic()
-        artifacts = RunArtifacts(spec, paths, stores).start()
-        receipt = driver.run()
-        artifacts.finish(receipt.model_dump(mode="json"))
+        with RunArtifacts(spec, paths, stores) as artifacts:  # progress, evaluations, receipt in the Prefect UI
+            receipt = driver.run()
+            artifacts.finish(receipt.model_dump(mode="json"))
         log.info("run %s attempt %s: %s after %.1f s (%s)", spec.run_id, attempt_id, receipt.outcome,
                  time.monotonic() - started, receipt.reason)
         data = receipt.model_dump(mode="json")
