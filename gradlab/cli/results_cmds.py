@@ -113,6 +113,8 @@ def sweep(
     run_ids = [new_run_id() for _ in range(seeds)]
     api = configure_prefect()
     _cancel_on_ctrl_c()  # Ctrl-C: every local seed stops its learner and seals `cancelled`
+    if deployment:
+        _require_deployment(deployment, api)
     err_console.print(f"cohort [bold]{cohort_id}[/]: {seeds} seeds of {escape(ref)} "
                       f"({'queued on ' + escape(deployment) if deployment else 'trained here'}); Prefect API: {escape(api)}",
                       highlight=False)
@@ -147,6 +149,23 @@ def sweep(
     else:
         _print_cohort(summary, title=f"cohort {cohort_id}")
     raise typer.Exit(0 if ok else 1)
+
+
+def _require_deployment(name: str, api: str) -> None:
+    """Exit 1 unless the Prefect API knows deployment ``name`` (``flow-name/deployment-name``)."""
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    if name.count("/") != 1:
+        fail(f"--deployment: expected FLOW/DEPLOYMENT (e.g. training-run/local), found {name!r}", code=2)
+    try:
+        with get_client(sync_client=True) as client:
+            client.read_deployment_by_name(name)
+    except ObjectNotFound:
+        fail(f"--deployment {name}: no such deployment on {api}; create it with `prefect deploy --all` "
+             "(prefect.yaml) after `gradlab pools create`")
+    except Exception as e:  # noqa: BLE001 - the API is down: say so before anything is queued
+        fail(f"--deployment {name}: cannot reach the Prefect API at {api}: {e}")
 
 
 def _follow(run_ids: list[str], first_seed: int, stop: threading.Event) -> None:
