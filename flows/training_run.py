@@ -19,6 +19,7 @@ from prefect import flow, tags
 from prefect.states import Cancelled, Failed
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from flows.run_artifacts import RunArtifacts
 from gradlab.runs.supervisor import CheckpointTrack
 from gradlab.runs.timeouts import folder_bytes, task_timeouts
 from tasks import run_tasks
@@ -209,6 +210,7 @@ def training_run(
     evaluate: bool = True,
     run_id: str | None = None,
     learner_pid: int | None = None,
+    cohort_id: str | None = None,
 ) -> Any:
     """Train ``recipe`` (GOAL/RECIPE) with ``seed``, or retry the existing run ``run_id``.
 
@@ -223,6 +225,7 @@ def training_run(
         run_id: an existing run to retry (a new attempt), or the id a caller reserved for a new run.
         learner_pid: a learner the caller already started for this run (``gradlab train`` does,
             so training overlaps Prefect's start-up).
+        cohort_id: the ``sweep`` cohort this run belongs to (its W&B group).
 
     Returns:
         The terminal receipt as JSON (docs/ARCHITECTURE.md section 8) when it says ``succeeded``;
@@ -262,7 +265,7 @@ def training_run(
         if spec.evaluate and spec.goal.evaluation_mode == "evaluated":
             operations.prewarm_evaluation(eval_backend)
         mode = wandb_mode or settings.wandb_mode or spec.recipe.logging.wandb_mode
-        wandb = operations.wandb_sink(settings, spec, paths, mode)
+        wandb = operations.wandb_sink(settings, spec, paths, mode, group=cohort_id)
         attempt_id, epoch = plan.fence
         evaluate_task = run_tasks.evaluate_checkpoint.with_options(timeout_seconds=limits.evaluate_s + _BACKSTOP_S)
         request_stop = run_tasks.request_stop.with_options(timeout_seconds=limits.request_stop_s)
@@ -289,7 +292,9 @@ def training_run(
             max_parallel_evals=max(1, (os.cpu_count() or 2) - 1),
         )
         started = time.monotonic()
-        receipt = driver.run()
+        with RunArtifacts(spec, paths, stores) as artifacts:  # progress, evaluations, receipt in the Prefect UI
+            receipt = driver.run()
+            artifacts.finish(receipt.model_dump(mode="json"))
         log.info("run %s attempt %s: %s after %.1f s (%s)", spec.run_id, attempt_id, receipt.outcome,
                  time.monotonic() - started, receipt.reason)
         data = receipt.model_dump(mode="json")

@@ -12,6 +12,7 @@ from gradlab.cli import (
     eval_cmds,
     experiment_cmds,
     pools_cmds,
+    results_cmds,
     runs_cmds,
     server_cmds,
     share_cmds,
@@ -39,6 +40,11 @@ app.add_typer(env_cmds.rom_app, name="rom")
 app.command("eval")(eval_cmds.eval_command)
 app.add_typer(pools_cmds.pools_app, name="pools")
 app.add_typer(experiment_cmds.experiment_app, name="experiment")
+runs_cmds.runs_app.command("curves")(results_cmds.curves)
+app.command("sweep")(results_cmds.sweep)
+app.command("compare")(results_cmds.compare)
+app.add_typer(results_cmds.leaders_app, name="leaders")
+app.add_typer(results_cmds.reports_app, name="reports")
 app.command("export")(share_cmds.export_command)
 app.command("publish")(share_cmds.publish_command)
 

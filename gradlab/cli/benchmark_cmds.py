@@ -54,3 +54,15 @@ def run_benchmark(
     if unknown:
         raise typer.BadParameter(f"unknown case(s) {', '.join(unknown)}; expected {', '.join(CASES)}")
     main(cases, seeds, server, as_json)
+
+
+@benchmark_app.command("reports")
+def reports(
+    runs: int = typer.Option(100, min=1, help="Synthetic runs (each with a journal)."),
+    rounds: int = typer.Option(3, min=1, help="Timed repetitions; the fastest counts."),
+    as_json: bool = typer.Option(False, "--json", help="Print the rows as one JSON document."),
+) -> None:
+    """`reports build` and `leaders runs` over synthetic runs with journals (budgets: 10 s and 1 s for 100 runs)."""
+    from gradlab.benchmarks.reports import main
+
+    main(runs=runs, rounds=rounds, as_json=as_json)

@@ -69,6 +69,24 @@ def resolve_api_key(settings: Any) -> str | None:
     return settings.secret("wandb.api_key_ref")
 
 
+def wandb_project(configured: str | None, spec: Any) -> str:
+    """The W&B project of a run: the machine setting (``GRADLAB_WANDB_PROJECT``), else the recipe's
+    ``logging.wandb_project`` when it is not the default ``gradlab``, else the goal's family (its
+    project in ``experiments/goals/_catalog.yaml``), else ``gradlab``."""
+    if configured:
+        return configured
+    recipe_project = spec.recipe.logging.wandb_project
+    if recipe_project != "gradlab":
+        return recipe_project
+    try:
+        from gradlab.contracts import Experiments
+
+        return Experiments().catalog.project_of(spec.goal_id) or recipe_project
+    except Exception as e:  # noqa: BLE001 - an unreadable catalog: the default project
+        logger.debug("goal catalog unreadable (%s): W&B project %s", e, recipe_project)
+        return recipe_project
+
+
 class WandbSink:
     """Deliver outbox metric events to one W&B run (see the module docstring).
 
@@ -79,6 +97,7 @@ class WandbSink:
         project: W&B project.
         config: run config shown in W&B (the resolved spec's hashes, recipe, seed...).
         entity, name, tags: W&B entity, display name, tags.
+        group: W&B group (a sweep's cohort id: the runs of one cohort share it).
         high_water: the last ``event_seq`` already delivered (the outbox's mark for sink ``wandb``).
         init_timeout_s: seconds ``wandb.init`` may take before the sink gives up (pending).
         finish_timeout_s: seconds :meth:`finish` waits for W&B to flush before reporting pending.
@@ -105,6 +124,7 @@ class WandbSink:
         entity: str | None = None,
         name: str | None = None,
         tags: list[str] | None = None,
+        group: str | None = None,
         high_water: int = 0,
         init_timeout_s: float = 30.0,
         finish_timeout_s: float = 30.0,
@@ -127,7 +147,7 @@ class WandbSink:
         if mode == "disabled":
             self._ready.set()
             return
-        init = dict(project=project, entity=entity, name=name, tags=tags, config=config,
+        init = dict(project=project, entity=entity, name=name, tags=tags, group=group, config=config,
                     init_timeout_s=init_timeout_s, finish_timeout_s=finish_timeout_s,
                     api_key=api_key if mode == "online" else None)
         if background:
@@ -135,7 +155,7 @@ class WandbSink:
         else:
             self._init(**init)
 
-    def _init(self, *, project, entity, name, tags, config, init_timeout_s, finish_timeout_s, api_key) -> None:
+    def _init(self, *, project, entity, name, tags, group, config, init_timeout_s, finish_timeout_s, api_key) -> None:
         run_id, mode = self.run_id, self.mode
         if threading.current_thread() is not threading.main_thread():
             # W&B's service process inherits this thread's signal mask: a Ctrl-C in the terminal
@@ -151,6 +171,7 @@ class WandbSink:
                 entity=entity,
                 name=name or run_id,
                 tags=tags,
+                group=group,
                 config=dict(config or {}),
                 dir=str(self.dir),
                 mode=mode,

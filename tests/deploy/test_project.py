@@ -34,6 +34,7 @@ def make_project(tmp_path: Path, edit=None) -> Path:
     root = tmp_path / "project"
     (root / "flows").mkdir(parents=True)
     (root / "flows" / "training_run.py").write_text(FAKE_FLOW)
+    shutil.copy(REPO / "flows" / "reports_sync.py", root / "flows" / "reports_sync.py")  # read with ast only
     (root / "pyproject.toml").write_text("[project]\nname = 'gradlab'\n")
     shutil.copytree(REPO / "deployments" / "work-pools", root / "deployments" / "work-pools")
     data = yaml.safe_load((REPO / "prefect.yaml").read_text())
@@ -46,8 +47,9 @@ def make_project(tmp_path: Path, edit=None) -> Path:
 def test_prefect_yaml_declares_local_and_gpu_deployments_of_training_run() -> None:
     project = load_prefect_yaml(REPO)
     assert project.name == "gradlab"
-    assert [(d.name, d.work_pool) for d in project.deployments] == [("local", "gradlab-local"), ("gpu", "gradlab-gpu")]
-    for spec in project.deployments:
+    training = [d for d in project.deployments if d.entrypoint.startswith("flows/training_run.py")]
+    assert [(d.name, d.work_pool) for d in training] == [("local", "gradlab-local"), ("gpu", "gradlab-gpu")]
+    for spec in training:
         assert spec.entrypoint == "flows/training_run.py:training_run"
         # References only: seed, overrides, W&B mode (recipe comes with each run) -- no hyperparameters.
         assert spec.parameters == {"seed": 0, "overrides": [], "wandb_mode": None}
@@ -57,6 +59,16 @@ def test_prefect_yaml_declares_local_and_gpu_deployments_of_training_run() -> No
     # The anchors live under definitions: and are shared, not copied.
     raw = (REPO / "prefect.yaml").read_text()
     assert raw.count("*training_run") == 2 and raw.count("*default_parameters") == 2
+
+
+def test_reports_sync_deployment_is_scheduled_and_validates() -> None:
+    project = load_prefect_yaml(REPO)
+    spec = project.deployment("reports-sync/reports-sync")
+    assert spec.entrypoint == "flows/reports_sync.py:reports_sync" and spec.work_pool == "gradlab-local"
+    assert spec.raw["schedules"] == [{"cron": "0 3 * * *", "timezone": "UTC"}]
+    signature = flow_signature(REPO / "flows" / "reports_sync.py", "reports_sync")
+    assert signature.flow_name == "reports-sync" and set(spec.parameters) <= set(signature.parameters)
+    assert validate_deployments(REPO) == []
 
 
 def test_checkout_deployments_validate_against_the_real_flow_signature(tmp_path: Path) -> None:
@@ -87,7 +99,8 @@ def test_flow_signature_reads_names_kwonly_and_kwargs_from_source(tmp_path: Path
 
 def test_validate_names_every_bad_deployment_field(tmp_path: Path) -> None:
     def edit(data):
-        local, gpu = data["deployments"]
+        local, gpu = data["deployments"][:2]
+        del data["deployments"][2:]  # reports-sync: checked on its own
         local["parameters"] = {"seed": -1, "learning_rate": 0.1, "wandb_mode": "loud", "overrides": ["n_steps"],
                                "recipe": "CartPole-v1/nope"}
         gpu["work_pool"] = {"name": "gradlab-tpu"}

@@ -1,0 +1,467 @@
+"""Cohorts of seeds, their per-seed scores and statistics, the cohort receipt, and leaders
+(docs/ARCHITECTURE.md section 12).
+
+A cohort is the runs of one recipe of one goal with the same overrides, one per seed (the latest
+run of a seed counts). ``gradlab sweep`` trains one and seals a create-only :class:`CohortReceipt`
+under ``cohorts/<cohort_id>.json`` in the control store; runs trained one by one with ``gradlab
+train --seed`` join the same cohort when recipe and overrides match.
+
+Per seed (:class:`SeedResult`): the evaluation of the promoted checkpoint, or of the highest-step
+evaluated checkpoint when nothing was promoted; its objective score (the goal's ``objective.rank``
+metric), return mean, success rate; steps to acceptance (the promoted step) and wall time to
+acceptance (first attempt start to promotion). Statistics: :mod:`gradlab.results.stats`.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from pydantic import AwareDatetime, Field
+
+from gradlab.contracts.base import Contract
+from gradlab.errors import ContractViolation, NotFound
+from gradlab.results import stats
+
+log = logging.getLogger(__name__)
+
+COHORTS_PREFIX = "cohorts/"
+_FALLBACK_OBJECTIVE = ("eval/episode/return/mean", "maximize")
+
+
+# -- the cohort receipt --------------------------------------------------------------------------
+class CohortRun(Contract):
+    run_id: str
+    seed: int = Field(ge=0)
+    outcome: str | None = Field(description="The run's terminal outcome; None when no receipt was sealed.")
+    flow_run_id: str | None = None
+
+
+class CohortReceipt(Contract):
+    """What a ``sweep`` flow run trained: its runs and their outcomes (create-only)."""
+
+    cohort_id: str = Field(description="``cohort-<utc yyyymmddThhmmss>-<8 hex>``; also the W&B group.")
+    goal_id: str
+    recipe_id: str
+    overrides: list[str] = Field(default_factory=list)
+    seeds: list[int]
+    runs: list[CohortRun]
+    deployment: str | None = Field(default=None, description="Deployment the runs were queued on; None: local.")
+    flow_run_id: str | None = Field(default=None, description="The sweep's Prefect flow run.")
+    created_at: AwareDatetime
+    sealed_at: AwareDatetime
+
+
+def new_cohort_id(now: datetime | None = None) -> str:
+    """``cohort-<utc yyyymmddThhmmss>-<8 hex>``."""
+    now = now or datetime.now(UTC)
+    return f"cohort-{now.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(4)}"
+
+
+def cohort_key(cohort_id: str) -> str:
+    if not cohort_id or "/" in cohort_id or cohort_id.startswith("."):
+        raise ContractViolation(f"cohort id {cohort_id!r}: expected a name without '/' or a leading '.'")
+    return f"{COHORTS_PREFIX}{cohort_id}.json"
+
+
+def seal_cohort(stores, receipt: CohortReceipt) -> CohortReceipt:
+    """Write the cohort receipt create-only (a retry with the same content agrees).
+
+    Raises:
+        Conflict: a different receipt already exists under this cohort id.
+    """
+    from gradlab.receipts.io import create_or_agree
+
+    return create_or_agree(stores.control, cohort_key(receipt.cohort_id), receipt,
+                           agree=lambda old, new: old == new, what="cohort receipt")
+
+
+def read_cohort(stores, cohort_id: str) -> CohortReceipt:
+    """Raises NotFound: no such cohort."""
+    from gradlab.receipts.io import read_model
+
+    return read_model(stores.control, cohort_key(cohort_id), CohortReceipt)
+
+
+def list_cohorts(stores) -> list[CohortReceipt]:
+    """Every sealed cohort receipt, oldest first."""
+    from gradlab.receipts.io import read_model
+
+    return [read_model(stores.control, k, CohortReceipt) for k in stores.control.list(COHORTS_PREFIX)
+            if k.endswith(".json") and k.count("/") == 1]
+
+
+def build_cohort_receipt(stores, *, cohort_id: str, recipe: str, overrides: Sequence[str], seeds: Sequence[int],
+                         launched: Sequence[dict], deployment: str | None, flow_run_id: str | None,
+                         created_at: datetime) -> CohortReceipt:
+    """Seal the cohort receipt of a sweep from its runs' latest terminal receipts (create-only).
+
+    Args:
+        launched: one ``{"run_id", "seed", "flow_run_id"}`` per seed, as the sweep started them.
+    """
+    from gradlab.receipts import rules
+    from gradlab.receipts.models import utcnow
+
+    goal_id, recipe_id = recipe.split("/")
+    runs = []
+    for item in launched:
+        outcome = None
+        try:
+            attempts = rules.list_attempts(stores, item["run_id"])
+            receipt = next((r for a in reversed(attempts)
+                            if (r := rules.read_terminal(stores, item["run_id"], a.attempt_id))), None)
+            outcome = receipt.outcome if receipt is not None else None
+        except NotFound:
+            pass
+        runs.append(CohortRun(run_id=item["run_id"], seed=int(item["seed"]), outcome=outcome,
+                              flow_run_id=item.get("flow_run_id")))
+    receipt = CohortReceipt(cohort_id=cohort_id, goal_id=goal_id, recipe_id=recipe_id, overrides=list(overrides),
+                            seeds=list(seeds), runs=runs, deployment=deployment, flow_run_id=flow_run_id,
+                            created_at=created_at, sealed_at=utcnow())
+    return seal_cohort(stores, receipt)
+
+
+def cohort_table(stores, receipt: CohortReceipt) -> list[dict]:
+    """One row per run of a cohort receipt: seed, run id, outcome, promoted step, objective score."""
+    rows = []
+    objective = goal_objective(receipt.goal_id)
+    for run in receipt.runs:
+        try:
+            result = seed_result(stores, run.run_id, objective=objective)
+        except NotFound:
+            result = None
+        rows.append({"seed": run.seed, "run_id": run.run_id, "outcome": run.outcome,
+                     "promoted_step": result.steps_to_acceptance if result else None,
+                     objective[0]: result.score if result else None})
+    return rows
+
+
+# -- per-seed results ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SeedResult:
+    """One run's contribution to its cohort (see the module docstring)."""
+
+    run_id: str
+    goal_id: str
+    recipe_id: str
+    overrides: tuple[str, ...]
+    seed: int
+    outcome: str | None
+    score: float | None
+    return_mean: float | None
+    success_rate: float | None
+    evaluated_step: int | None
+    accepted: bool
+    steps_to_acceptance: int | None
+    seconds_to_acceptance: float | None
+    checkpoint_sha256: str | None
+    created_at: datetime
+
+    @property
+    def cohort(self) -> tuple[str, str, tuple[str, ...]]:
+        return self.goal_id, self.recipe_id, self.overrides
+
+    def as_json(self) -> dict:
+        return {k: (v.isoformat() if isinstance(v, datetime) else list(v) if isinstance(v, tuple) else v)
+                for k, v in self.__dict__.items()}
+
+
+def cohort_label(recipe_id: str, overrides: Sequence[str]) -> str:
+    """``recipe`` or ``recipe [k=v, ...]``."""
+    return recipe_id + (f" [{', '.join(overrides)}]" if overrides else "")
+
+
+def goal_objective(goal_id: str) -> tuple[str, str]:
+    """(metric, direction) of the goal's objective; ``eval/episode/return/mean``, maximize when the
+    goal is no longer in the experiments tree."""
+    try:
+        goal = _experiments().load_goal(goal_id)
+    except Exception as e:  # noqa: BLE001 - a goal removed or renamed since its runs: the generic objective
+        log.debug("goal %s not loadable (%s): ranking by the return mean", goal_id, e)
+        return _FALLBACK_OBJECTIVE
+    return goal.objective.rank, goal.objective.direction
+
+
+_EXPERIMENTS = None
+
+
+def _experiments():
+    global _EXPERIMENTS
+    from gradlab.contracts import Experiments
+
+    if _EXPERIMENTS is None:
+        _EXPERIMENTS = Experiments()
+    return _EXPERIMENTS
+
+
+def _eval_key(stores, uri: str | None) -> str | None:
+    base = stores.eval.base_url.rstrip("/") + "/"
+    return uri[len(base):] if uri and uri.startswith(base) else None
+
+
+def seed_result(stores, run_id: str, *, objective: tuple[str, str] | None = None) -> SeedResult | None:
+    """The run's per-seed result from its latest sealed terminal receipt; None when it has none yet.
+
+    The evaluation record read is checked to be of the checkpoint the receipt names (sha256).
+
+    Raises:
+        NotFound: no run ``run_id``.
+    """
+    from gradlab.receipts import rules
+    from gradlab.receipts.io import read_optional
+    from gradlab.receipts.models import EvaluationRecord
+
+    record = rules.read_run(stores, run_id)
+    attempts = rules.list_attempts(stores, run_id)
+    receipt = next((r for a in reversed(attempts) if (r := rules.read_terminal(stores, run_id, a.attempt_id))), None)
+    if receipt is None:
+        return None
+    metric, _ = objective or goal_objective(record.goal_id)
+    shas = {c.step: c.sha256 for c in receipt.checkpoints}
+    evaluated = [e for e in receipt.evaluations if e.status in ("accepted", "rejected") and e.result_uri]
+    chosen = None
+    if receipt.promotion is not None:
+        chosen = next((e for e in evaluated if e.checkpoint_step == receipt.promotion.checkpoint_step), None)
+    if chosen is None and evaluated:
+        chosen = max(evaluated, key=lambda e: e.checkpoint_step)
+    aggregates: dict = {}
+    if chosen is not None:
+        key = _eval_key(stores, chosen.result_uri)
+        rec = read_optional(stores.eval, key, EvaluationRecord) if key else None
+        if rec is not None and rec.checkpoint_sha256 != shas.get(chosen.checkpoint_step):
+            raise ContractViolation(f"run {run_id}: evaluation {chosen.result_uri} is of checkpoint "
+                                    f"{rec.checkpoint_sha256[:16]}, the receipt lists {shas.get(chosen.checkpoint_step)}")
+        aggregates = (rec.result or {}).get("aggregates", {}) if rec is not None else {}
+    seconds = None
+    promotion = rules.read_promotion(stores, run_id) if receipt.promotion is not None else None
+    if promotion is not None and attempts:
+        seconds = (promotion.promoted_at - attempts[0].started_at).total_seconds()
+    score = aggregates.get(metric)
+    if score is None and chosen is not None and metric == "eval/episode/return/mean":
+        score = chosen.return_mean
+    return SeedResult(
+        run_id=run_id, goal_id=record.goal_id, recipe_id=record.recipe_id, overrides=tuple(record.overrides),
+        seed=record.seed, outcome=receipt.outcome, score=None if score is None else float(score),
+        return_mean=chosen.return_mean if chosen is not None else None,
+        success_rate=aggregates.get("eval/outcome/success/rate"),
+        evaluated_step=chosen.checkpoint_step if chosen is not None else None,
+        accepted=receipt.promotion is not None,
+        steps_to_acceptance=receipt.promotion.checkpoint_step if receipt.promotion is not None else None,
+        seconds_to_acceptance=seconds, checkpoint_sha256=shas.get(chosen.checkpoint_step) if chosen else None,
+        created_at=record.created_at,
+    )
+
+
+def goal_results(stores, goal_id: str | None = None, run_ids: Iterable[str] | None = None) -> list[SeedResult]:
+    """Per-seed results of every sealed run (of ``goal_id`` when given), latest run per seed and cohort."""
+    from gradlab.receipts import rules
+
+    objectives: dict[str, tuple[str, str]] = {}
+    latest: dict[tuple, SeedResult] = {}
+    for run_id in run_ids if run_ids is not None else rules.list_runs(stores):
+        try:
+            record = rules.read_run(stores, run_id)
+        except NotFound:
+            continue
+        if goal_id is not None and record.goal_id != goal_id:
+            continue
+        objective = objectives.setdefault(record.goal_id, goal_objective(record.goal_id))
+        result = seed_result(stores, run_id, objective=objective)
+        if result is None:
+            continue
+        key = (*result.cohort, result.seed)
+        if key not in latest or result.created_at >= latest[key].created_at:
+            latest[key] = result
+    return sorted(latest.values(), key=lambda r: (r.goal_id, r.recipe_id, r.overrides, r.seed))
+
+
+# -- cohort statistics -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CohortStats:
+    """A cohort's seeds and statistics (``score`` is the goal's objective metric)."""
+
+    goal_id: str
+    recipe_id: str
+    overrides: tuple[str, ...]
+    objective: str
+    direction: str
+    seeds: list[SeedResult]
+    iqm: stats.Estimate
+    median: stats.Estimate
+    success_median: stats.Estimate
+    steps_to_acceptance: stats.Estimate
+    seconds_to_acceptance: stats.Estimate
+    accepted: int
+    scores: list[float] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return cohort_label(self.recipe_id, self.overrides)
+
+    def as_json(self) -> dict:
+        return {"goal_id": self.goal_id, "recipe_id": self.recipe_id, "overrides": list(self.overrides),
+                "label": self.label, "objective": self.objective, "direction": self.direction,
+                "n_seeds": len(self.seeds), "n_scored": len(self.scores), "accepted": self.accepted,
+                "iqm": self.iqm.as_json(), "median_iqr": self.median.as_json(),
+                "success_rate_median_iqr": self.success_median.as_json(),
+                "steps_to_acceptance_median_iqr": self.steps_to_acceptance.as_json(),
+                "seconds_to_acceptance_median_iqr": self.seconds_to_acceptance.as_json(),
+                "seeds": [s.as_json() for s in self.seeds]}
+
+
+def _median_or_none(values: list[float]) -> stats.Estimate:
+    return stats.median_iqr(values) if values else stats.Estimate(None, None, None, 0, "no values")
+
+
+def cohort_stats(results: Sequence[SeedResult], *, seed: int = 0) -> CohortStats:
+    """Statistics of one cohort's seeds (all of the same goal, recipe and overrides).
+
+    Raises:
+        ContractViolation: ``results`` is empty or mixes cohorts.
+    """
+    if not results:
+        raise ContractViolation("a cohort needs at least one run")
+    if len({r.cohort for r in results}) != 1:
+        raise ContractViolation("cohort_stats: the runs are of different goals, recipes or overrides")
+    first = results[0]
+    metric, direction = goal_objective(first.goal_id)
+    scores = [r.score for r in results if r.score is not None]
+    estimate = stats.iqm_estimate(scores, seed=seed) if scores else stats.Estimate(None, None, None, 0, "no evaluated seed")
+    return CohortStats(
+        goal_id=first.goal_id, recipe_id=first.recipe_id, overrides=first.overrides, objective=metric,
+        direction=direction, seeds=list(results), iqm=estimate, median=_median_or_none(scores),
+        success_median=_median_or_none([r.success_rate for r in results if r.success_rate is not None]),
+        steps_to_acceptance=_median_or_none([float(r.steps_to_acceptance) for r in results
+                                             if r.steps_to_acceptance is not None]),
+        seconds_to_acceptance=_median_or_none([r.seconds_to_acceptance for r in results
+                                               if r.seconds_to_acceptance is not None]),
+        accepted=sum(r.accepted for r in results), scores=scores,
+    )
+
+
+def cohorts(results: Sequence[SeedResult]) -> list[CohortStats]:
+    """Every cohort among ``results`` with its statistics."""
+    groups: dict[tuple, list[SeedResult]] = defaultdict(list)
+    for r in results:
+        groups[r.cohort].append(r)
+    return [cohort_stats(g) for _, g in sorted(groups.items())]
+
+
+def find_cohort(stores, ref: str, overrides: Sequence[str] | None = None) -> CohortStats:
+    """The cohort of ``GOAL/RECIPE``: with exactly ``overrides`` when given; otherwise the recipe's only
+    cohort, or else its cohort without overrides.
+
+    Raises:
+        ContractViolation: ``ref`` is not GOAL/RECIPE, or ``overrides`` is None and the recipe has
+            several cohorts, none without overrides (names them).
+        NotFound: no sealed run of it.
+    """
+    if ref.count("/") != 1 or not all(ref.split("/")):
+        raise ContractViolation(f"{ref!r}: expected GOAL/RECIPE")
+    goal_id, recipe_id = ref.split("/")
+    mine = [r for r in goal_results(stores, goal_id) if r.recipe_id == recipe_id]
+    if not mine:
+        raise NotFound(f"{ref}: no sealed runs in {stores.control.base_url} (train some with `gradlab sweep {ref} --seeds N`)")
+    groups: dict[tuple[str, ...], list[SeedResult]] = defaultdict(list)
+    for r in mine:
+        groups[r.overrides].append(r)
+    if overrides is not None:
+        chosen = groups.get(tuple(overrides))
+        if not chosen:
+            raise NotFound(f"{ref}: no sealed runs with overrides {list(overrides)} (found: "
+                           f"{'; '.join(cohort_label(recipe_id, o) for o in groups)})")
+    elif len(groups) == 1:
+        chosen = next(iter(groups.values()))
+    elif () in groups:
+        chosen = groups[()]
+    else:
+        raise ContractViolation(f"{ref}: several cohorts ({'; '.join(cohort_label(recipe_id, o) for o in groups)}); "
+                                "name one with its overrides")
+    return cohort_stats(chosen)
+
+
+def compare(a: CohortStats, b: CohortStats, *, seed: int = 0) -> stats.Estimate:
+    """P(a random seed of A beats one of B) on the goal's objective (direction respected).
+
+    Raises:
+        ContractViolation: the cohorts are of different goals, or one has no evaluated seed.
+    """
+    if a.goal_id != b.goal_id:
+        raise ContractViolation(f"compare: {a.goal_id}/{a.recipe_id} and {b.goal_id}/{b.recipe_id} are of different "
+                                "goals; their scores are not comparable")
+    for c in (a, b):
+        if not c.scores:
+            raise ContractViolation(f"compare: {c.goal_id}/{c.label} has no evaluated seed")
+    sign = 1.0 if a.direction == "maximize" else -1.0
+    return stats.probability_of_improvement_estimate([sign * s for s in a.scores], [sign * s for s in b.scores],
+                                                     seed=seed)
+
+
+def leaders_runs(stores, goal_id: str, *, min_seeds: int = 1, results: Sequence[SeedResult] | None = None) -> list[CohortStats]:
+    """Cohorts of ``goal_id`` with at least ``min_seeds`` scored seeds, best IQM first.
+
+    Raises:
+        NotFound: the goal has no sealed runs.
+    """
+    results = list(results) if results is not None else goal_results(stores, goal_id)
+    if not results:
+        raise NotFound(f"goal {goal_id}: no sealed runs in {stores.control.base_url}")
+    found = [c for c in cohorts(results) if len(c.scores) >= min_seeds]
+    maximize = not found or found[0].direction == "maximize"
+    return sorted(found, key=lambda c: (c.iqm.value is None, -(c.iqm.value or 0.0) if maximize else (c.iqm.value or 0.0)))
+
+
+@dataclass(frozen=True)
+class CheckpointLeader:
+    run_id: str
+    recipe_id: str
+    seed: int
+    step: int
+    sha256: str
+    uri: str
+    return_mean: float | None
+    promoted: bool
+
+    @property
+    def play_command(self) -> str:
+        return f"gradlab play {self.run_id}:{self.step}"
+
+    def as_json(self) -> dict:
+        return {**self.__dict__, "play_command": self.play_command}
+
+
+def leaders_checkpoints(stores, goal_id: str, *, limit: int = 10) -> list[CheckpointLeader]:
+    """Accepted checkpoints of ``goal_id``'s runs, highest evaluation return mean first.
+
+    Raises:
+        NotFound: the goal has no sealed runs.
+    """
+    from gradlab.receipts import rules
+
+    found: list[CheckpointLeader] = []
+    any_run = False
+    for run_id in rules.list_runs(stores):
+        record = rules.read_run(stores, run_id)
+        if record.goal_id != goal_id:
+            continue
+        attempts = rules.list_attempts(stores, run_id)
+        receipt = next((r for a in reversed(attempts) if (r := rules.read_terminal(stores, run_id, a.attempt_id))), None)
+        if receipt is None:
+            continue
+        any_run = True
+        ckpts = {c.step: c for c in receipt.checkpoints}
+        promoted = receipt.promotion.checkpoint_step if receipt.promotion else None
+        for e in receipt.evaluations:
+            if e.status == "accepted" and e.checkpoint_step in ckpts:
+                c = ckpts[e.checkpoint_step]
+                found.append(CheckpointLeader(run_id=run_id, recipe_id=record.recipe_id, seed=record.seed, step=c.step,
+                                              sha256=c.sha256, uri=c.uri, return_mean=e.return_mean,
+                                              promoted=c.step == promoted))
+    if not any_run:
+        raise NotFound(f"goal {goal_id}: no sealed runs in {stores.control.base_url}")
+    found.sort(key=lambda c: (c.return_mean is None, -(c.return_mean or 0.0), c.step))
+    return found[:limit]

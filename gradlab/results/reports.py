@@ -1,0 +1,276 @@
+"""Static HTML reports and their publication to a store (docs/ARCHITECTURE.md section 12).
+
+``build_site`` writes ``index.html`` (projects and their goals) and one page per goal,
+``<project>/<goal>.html``: the goal's contract summary, the leaders table (cohort IQM with its 95%
+stratified-bootstrap interval), learning curves across seeds (median and interquartile band per
+cohort), steps and wall time to acceptance per seed, and the promoted checkpoints with the command
+that plays them. Images are PNGs embedded as ``data:`` URLs and there is no script, stylesheet or
+font from elsewhere: a page opens with no network. Pages carry no build time, so the same stores
+and journals build the same bytes (and the same content hash).
+
+``sync_site`` publishes a built site: every file create-only (verified) under
+``reports/builds/<build sha256>/``, where the build hash is the sha256 of the site's manifest
+(relative path → file sha256), then ``reports/index.json`` by compare-and-swap (``latest`` and the
+list of builds). Re-syncing an unchanged site writes nothing new.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import html
+import io
+import json
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from gradlab.errors import Conflict, ContractViolation, GradlabError, NotFound
+from gradlab.results import cohorts as cohorts_mod
+
+log = logging.getLogger(__name__)
+
+REPORTS_PREFIX = "reports/"
+INDEX_KEY = "reports/index.json"
+#: Metrics drawn across seeds on each goal page.
+CURVE_METRICS = ("train/episode/return/shaped/mean", "eval/episode/return/mean")
+_STYLE = """body{font-family:system-ui,sans-serif;margin:2rem;max-width:1200px;color:#222}
+table{border-collapse:collapse;margin:.5rem 0 1.5rem}td,th{border:1px solid #ccc;padding:.25rem .5rem;text-align:left}
+th{background:#f3f3f3}code{background:#f6f6f6;padding:0 .2rem}img{max-width:100%}.note{color:#666}"""
+
+
+@dataclass(frozen=True)
+class BuiltSite:
+    """What :func:`build_site` wrote: the folder and its pages (relative paths)."""
+
+    root: Path
+    pages: tuple[str, ...]
+    goals: tuple[str, ...]
+
+
+def _e(value: object) -> str:
+    return html.escape(str(value))
+
+
+def _fmt(e, digits: int = 3) -> str:
+    if e.value is None:
+        return "-"
+    if e.low is None:
+        return f"{e.value:.{digits}f} <span class='note'>(interval undefined: {e.n} seed{'s' if e.n != 1 else ''})</span>"
+    return f"{e.value:.{digits}f} [{e.low:.{digits}f}, {e.high:.{digits}f}]"
+
+
+def _page(title: str, body: str) -> str:
+    return (f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{_e(title)}</title>"
+            f"<style>{_STYLE}</style></head><body>{body}</body></html>\n")
+
+
+def _png(fig) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=80, metadata={"Software": None})
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def _curves_figure(goal_id: str, groups: dict[str, list], notes: list[str]):
+    """Median and IQR band across seeds, one line per cohort, one panel per metric; None if no points."""
+    from matplotlib.figure import Figure
+
+    from gradlab.results.curves import median_band
+
+    fig = Figure(figsize=(10, 3.4), layout="constrained")
+    axes = fig.subplots(1, len(CURVE_METRICS), squeeze=False).ravel()
+    drawn = False
+    for ax, metric in zip(axes, CURVE_METRICS, strict=True):
+        for label, curves in groups.items():
+            mine = [c for c in curves if c.metric == metric]
+            x, med, q25, q75 = median_band(mine)
+            if not x.size:
+                continue
+            drawn = True
+            (line,) = ax.plot(x, med, marker="o" if x.size < 3 else None, label=f"{label} (n={len(mine)})")
+            if x.size > 1:
+                ax.fill_between(x, q25, q75, color=line.get_color(), alpha=0.2, linewidth=0)
+        ax.set_title(f"{metric} (median, IQR)", fontsize=9)
+        ax.set_xlabel("env steps", fontsize=8)
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=7)
+    fig.suptitle(goal_id, fontsize=10)
+    return fig if drawn else None
+
+
+def _contract_html(goal_id: str) -> str:
+    try:
+        goal = cohorts_mod._experiments().load_goal(goal_id)
+    except GradlabError as e:
+        return f"<p class='note'>contract unavailable: {_e(e)}</p>"
+    env = goal.train.environment
+    rules = "; ".join(f"{r.metric} {r.operator} {r.threshold:g}" for r in goal.eval.acceptance) or "none (training only)"
+    rows = [("title", goal.title or goal_id), ("environment", f"{env.provider}: {env.env_id}"),
+            ("objective", f"{goal.objective.direction} {goal.objective.rank}"),
+            ("evaluation", f"{goal.eval.episodes} episodes, {goal.eval.policy} policy, seed {goal.eval.seed}"),
+            ("acceptance", rules)]
+    body = "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in rows)
+    return f"<p>{_e(goal.description)}</p><table class='contract'>{body}</table>"
+
+
+def goal_page(settings, stores, goal_id: str, results: Sequence[cohorts_mod.SeedResult]) -> str:
+    """The HTML of one goal's page."""
+    from gradlab.results.curves import run_curves
+
+    ranked = cohorts_mod.leaders_runs(stores, goal_id, results=results)
+    parts = [f"<p><a href='../index.html'>all goals</a></p><h1>{_e(goal_id)}</h1>", _contract_html(goal_id),
+             "<h2>Leaders</h2>"]
+    if ranked:
+        rows = "".join(
+            f"<tr><td>{i}</td><td>{_e(c.label)}</td><td>{len(c.scores)}</td><td>{_fmt(c.iqm)}</td><td>{_fmt(c.median)}</td>"
+            f"<td>{c.accepted}/{len(c.seeds)}</td><td>{_fmt(c.steps_to_acceptance, 0)}</td>"
+            f"<td>{_fmt(c.seconds_to_acceptance, 1)}</td></tr>" for i, c in enumerate(ranked, start=1))
+        parts.append(f"<table id='leaders'><tr><th>rank</th><th>recipe</th><th>seeds</th>"
+                     f"<th>IQM of {_e(ranked[0].objective)} [95% CI]</th><th>median [IQR]</th><th>accepted</th>"
+                     f"<th>steps to acceptance, median [IQR]</th><th>seconds to acceptance, median [IQR]</th></tr>{rows}</table>")
+    else:
+        parts.append("<p class='note'>no evaluated runs</p>")
+    groups: dict[str, list] = defaultdict(list)
+    notes: list[str] = []
+    for r in results:
+        try:
+            groups[cohorts_mod.cohort_label(r.recipe_id, r.overrides)] += run_curves(settings, None, [r.run_id],
+                                                                                     CURVE_METRICS)
+        except GradlabError as e:
+            notes.append(str(e))
+    parts.append("<h2>Learning curves across seeds</h2>")
+    fig = _curves_figure(goal_id, groups, notes)
+    parts.append(f"<img class='curves' alt='learning curves of {_e(goal_id)}' src='{_png(fig)}'>" if fig is not None
+                 else "<p class='note'>no curves: no journal on this machine holds these runs</p>")
+    parts += [f"<p class='note'>left out: {_e(n)}</p>" for n in notes]
+    parts.append("<h2>Seeds: steps and time to acceptance</h2><table id='seeds'><tr><th>recipe</th><th>seed</th>"
+                 "<th>run</th><th>outcome</th><th>score</th><th>steps to acceptance</th><th>seconds to acceptance</th></tr>")
+    for r in results:
+        parts.append(f"<tr><td>{_e(cohorts_mod.cohort_label(r.recipe_id, r.overrides))}</td><td>{r.seed}</td>"
+                     f"<td>{_e(r.run_id)}</td><td>{_e(r.outcome)}</td>"
+                     f"<td>{'-' if r.score is None else f'{r.score:.3f}'}</td><td>{r.steps_to_acceptance or '-'}</td>"
+                     f"<td>{'-' if r.seconds_to_acceptance is None else f'{r.seconds_to_acceptance:.1f}'}</td></tr>")
+    parts.append("</table><h2>Promoted checkpoints</h2>")
+    promoted = [r for r in results if r.accepted and r.checkpoint_sha256]
+    if promoted:
+        parts.append("<table id='checkpoints'><tr><th>run</th><th>recipe</th><th>seed</th><th>step</th><th>sha256</th>"
+                     "<th>play</th></tr>")
+        parts += [f"<tr><td>{_e(r.run_id)}</td><td>{_e(cohorts_mod.cohort_label(r.recipe_id, r.overrides))}</td><td>{r.seed}</td><td>{r.steps_to_acceptance}</td>"
+                  f"<td><code>{_e(r.checkpoint_sha256)}</code></td>"
+                  f"<td><code>gradlab play {_e(r.run_id)}:{r.steps_to_acceptance}</code></td></tr>" for r in promoted]
+        parts.append("</table>")
+    else:
+        parts.append("<p class='note'>none</p>")
+    return _page(f"gradlab: {goal_id}", "".join(parts))
+
+
+def build_site(settings, stores, out: Path | str, *, goal: str | None = None) -> BuiltSite:
+    """Write the static site into ``out`` (created; existing pages are replaced).
+
+    Args:
+        goal: only this goal's page (and the index listing it).
+
+    Raises:
+        NotFound: ``goal`` (or, without it, any goal) has no sealed runs.
+    """
+    root = Path(out)
+    results = cohorts_mod.goal_results(stores, goal)
+    if not results:
+        raise NotFound(f"{'goal ' + goal if goal else 'the stores'}: no sealed runs in {stores.control.base_url}")
+    by_goal: dict[str, list] = defaultdict(list)
+    for r in results:
+        by_goal[r.goal_id].append(r)
+    try:
+        catalog = cohorts_mod._experiments().catalog
+    except GradlabError:
+        from gradlab.contracts.catalog import Catalog
+
+        catalog = Catalog()
+    pages = []
+    listing: dict[str, list[str]] = defaultdict(list)
+    for goal_id in sorted(by_goal):
+        project = catalog.project_of(goal_id) or "other"
+        rel = f"{project}/{goal_id}.html"
+        target = root / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(goal_page(settings, stores, goal_id, by_goal[goal_id]))
+        pages.append(rel)
+        listing[project].append(goal_id)
+    body = ["<h1>gradlab results</h1>"]
+    for project in sorted(listing):
+        title = catalog.projects[project].title if project in catalog.projects else project
+        body.append(f"<h2>{_e(title)}</h2><ul>")
+        body += [f"<li><a href='{_e(project)}/{_e(g)}.html'>{_e(g)}</a> ({len(by_goal[g])} runs)</li>" for g in listing[project]]
+        body.append("</ul>")
+    (root / "index.html").write_text(_page("gradlab results", "".join(body)))
+    return BuiltSite(root=root, pages=("index.html", *pages), goals=tuple(sorted(by_goal)))
+
+
+def site_manifest(root: Path | str) -> dict[str, str]:
+    """Every file of a built site (relative POSIX path) → its sha256, sorted by path."""
+    root = Path(root)
+    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def build_hash(manifest: dict[str, str]) -> str:
+    """sha256 of the manifest's canonical JSON (sorted keys, no spaces): the build's content hash."""
+    return hashlib.sha256(json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def sync_site(root: Path | str, store, *, attempts: int = 8) -> dict:
+    """Publish a built site to ``store`` (see the module docstring).
+
+    Returns:
+        ``{"build": sha256, "files": n, "uploaded": n_new, "index": {...}}``.
+
+    Raises:
+        ContractViolation: ``root`` holds no ``index.html``.
+        Conflict: the index kept changing under us for ``attempts`` tries.
+        IntegrityError: a file read back differs from the bytes written.
+    """
+    root = Path(root)
+    if not (root / "index.html").is_file():
+        raise ContractViolation(f"{root}: not a built report site (no index.html); run `gradlab reports build` first")
+    manifest = site_manifest(root)
+    digest = build_hash(manifest)
+    prefix = f"{REPORTS_PREFIX}builds/{digest}/"
+    uploaded = 0
+    for rel in manifest:
+        key = prefix + rel
+        if not store.exists(key):
+            uploaded += 1
+        store.put_verified(key, (root / rel).read_bytes())
+    store.put_verified(prefix + "manifest.json", (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
+    for _ in range(attempts):
+        try:
+            data, etag = store.get_with_etag(INDEX_KEY)
+            index = json.loads(data)
+        except NotFound:
+            index, etag = {"latest": None, "builds": []}, None
+        if index.get("latest") == digest:
+            break
+        builds = [b for b in index.get("builds", []) if b.get("build") != digest]
+        builds.append({"build": digest, "files": len(manifest), "synced_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                       "index": prefix + "index.html"})
+        index = {"latest": digest, "builds": builds}
+        try:
+            store.put_if_match(INDEX_KEY, (json.dumps(index, indent=1, sort_keys=True) + "\n").encode(), etag)
+            break
+        except Conflict:
+            continue
+    else:
+        raise Conflict(f"{store.url(INDEX_KEY)}: the index changed under every one of {attempts} tries")
+    return {"build": digest, "files": len(manifest), "uploaded": uploaded, "url": store.url(prefix + "index.html"),
+            "index": index}
+
+
+def reports_store_url(settings) -> str:
+    """Where ``reports sync`` publishes: ``GRADLAB_REPORTS_STORE_URL``, else the model store."""
+    import os
+
+    return os.environ.get("GRADLAB_REPORTS_STORE_URL") or settings.model_store_url
