@@ -19,8 +19,9 @@ UI keeps the history of past runs)::
     server.json    ServerState: daemon pid, URL, ready or starting (removed when the daemon exits)
     clients/<pid>  one per command using the server now, holding that process's start time
                    (removed at its exit, or by the daemon once the process is gone)
-    startup.json   the last measured start-up time, seconds: how long a command waits for a
-                   server another command is starting before it starts Prefect its own way
+    startup.json   the last measured start-up time, seconds: a command waits for a server
+                   another command is starting about as long as starting one takes
+                   (:func:`expected_startup_s`), then uses Prefect's ephemeral server
     daemon.log     the daemon's own lines; server.log: Prefect's
 
 Who starts it: an exclusive ``flock`` on the ``$GRADLAB_HOME/prefect`` folder, taken by the command
@@ -54,10 +55,6 @@ from gradlab.learn.zygote import ensure_zygote, stop_zygotes, zygote_dir
 from gradlab.settings import Settings
 
 log = logging.getLogger(__name__)
-
-#: Seconds a command waits for a server another command is starting, when no start-up was measured yet.
-DEFAULT_STARTUP_S = 30.0
-
 
 @dataclass(frozen=True)
 class ServerState:
@@ -186,13 +183,14 @@ def free_port() -> int:
 
 
 def expected_startup_s(settings: Settings) -> float:
-    """The last measured start-up of this machine's local server, seconds (:data:`DEFAULT_STARTUP_S`
-    before any), at most the configured start-up wait."""
+    """How long starting a local server takes here, seconds: twice the last measured start-up plus
+    2 s (the load on a shared machine moves it by 2×), at most the configured start-up wait, which
+    is also the answer before any start was measured."""
     try:
         seconds = float(json.loads((prefect_home(settings) / "startup.json").read_text())["seconds"])
     except (OSError, ValueError, KeyError, TypeError):
-        seconds = DEFAULT_STARTUP_S
-    return min(max(seconds, 1.0), settings.server_start_timeout_s)
+        return settings.server_start_timeout_s
+    return min(2.0 * max(seconds, 0.0) + 2.0, settings.server_start_timeout_s)
 
 
 def _spawn(settings: Settings, lock_fd: int, *, port: int, idle_s: float, start_timeout_s: float) -> int:

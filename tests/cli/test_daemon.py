@@ -106,11 +106,12 @@ def test_opt_out_starts_nothing(settings) -> None:
 
 
 def test_a_daemon_someone_else_is_starting_is_waited_for_no_longer_than_a_start(settings) -> None:
-    """The lock held (a daemon is starting) and never ready: a command gives up after the measured
-    start-up time of this machine, says so, and falls back to Prefect's ephemeral server."""
+    """The lock held (a daemon is starting) and never ready: a command gives up after what a start
+    takes here (twice the last measured one, 1 s, plus 2 s), says so, and falls back to Prefect's
+    ephemeral server."""
     phome = prefect_home(settings)
     phome.mkdir(parents=True)
-    (phome / "startup.json").write_text(json.dumps({"seconds": 1.5}))
+    (phome / "startup.json").write_text(json.dumps({"seconds": 1.0}))
     fd = try_lock(settings)
     assert fd is not None
     try:
@@ -121,8 +122,8 @@ def test_a_daemon_someone_else_is_starting_is_waited_for_no_longer_than_a_start(
         waited = time.monotonic() - t0
     finally:
         os.close(fd)
-    assert 1.5 <= waited < 1.5 + 5.0
-    assert lines == [f"Prefect: the local server another command is starting did not answer within 2 s (see "
+    assert 4.0 <= waited < 4.0 + 5.0
+    assert lines == [f"Prefect: the local server another command is starting did not answer within 4 s (see "
                      f"{phome / 'daemon.log'}); this command uses Prefect's ephemeral server instead"]
     assert not (phome / "server.json").exists()  # it started none of its own
     assert not daemon_alive(settings)
