@@ -117,7 +117,8 @@ def train(
         # Prefect starts, instead of after, and is ready when the first checkpoint is published.
         operations.prewarm_evaluation(eval_backend)
     start = ("warm: forked by the warm learner" if learner.forked
-             else "cold: a new process, ~5 s of imports; the local server's warm learner serves the next run")
+             else "cold: a new process, ~5 s of imports; the local server's warm learner serves the next run"
+             if settings.daemon else "cold: a new process, ~5 s of imports; GRADLAB_DAEMON=0 keeps no warm learner")
     err_console.print(f"run [bold]{spec.run_id}[/] ({escape(spec.display_name)}), learner pid {learner.pid} ({start})",
                       highlight=False)
     api = configure_prefect()
