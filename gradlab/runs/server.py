@@ -328,7 +328,7 @@ def describe_s(seconds: float) -> str:
     return f"{seconds:g} s"
 
 
-def _start_ticks(pid: int) -> str | None:
+def start_ticks(pid: int) -> str | None:
     """The process's start time in clock ticks since boot (``/proc/<pid>/stat`` field 22), or None."""
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
@@ -343,7 +343,7 @@ def client_alive(path: Path) -> bool:
         ticks = path.read_text().strip()
     except (OSError, ValueError):
         return False
-    return pid_alive(pid) and (not ticks or _start_ticks(pid) in (None, ticks))
+    return pid_alive(pid) and (not ticks or start_ticks(pid) in (None, ticks))
 
 
 _registered: set[Path] = set()
@@ -357,7 +357,7 @@ def register_client(settings: Settings) -> None:
         return
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        path.write_text(_start_ticks(os.getpid()) or "")
+        path.write_text(start_ticks(os.getpid()) or "")
     except OSError as e:  # the server then only counts this command's runs as activity
         log.warning("could not register with the local Prefect server: %s", e)
         return
