@@ -252,6 +252,7 @@ def start_server(settings: Settings, *, port: int | None = None, timeout_s: floa
         return existing
     home = prefect_home(settings)
     fd = try_lock(settings)
+    pid = None
     if fd is None:  # another command is starting one: wait for that one
         recorded = read_state(settings)
         if say is not None:
@@ -268,7 +269,8 @@ def start_server(settings: Settings, *, port: int | None = None, timeout_s: floa
             say(_waiting_line(f"http://127.0.0.1:{port}", timeout_s, home / "server.log"))
         state = _wait_ready(settings, timeout_s, pid)
     if state is None:
-        stop_server(settings)
+        if pid is not None:  # the one this call started (one another command started is left to it)
+            stop_server(settings)
         raise TransientError(f"the Prefect server did not answer GET /api/health within {timeout_s:.0f} s; see "
                              f"{home / 'server.log'} and {home / 'daemon.log'} (a loaded machine may need "
                              "--wait or GRADLAB_SERVER_START_TIMEOUT_S)")
