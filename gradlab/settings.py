@@ -6,6 +6,13 @@ Read from ``GRADLAB_*`` environment variables first, then ``~/.config/gradlab/co
 ``GRADLAB_HOME`` is the data directory (default: the platform's user data directory); runs live
 under ``$GRADLAB_HOME/runs`` and the default file stores under ``$GRADLAB_HOME/stores``.
 
+The local Prefect server kept in the background (``gradlab.runs.server``, docs/ARCHITECTURE.md
+section 11): ``GRADLAB_DAEMON`` / ``[daemon] enabled`` (default on; ``0`` runs each command on
+Prefect's ephemeral server instead), ``GRADLAB_DAEMON_IDLE_S`` / ``[daemon] idle_s`` (seconds with
+no run and no command before it stops itself, default 1800; 0 = never),
+``GRADLAB_SERVER_START_TIMEOUT_S`` / ``[daemon] start_timeout_s`` (how long a command waits for a
+Prefect server to answer, default 180).
+
 Secrets never appear in the config file. A key ending in ``_ref`` (any table) is a secret
 *reference*: ``"env:NAME"`` (the environment variable NAME) or ``"keyring:SERVICE/USERNAME"`` (the
 OS keyring, through the optional ``keyring`` package), resolved by :func:`resolve_secret`, e.g.
@@ -45,6 +52,12 @@ class Settings:
     s3_endpoint_url: str | None
     default_pool: str
     config_file: Path
+    #: Start a local Prefect server in the background on first use (``GRADLAB_DAEMON``, ``[daemon] enabled``).
+    daemon: bool = True
+    #: Seconds without a run or a command before that server stops itself; 0 = never.
+    daemon_idle_s: float = 1800.0
+    #: Seconds a command waits for a Prefect server (local or ephemeral) to answer its health check.
+    server_start_timeout_s: float = 180.0
     #: ``(dotted key, reference)`` for every ``*_ref`` key of the config file, e.g.
     #: ``("stores.s3_secret_ref", "env:R2_SECRET")``; resolve with :func:`resolve_secret`.
     secret_refs: tuple[tuple[str, str], ...] = ()
@@ -221,6 +234,7 @@ def load_settings() -> Settings:
     if home.exists() and not home.is_dir():
         raise ConfigError(f"GRADLAB_HOME {home}: expected a folder (the gradlab data directory), found a file")
     stores_dir = home / "stores"
+    daemon = cfg.get("daemon", {}) if isinstance(cfg.get("daemon"), dict) else {}
     return Settings(
         home=home,
         control_store_url=pick("GRADLAB_CONTROL_STORE_URL", stores.get("control"), (stores_dir / "control").as_uri()),
@@ -234,28 +248,67 @@ def load_settings() -> Settings:
         default_pool=pick("GRADLAB_DEFAULT_POOL", prefect.get("default_pool"), "gradlab-local"),
         config_file=path,
         secret_refs=refs,
-        shared_permissions=_flag(os.environ.get(SHARED_PERMISSIONS_ENV), permissions.get("shared"), path),
+        shared_permissions=_flag(SHARED_PERMISSIONS_ENV, permissions, "shared", path, default=False,
+                                 section="permissions"),
+        daemon=_flag("GRADLAB_DAEMON", daemon, "enabled", path, default=True),
+        daemon_idle_s=_seconds("GRADLAB_DAEMON_IDLE_S", daemon, "idle_s", path, default=1800.0),
+        server_start_timeout_s=_seconds("GRADLAB_SERVER_START_TIMEOUT_S", daemon, "start_timeout_s", path,
+                                        default=180.0, positive=True),
     )
+
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def _flag(env: str, table: dict[str, Any], key: str, path: Path, *, default: bool, section: str = "daemon") -> bool:
+    """A boolean machine setting: the environment variable, else ``[section] key``, else ``default``.
+
+    Raises:
+        ConfigError: the value is not one of 1/0, true/false, yes/no, on/off.
+    """
+    raw = os.environ.get(env)
+    if raw is not None and raw.strip() != "":
+        where, value = env, raw.strip().lower()
+    elif key in table:
+        where, value = f"{path}: {section}.{key}", table[key]
+        if isinstance(value, bool):
+            return value
+        value = str(value).lower()
+    else:
+        return default
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ConfigError(f"{where}: expected 1 or 0 (true/false), found {value!r}")
+
+
+def _seconds(env: str, table: dict[str, Any], key: str, path: Path, *, default: float, positive: bool = False) -> float:
+    """A duration machine setting in seconds: the environment variable, else ``[daemon] key``, else ``default``.
+
+    Raises:
+        ConfigError: not a number, negative, or 0 where ``positive``.
+    """
+    raw = os.environ.get(env)
+    if raw is not None and raw.strip() != "":
+        where, value = env, raw.strip()
+    elif key in table:
+        where, value = f"{path}: daemon.{key}", table[key]
+    else:
+        return default
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = float("nan")
+    if not seconds >= (1e-9 if positive else 0.0) or seconds == float("inf"):
+        expected = "a number of seconds > 0" if positive else "a number of seconds >= 0 (0 = never)"
+        raise ConfigError(f"{where}: expected {expected}, found {value!r}")
+    return seconds
 
 
 SHARED_PERMISSIONS_ENV = "GRADLAB_SHARED_PERMISSIONS"
 PRIVATE_DIR_MODE = 0o700
 PRIVATE_FILE_MODE = 0o600
-
-
-def _flag(env: str | None, value: Any, path: Path) -> bool:
-    """``GRADLAB_SHARED_PERMISSIONS`` (1/true/yes/0/false/no) over ``[permissions] shared``."""
-    if env:
-        if env.strip().lower() in ("1", "true", "yes", "on"):
-            return True
-        if env.strip().lower() in ("0", "false", "no", "off"):
-            return False
-        raise ConfigError(f"{SHARED_PERMISSIONS_ENV}: expected 1 or 0 (true/false), found {env!r}")
-    if value is None:
-        return False
-    if not isinstance(value, bool):
-        raise ConfigError(f"{path}: permissions.shared: expected true or false, found {value!r}")
-    return value
 
 
 def secure_home(settings: Settings) -> None:

@@ -1,4 +1,5 @@
-"""Shared fixtures: every test gets its own GRADLAB_HOME so nothing touches the user's data."""
+"""Shared fixtures: every test gets its own GRADLAB_HOME so nothing touches the user's data, and no
+command under test starts a background Prefect server (GRADLAB_DAEMON=0)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,12 @@ def gradlab_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.M
     monkeypatch.setenv("GRADLAB_HOME", str(home))
     monkeypatch.setenv("GRADLAB_CONFIG", str(home / "config.toml"))
     monkeypatch.setenv("WANDB_DIR", str(home / "wandb"))
-    for var in ("GRADLAB_CONTROL_STORE_URL", "GRADLAB_EVAL_STORE_URL", "GRADLAB_MODEL_STORE_URL"):
+    # No background Prefect server started by a command under test (gradlab.runs.server): each one
+    # that needs Prefect uses the test's own server or Prefect's ephemeral one, so no test leaves a
+    # daemon behind. The daemon's own tests (tests/cli/test_daemon.py) set GRADLAB_DAEMON=1.
+    monkeypatch.setenv("GRADLAB_DAEMON", "0")
+    for var in ("GRADLAB_CONTROL_STORE_URL", "GRADLAB_EVAL_STORE_URL", "GRADLAB_MODEL_STORE_URL",
+                "GRADLAB_DAEMON_IDLE_S", "GRADLAB_SERVER_START_TIMEOUT_S"):
         monkeypatch.delenv(var, raising=False)
     return home
 

@@ -1,17 +1,29 @@
-"""``gradlab benchmark run``: wall seconds from ``gradlab train`` to a sealed receipt.
+"""``gradlab benchmark run``: the whole lifecycle against SB3 alone, both sides in one run.
 
-Each case runs the real command in a fresh process, as a user would, and reads from its outbox
-when the learner took its first env step (the first rollout's metrics event, minus the rollout's
-own duration) and from its receipt the final step. Next to it, in the same run, the bare learner:
-plain stable-baselines3 ``PPO.learn`` with the recipe's hyperparameters for the same number of
-steps, also in a fresh process, imports included. The ratio ``bare / gradlab`` is the share of the
-wall time spent training; the rest is orchestration (Prefect, publication, evaluation, receipts).
+One side is the real command, ``gradlab train GOAL/RECIPE --seed N --json``, in a fresh process
+as a user would type it, timed from start to the sealed (promoted) receipt. The other is SB3 alone:
+plain ``PPO.learn`` (or ``A2C``, by the recipe's backend) with the recipe's hyperparameters and
+policy network, trained for exactly the run's final step count, with the same seed, also in a
+fresh process with its imports counted. The sides alternate (one gradlab run, then its bare SB3
+run, then the next seed's gradlab run...; bare SB3 comes second because it trains the step count
+the run reached), and the table reports ``gradlab / bare``, the lifecycle's wall time over SB3's
+for the same training (issue 14's goal: <= 0.6), with the seconds beside it.
 
-All runs share one temporary ``GRADLAB_HOME``, as a user's runs share theirs. Prefect's API: with
-``--server`` a ``gradlab server`` is started there first (with its warm learner zygote, waited for
-until ready; both stopped at the end), as a user who ran ``gradlab server start`` has; without it
-each command pays Prefect's ephemeral server start (12–20 s here) and starts a fresh learner
-process. The "learner" column says which it was.
+The bare side reads only backend-neutral hyperparameter names (those SB3's constructor accepts:
+``n_steps``, ``batch_size``, ``n_epochs``, ``gamma``, ``gae_lambda``, ``learning_rate``,
+``clip_range``, ...), so a recipe on another PPO backend (``gradlab.ppo``) is compared with the SB3
+PPO of the same hyperparameters. The environment: gymnasium's own vector env through SB3's
+``make_vec_env`` for gymnasium goals; gradlab's vector env behind ``SB3VecEnv`` for goals only
+gradlab provides (the bandit).
+
+All runs share one temporary ``GRADLAB_HOME``, as a user's runs share theirs, and start from no
+server: ``--prefect daemon`` (the default) is a fresh shell after installation, where the first
+command that needs Prefect starts the local server and warm learner in the background
+(``gradlab.runs.server``) and later ones attach; that first command is shown separately (marked
+``first``: it pays the start) and is left out of the medians. ``--prefect ephemeral`` runs every
+command with ``GRADLAB_DAEMON=0`` (Prefect's ephemeral server per command); ``--prefect server``
+starts the server by hand first. Whatever was started is stopped at the end. The "learner" column
+says whether the warm learner forked the run's learner.
 """
 
 from __future__ import annotations
@@ -32,31 +44,42 @@ CASES = {
     "bandit-acceptance": "gradlab__bandit/ppo",
 }
 
+PREFECT_MODES = ("daemon", "ephemeral", "server")
+
 _BARE = r"""
-import sys, time
+import inspect, sys, time
 t0 = time.perf_counter()
 import torch
-from stable_baselines3 import PPO
+from stable_baselines3 import A2C, PPO
 from stable_baselines3.common.env_util import make_vec_env
 from gradlab.contracts import Experiments
 from gradlab.learn.schedules import schedule_fn
 resolved = Experiments().resolve(sys.argv[1])
-cfg = resolved.recipe.train.backend.typed_config()
-torch.set_num_threads(resolved.recipe.train.torch_threads)
+train = resolved.recipe.train
+algorithm = {"ppo": PPO, "a2c": A2C}[train.backend.id.rsplit(".", 1)[-1]]
+accepted = set(inspect.signature(algorithm.__init__).parameters) - {"self", "policy", "env", "seed", "device",
+                                                                    "verbose", "policy_kwargs", "tensorboard_log"}
+kwargs = {}
+for key, value in dict(train.backend.config).items():
+    if key not in accepted:
+        continue
+    if isinstance(value, dict):  # a schedule: SB3 takes callables for these, the start value elsewhere
+        value = schedule_fn(value) if key in ("learning_rate", "clip_range", "clip_range_vf") else schedule_fn(value)(1.0)
+    elif key in ("learning_rate", "clip_range") and value is not None:
+        value = schedule_fn(value)
+    kwargs[key] = value
+torch.set_num_threads(train.torch_threads)
 torch.distributions.Distribution.set_default_validate_args(False)
-env_id = resolved.environment.env_id
+seed = int(sys.argv[3])
 if resolved.environment.provider == "gymnasium":
-    env = make_vec_env(env_id, n_envs=resolved.environment.n_envs, seed=int(sys.argv[3]))
+    env = make_vec_env(resolved.environment.env_id, n_envs=resolved.environment.n_envs, seed=seed)
 else:
     from gradlab.envs import make_vector_env
     from gradlab.envs.sb3 import SB3VecEnv
-    env = SB3VecEnv(make_vector_env(resolved.environment, seed=int(sys.argv[3])))
-arch = resolved.recipe.train.policy_model.net_arch
-model = PPO("MlpPolicy", env, n_steps=cfg.n_steps, batch_size=cfg.batch_size, n_epochs=cfg.n_epochs,
-            gamma=cfg.gamma, gae_lambda=cfg.gae_lambda,
-            ent_coef=cfg.ent_coef if isinstance(cfg.ent_coef, float) else cfg.ent_coef.initial,
-            learning_rate=schedule_fn(cfg.learning_rate), clip_range=schedule_fn(cfg.clip_range),
-            policy_kwargs={"net_arch": arch}, seed=int(sys.argv[3]), device="cpu", verbose=0)
+    env = SB3VecEnv(make_vector_env(resolved.environment, seed=seed))
+pm = train.policy_model
+policy_kwargs = {"net_arch": pm.net_arch, "activation_fn": {"tanh": torch.nn.Tanh, "relu": torch.nn.ReLU}[pm.activation]}
+model = algorithm("MlpPolicy", env, policy_kwargs=policy_kwargs, seed=seed, device="cpu", verbose=0, **kwargs)
 model.learn(int(sys.argv[2]))
 print(time.perf_counter() - t0)
 """
@@ -72,10 +95,18 @@ class Row:
     final_step: int | None
     bare_s: float | None
     learner: str = "-"
+    #: How this command reached Prefect: ``started`` (it started the background server), ``daemon``
+    #: (attached to it), ``server`` (started by hand), ``ephemeral``.
+    prefect: str = "-"
 
     @property
-    def train_share(self) -> float | None:
-        return self.bare_s / self.wall_s if self.bare_s and self.wall_s else None
+    def ratio(self) -> float | None:
+        """gradlab wall seconds / bare SB3 seconds for the same steps (lower is better; goal <= 0.6)."""
+        return self.wall_s / self.bare_s if self.bare_s and self.wall_s else None
+
+    @property
+    def first(self) -> bool:
+        return self.prefect == "started"
 
 
 def _first_step_s(run_dir: Path, started_at: float) -> float | None:
@@ -94,8 +125,11 @@ def _first_step_s(run_dir: Path, started_at: float) -> float | None:
     return None
 
 
-def _one(ref: str, case: str, seed: int, home: Path) -> Row:
-    env = {**os.environ, "GRADLAB_HOME": str(home), "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+def _one(ref: str, case: str, seed: int, home: Path, prefect: str) -> Row:
+    env = {**os.environ, "GRADLAB_HOME": str(home), "WANDB_MODE": "offline", "WANDB_SILENT": "true",
+           "GRADLAB_DAEMON": "0" if prefect == "ephemeral" else "1"}
+    if prefect != "server":
+        env.pop("PREFECT_API_URL", None)  # a fresh shell: no server named by hand
     started_at = time.time()
     t0 = time.perf_counter()
     out = subprocess.run([sys.executable, "-m", "gradlab.cli.app", "train", ref, "--seed", str(seed), "--json"],
@@ -110,6 +144,11 @@ def _one(ref: str, case: str, seed: int, home: Path) -> Row:
     first = _first_step_s(home / "runs" / run_id, started_at) if run_id else None
     zygote_log = home / "zygote" / "zygote.log"
     forked = run_id is not None and zygote_log.is_file() and f"/{run_id}/" in zygote_log.read_text(errors="replace")
+    how = prefect
+    if prefect == "daemon":
+        how = "started" if "Prefect: started a local server" in out.stderr else "daemon"
+        if "uses Prefect's ephemeral server instead" in out.stderr:
+            how = "ephemeral (fallback)"
     final = receipt.get("final_step")
     bare = None
     if final:
@@ -117,29 +156,35 @@ def _one(ref: str, case: str, seed: int, home: Path) -> Row:
                            env=env, timeout=1800)
         bare = float(b.stdout.strip().splitlines()[-1]) if b.returncode == 0 and b.stdout.strip() else None
     return Row(case, seed, receipt.get("outcome", f"no receipt (exit {out.returncode})"), wall, first, final, bare,
-               "zygote" if forked else "new process")
+               "zygote" if forked else "new process", how)
 
 
-def run(cases: tuple[str, ...], seeds: int, *, server: bool = False) -> list[Row]:
+def run(cases: tuple[str, ...], seeds: int, *, prefect: str = "daemon") -> list[Row]:
+    """Run every case for ``seeds`` seeds (gradlab, then bare SB3, per seed) in one temporary home.
+
+    With ``prefect="daemon"`` the very first command starts the background server; it is run as an
+    extra round (seed 0 of the first case) so every case keeps ``seeds`` rounds after it.
+    """
     from rich.progress import Progress
 
-    rows = []
+    rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="gradlab-bench-run-") as tmp, Progress(transient=True) as bar:
         home = Path(tmp) / "home"
-        if server:
-            bar.console.print("starting a Prefect server and a warm learner zygote ...")
+        plan = [(case, seed) for case in cases for seed in range(seeds)]
+        if prefect == "daemon":
+            plan.insert(0, plan[0])
+        if prefect == "server":
+            bar.console.print("starting a Prefect server and a warm learner by hand ...")
             _start_server(home)
         try:
-            task = bar.add_task("runs", total=len(cases) * seeds)
-            for case in cases:
-                for seed in range(seeds):
-                    if server:
-                        _wait_for_zygote(home)
-                    rows.append(_one(CASES[case], case, seed, home))
-                    bar.advance(task)
+            task = bar.add_task("gradlab train, then bare SB3", total=len(plan))
+            for i, (case, seed) in enumerate(plan):
+                if prefect != "ephemeral" and i > 0:
+                    _wait_for_zygote(home)
+                rows.append(_one(CASES[case], case, seed, home, prefect))
+                bar.advance(task)
         finally:
-            if server:
-                _stop_server(home)
+            _stop_server(home)  # the background server too: nothing outlives the temporary home
     return rows
 
 
@@ -165,8 +210,8 @@ def _stop_server(home: Path) -> None:
 
 
 def _wait_for_zygote(home: Path, timeout_s: float = 120.0) -> None:
-    """Wait until the zygote (restarted after each run by ``gradlab train``) is ready, as it is for a
-    user who does not start runs back to back within seconds."""
+    """Wait until the warm learner is ready, as it is for a user who does not start runs back to
+    back within seconds (it imports for ~5 s after the server starts)."""
     from gradlab.learn.zygote import ready_zygotes, starting_zygotes, zygote_dir
 
     directory = zygote_dir(home)
@@ -177,29 +222,51 @@ def _wait_for_zygote(home: Path, timeout_s: float = 120.0) -> None:
         time.sleep(0.2)
 
 
+def summary(rows: list[Row]) -> dict[str, dict[str, float | int | None]]:
+    """Per case, over the rows after the first command: median gradlab wall, median bare SB3,
+    median, min and max of ``gradlab / bare``, and how many rows counted."""
+    out: dict[str, dict[str, float | int | None]] = {}
+    for case in dict.fromkeys(r.case for r in rows):
+        counted = [r for r in rows if r.case == case and not r.first]
+        ratios = [r.ratio for r in counted if r.ratio is not None]
+        out[case] = {
+            "rounds": len(counted),
+            "wall_s_median": statistics.median([r.wall_s for r in counted]) if counted else None,
+            "bare_s_median": statistics.median([r.bare_s for r in counted if r.bare_s]) if ratios else None,
+            "ratio_median": statistics.median(ratios) if ratios else None,
+            "ratio_min": min(ratios) if ratios else None,
+            "ratio_max": max(ratios) if ratios else None,
+        }
+    return out
+
+
 def render(rows: list[Row], as_json: bool) -> None:
     if as_json:
-        print(json.dumps([{**asdict(r), "train_share": r.train_share} for r in rows]))
+        print(json.dumps({"rows": [{**asdict(r), "ratio": r.ratio, "first": r.first} for r in rows],
+                          "summary": summary(rows)}))
         return
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="gradlab train → sealed receipt vs the bare learner (seconds, fresh processes)")
-    for col in ("case", "seed", "outcome", "learner", "wall s", "first step s", "final step", "bare SB3 s",
-                "bare/wall"):
-        table.add_column(col, justify="left" if col in ("case", "outcome", "learner") else "right")
+    def num(value: float | None, fmt: str = "{:.1f}") -> str:
+        return fmt.format(value) if value is not None else "-"
+
+    table = Table(title="gradlab train → sealed receipt vs bare SB3 for the same steps (seconds, fresh processes; "
+                        "gradlab / bare: lower is better, goal <= 0.6)")
+    for col in ("case", "seed", "outcome", "prefect", "learner", "wall s", "first step s", "final step",
+                "bare SB3 s", "gradlab / bare"):
+        table.add_column(col, justify="left" if col in ("case", "outcome", "prefect", "learner") else "right")
     for r in rows:
-        table.add_row(r.case, str(r.seed), r.outcome, r.learner, f"{r.wall_s:.1f}",
-                      f"{r.first_step_s:.1f}" if r.first_step_s is not None else "-", str(r.final_step),
-                      f"{r.bare_s:.1f}" if r.bare_s else "-", f"{r.train_share:.2f}" if r.train_share else "-")
-    for case in sorted({r.case for r in rows}):
-        walls = [r.wall_s for r in rows if r.case == case]
-        firsts = [r.first_step_s for r in rows if r.case == case and r.first_step_s is not None]
-        table.add_row(f"{case} median (min–max)", "", "", "", f"{statistics.median(walls):.1f}",
-                      f"{statistics.median(firsts):.1f}" if firsts else "", "", "",
-                      f"{min(walls):.1f}–{max(walls):.1f}")
-    Console(width=None if sys.stdout.isatty() else 200).print(table)
+        table.add_row(r.case, str(r.seed), r.outcome, r.prefect + (" (not counted)" if r.first else ""), r.learner,
+                      num(r.wall_s), num(r.first_step_s), f"{r.final_step:,}" if r.final_step else "-",
+                      num(r.bare_s), num(r.ratio, "{:.2f}"))
+    for case, agg in summary(rows).items():
+        spread = (f"{agg['ratio_median']:.2f} ({agg['ratio_min']:.2f}–{agg['ratio_max']:.2f})"
+                  if agg["ratio_median"] is not None else "-")
+        table.add_row(f"[bold]{case}[/] median of {agg['rounds']}", "", "", "", "", num(agg["wall_s_median"]), "", "",
+                      num(agg["bare_s_median"]), spread)
+    Console(width=None if sys.stdout.isatty() else 220).print(table)
 
 
-def main(cases: tuple[str, ...], seeds: int, start_server: bool, as_json: bool) -> None:
-    render(run(cases, seeds, server=start_server), as_json)
+def main(cases: tuple[str, ...], seeds: int, prefect: str, as_json: bool) -> None:
+    render(run(cases, seeds, prefect=prefect), as_json)

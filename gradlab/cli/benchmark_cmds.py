@@ -42,18 +42,22 @@ def envs(
 @benchmark_app.command("run")
 def run_benchmark(
     case: list[str] = typer.Argument(None, help="cartpole-acceptance, bandit-acceptance (default: both)."),
-    seeds: int = typer.Option(3, min=1, help="Seeds per case."),
-    server: bool = typer.Option(False, "--server", help="Start (or reuse) a local Prefect server first."),
-    as_json: bool = typer.Option(False, "--json", help="Print the rows as one JSON document."),
+    seeds: int = typer.Option(3, min=1, help="Rounds per case (one seed each): gradlab train, then bare SB3."),
+    prefect: str = typer.Option("daemon", "--prefect", help="daemon: a fresh shell, the first command starts the "
+                                "background server (default); ephemeral: GRADLAB_DAEMON=0; server: started by "
+                                "hand first."),
+    as_json: bool = typer.Option(False, "--json", help="Print the rows and the summary as one JSON document."),
 ) -> None:
-    """`gradlab train` to a sealed receipt, per seed, next to the bare SB3 learner (median, min, max)."""
-    from gradlab.benchmarks.run import CASES, main
+    """`gradlab train` to a sealed receipt vs bare SB3 for the same steps: gradlab / bare per round and its median."""
+    from gradlab.benchmarks.run import CASES, PREFECT_MODES, main
 
     cases = tuple(case or CASES)
     unknown = [c for c in cases if c not in CASES]
     if unknown:
         raise typer.BadParameter(f"unknown case(s) {', '.join(unknown)}; expected {', '.join(CASES)}")
-    main(cases, seeds, server, as_json)
+    if prefect not in PREFECT_MODES:
+        raise typer.BadParameter(f"--prefect: expected {', '.join(PREFECT_MODES)}, found {prefect!r}")
+    main(cases, seeds, prefect, as_json)
 
 
 @benchmark_app.command("reports")

@@ -1,8 +1,9 @@
 """``gradlab pools create|list``: the work pools of ``deployments/work-pools/pools.yaml`` on a Prefect server.
 
-The server is ``PREFECT_API_URL`` / ``[prefect] api_url``, else the one ``gradlab server start``
-keeps; with neither the commands refuse (Prefect's ephemeral mode would put the pools in a
-throw-away server). Prefect is imported only when a command runs.
+The server is ``PREFECT_API_URL`` / ``[prefect] api_url``, else the local one kept in the
+background (started by the first command that needs it, :mod:`gradlab.runs.server`); with
+neither (``GRADLAB_DAEMON=0``) the commands refuse (Prefect's ephemeral mode would put the pools
+in a throw-away server). Prefect is imported only when a command runs.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
-from gradlab.cli.output import console, fail, print_json
+from gradlab.cli.output import console, err_console, fail, print_json
 
 pools_app = typer.Typer(help="Create and list the work pools queued runs use (gradlab-local, gradlab-gpu).",
                         no_args_is_help=True)
@@ -34,8 +36,9 @@ def _project_root() -> Path:
 def use_prefect_server() -> str:
     """Point this process's Prefect client at the configured or local server; return its API URL.
 
-    Exits 1 (with what to do) when no server is configured or running. Must run before prefect is
-    imported.
+    Starts the local background server when none is configured or running (unless
+    ``GRADLAB_DAEMON=0``); exits 1 (with what to do) when there is still none. Must run before
+    prefect is imported.
     """
     from gradlab.deploy.preflight import prefect_api_url
     from gradlab.errors import GradlabError
@@ -48,7 +51,17 @@ def use_prefect_server() -> str:
         fail(str(e))
     api_url, source = prefect_api_url(settings)
     if api_url is None:
-        fail("no Prefect server: run `gradlab server start` (this machine) or set PREFECT_API_URL")
+        from gradlab.runs.server import ensure_server
+
+        state = ensure_server(settings, say=lambda line: err_console.print(escape(line), highlight=False))
+        if state is None:
+            fail("no Prefect server: run `gradlab server start` (this machine) or set PREFECT_API_URL"
+                 + (" (GRADLAB_DAEMON=0: none is started for you)" if not settings.daemon else ""))
+        api_url, source = state.api_url, f"gradlab server (pid {state.pid})"
+    elif source.startswith("gradlab server"):
+        from gradlab.runs.server import register_client
+
+        register_client(settings)  # in use while this command runs: not idle
     if not healthy(api_url, timeout_s=3.0):
         fail(f"Prefect API {api_url} ({source}) is not reachable")
     os.environ["PREFECT_API_URL"] = api_url

@@ -1,4 +1,9 @@
-"""``gradlab server start|stop|status``: keep a local Prefect server up between runs."""
+"""``gradlab server start|stop|status``: the local Prefect server kept in the background.
+
+The first command that needs Prefect starts it by itself (:mod:`gradlab.runs.server`);
+``start`` does so by hand (a chosen port, a longer wait, another idle timeout), ``stop`` ends it
+now, ``status`` says whether it is up.
+"""
 
 from __future__ import annotations
 
@@ -6,28 +11,60 @@ from typing import Annotated
 
 import typer
 
-from gradlab.cli.output import console, fail, print_json
+from gradlab.cli.output import console, err_console, fail, print_json
 
-server_app = typer.Typer(help="Keep a local Prefect server up so runs skip Prefect's start-up.", no_args_is_help=True)
+server_app = typer.Typer(help="The local Prefect server (and warm learner) kept in the background: it starts on first "
+                              "use and stops after an idle timeout.", no_args_is_help=True)
+
+
+def _seconds(option: str, text: str | None) -> float | None:
+    """A duration option (``90``, ``90s``, ``5m``, ``1h``) in seconds; exits 1 on a bad one."""
+    if text is None:
+        return None
+    from gradlab.cli.prefect_runs import parse_duration
+    from gradlab.errors import ConfigError
+
+    try:
+        return parse_duration(text)
+    except ConfigError:
+        fail(f"{option} {text!r}: expected a duration like 90, 90s, 5m, 1h")
 
 
 @server_app.command("start")
-def start(port: Annotated[int | None, typer.Option(help="Port on 127.0.0.1 (default: a free one).")] = None) -> None:
-    """Start a Prefect server on 127.0.0.1 and a warm learner in the background (no-op when up)."""
-    from gradlab.errors import TransientError
+def start(
+    port: Annotated[int | None, typer.Option(help="Port on 127.0.0.1 (default: a free one).")] = None,
+    wait: Annotated[str | None, typer.Option("--wait", help="How long to wait for the server to answer (e.g. 300, "
+                                             "5m; default GRADLAB_SERVER_START_TIMEOUT_S or 180 s).")] = None,
+    idle_timeout: Annotated[str | None, typer.Option("--idle-timeout", help="Stop after this long with no run and no "
+                                                     "command (e.g. 30m; 0 = never; default GRADLAB_DAEMON_IDLE_S "
+                                                     "or 30 minutes).")] = None,
+) -> None:
+    """Start the Prefect server on 127.0.0.1 and a warm learner in the background (no-op when up)."""
+    from gradlab.errors import GradlabError, TransientError
     from gradlab.runs.server import running_server, start_server
     from gradlab.settings import load_settings
 
-    settings = load_settings()
+    try:
+        settings = load_settings()
+    except GradlabError as e:
+        fail(str(e))
+    wait_s, idle_s = _seconds("--wait", wait), _seconds("--idle-timeout", idle_timeout)
+    if wait_s is not None and wait_s <= 0:
+        fail(f"--wait {wait!r}: expected a duration > 0")
     was_up = running_server(settings) is not None
     try:
-        state = start_server(settings, port=port)  # also (re)starts the warm learner beside a running one
+        # Also (re)starts the warm learner beside a running one.
+        state = start_server(settings, port=port, timeout_s=wait_s, idle_s=idle_s,
+                             say=lambda line: err_console.print(line, highlight=False, markup=False))
     except TransientError as e:
         fail(str(e))
     if was_up:
         console.print(f"Prefect server already up at {state.url} (pid {state.pid}); UI: {state.url}")
     else:
         console.print(f"Prefect server up at {state.url} (pid {state.pid}); UI: {state.url}")
+    if port is not None and state.url != f"http://127.0.0.1:{port}":
+        err_console.print(f"(not on port {port}: the server already up keeps its port; `gradlab server stop` first)",
+                          highlight=False)
 
 
 @server_app.command("stop")
@@ -35,7 +72,7 @@ def stop(
     force: Annotated[bool, typer.Option("--force", help="Stop even while runs are training (they then hang and "
                                                          "end without a receipt).")] = False,
 ) -> None:
-    """Stop the server started by gradlab server start, and its warm learner.
+    """Stop the local server and its warm learner now (the next command that needs Prefect starts them again).
 
     Refused (exit 1) while the server is up and any run of this GRADLAB_HOME's stores is training
     (see :func:`gradlab.cli.runs_cmds.live_attempts`), unless ``--force``.
@@ -72,22 +109,49 @@ def refuse_while_training(settings) -> None:
 
 @server_app.command("status")
 def status(json_out: Annotated[bool, typer.Option("--json")] = False) -> None:
-    """Say whether a local server is up, where, and whether its warm learner is ready."""
+    """Say whether the local server is up, where, until when, and whether its warm learner is ready (exit 1 if not up)."""
+    import time
+
     from gradlab.learn.zygote import ready_zygotes, starting_zygotes, zygote_dir
-    from gradlab.runs.server import running_server
+    from gradlab.runs.server import (
+        client_alive,
+        clients_dir,
+        daemon_alive,
+        describe_s,
+        prefect_home,
+        read_state,
+        running_server,
+    )
     from gradlab.settings import load_settings
 
     settings = load_settings()
     state = running_server(settings)
+    recorded = read_state(settings)  # removed by running_server when stale
+    starting = recorded is not None and recorded.ready is False and daemon_alive(settings)
     ready = [info.pid for info in ready_zygotes(zygote_dir(settings.home))]
-    starting = starting_zygotes(zygote_dir(settings.home))
+    warming = starting_zygotes(zygote_dir(settings.home))
+    directory = clients_dir(prefect_home(settings))
+    clients = sorted(int(p.name) for p in directory.iterdir() if client_alive(p)) if directory.is_dir() else []
+    shown = state or (recorded if starting else None)
+    idle_for = time.time() - shown.idle_since if shown is not None and shown.idle_since is not None else None
     if json_out:
-        print_json({"running": state is not None, "url": state.url if state else None, "pid": state.pid if state else None,
-                    "warm_learner": {"ready": ready, "starting": starting}})
+        print_json({"running": state is not None, "starting": starting, "url": shown.url if shown else None,
+                    "pid": shown.pid if shown else None, "server_pid": shown.server_pid if shown else None,
+                    "idle_timeout_s": shown.idle_s if shown else None, "idle_for_s": idle_for, "clients": clients,
+                    "warm_learner": {"ready": ready, "starting": warming}})
     else:
-        console.print(f"up at {state.url} (pid {state.pid})" if state else "not running")
+        if state is not None:
+            timeout = f"stops after {describe_s(state.idle_s)} without use" if state.idle_s else "no idle timeout"
+            use = (f"in use by {len(clients)} command(s)" if clients else
+                   f"idle for {idle_for:.0f} s" if idle_for is not None else "in use by a run")
+            console.print(f"up at {state.url} (pid {state.pid}, Prefect server pid {state.server_pid}); "
+                          f"{timeout}; {use}")
+        elif starting:
+            console.print(f"starting at {recorded.url} (pid {recorded.pid})")
+        else:
+            console.print("not running")
         warm = (f"ready (pid {', '.join(map(str, ready))})" if ready
-                else f"starting (pid {', '.join(map(str, starting))})" if starting else "none")
+                else f"starting (pid {', '.join(map(str, warming))})" if warming else "none")
         console.print(f"warm learner: {warm}")
     if state is None:
         raise typer.Exit(1)

@@ -1,10 +1,11 @@
 """``gradlab train GOAL/RECIPE``: one training run through the ``training-run`` Prefect flow.
 
 The learner is started at once, before Prefect is even imported, so training overlaps Prefect's
-start-up (an ephemeral API server costs 12–20 s here; a server kept up by ``gradlab server start``
-or named by ``PREFECT_API_URL`` costs ~2 s). The flow then attaches to the learner. With a local
-server up, the warm zygote beside it forks the learner with torch and SB3 already imported
-(``gradlab.learn.zygote``), so the first env step comes ~5 s sooner.
+start-up (an ephemeral API server costs 12–20 s here; the local server kept in the background,
+started by the first command that needs it, or one named by ``PREFECT_API_URL`` costs ~2 s). The
+flow then attaches to the learner. With the local server up, the warm zygote beside it forks the
+learner with torch and SB3 already imported (``gradlab.learn.zygote``), so the first env step
+comes ~5 s sooner.
 """
 
 from __future__ import annotations
@@ -24,32 +25,39 @@ from gradlab.errors import ConfigError
 
 
 def configure_prefect() -> str:
-    """Point Prefect at a running local server when one is up; quiet its logs and telemetry.
+    """Point Prefect at its API for this command; quiet its logs and telemetry.
+
+    The API is ``PREFECT_API_URL`` / ``[prefect] api_url`` when configured, else the local server
+    kept in the background (started now if none is up, which says so in one line on stderr; see
+    :mod:`gradlab.runs.server`), else (``GRADLAB_DAEMON=0``, or it did not answer in time)
+    Prefect's ephemeral server, started inside this command.
 
     Returns a short description of the API in use.
     """
+    from gradlab.settings import load_settings
+
+    settings = load_settings()
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     # Prefect's client telemetry (and its first-run notice, printed into the progress display): off,
     # as the server's analytics are; a user who wants it sets DO_NOT_TRACK=0.
     os.environ.setdefault("DO_NOT_TRACK", "1")
     # Prefect waits 20 s for its ephemeral server by default; a loaded 2-core box needs longer.
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", f"{settings.server_start_timeout_s:.0f}")
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")
     if os.environ.get("PREFECT_API_URL"):
         return os.environ["PREFECT_API_URL"]
-    from gradlab.runs.server import running_server
-    from gradlab.settings import load_settings
+    from gradlab.runs.server import ensure_server
 
-    settings = load_settings()
     if settings.prefect_api_url:
         os.environ["PREFECT_API_URL"] = settings.prefect_api_url
         return settings.prefect_api_url
-    state = running_server(settings)
+    state = ensure_server(settings, say=lambda line: err_console.print(escape(line), highlight=False))
     if state is not None:
         os.environ["PREFECT_API_URL"] = state.api_url
         return state.api_url
-    return "ephemeral (start one with `gradlab server start` to skip this start-up next time)"
+    why = "GRADLAB_DAEMON=0" if not settings.daemon else "no local server answered in time"
+    return f"ephemeral ({why}: Prefect starts a server inside this command)"
 
 
 def run_flow(**params):
@@ -117,7 +125,8 @@ def train(
         # Prefect starts, instead of after, and is ready when the first checkpoint is published.
         operations.prewarm_evaluation(eval_backend)
     start = ("warm: forked by the warm learner" if learner.forked
-             else "cold: a new process, ~5 s of imports; `gradlab server start` keeps a warm learner")
+             else "cold: a new process, ~5 s of imports; the local server's warm learner serves the next run"
+             if settings.daemon else "cold: a new process, ~5 s of imports; GRADLAB_DAEMON=0 keeps no warm learner")
     err_console.print(f"run [bold]{spec.run_id}[/] ({escape(spec.display_name)}), learner pid {learner.pid} ({start})",
                       highlight=False)
     api = configure_prefect()
@@ -145,7 +154,8 @@ def train(
                  f"drains it if the learner had finished); `gradlab runs reconcile {spec.run_id}` closes it.")
         fail(f"run {spec.run_id}: the training-run flow could not start ({type(e).__name__}: {e}). "
              f"Nothing was recorded in the receipt store; the learner's local files are in {paths.root}. "
-             "Start a Prefect server with `gradlab server start` (or set PREFECT_API_URL) and run again.")
+             "Start a Prefect server with `gradlab server start` (see `gradlab server status`; or set "
+             "PREFECT_API_URL) and run again.")
     finally:
         stop_display.set()
         display.join(timeout=2)

@@ -1,39 +1,84 @@
-"""A local Prefect server kept up between commands (``gradlab server start|stop|status``).
+"""The local Prefect server kept in the background, started on first use (docs/ARCHITECTURE.md section 11).
 
-Prefect's ephemeral mode starts a server subprocess for every command (12–20 s here, see
-docs/ARCHITECTURE.md, field notes); a server kept running on 127.0.0.1 costs that once. Its state file
-``$GRADLAB_HOME/prefect/server.json`` records pid and URL; ``gradlab train`` uses the server when
-the state file names a live, healthy one and ``PREFECT_API_URL`` is not set. Beside the server runs
-a warm learner parent (``gradlab.learn.zygote``, kept by the server's pid), so a learner starts
-with its imports already done.
+Prefect's ephemeral mode starts a server subprocess for every command (12–20 s on a quiet 2-core
+box, up to a minute on a loaded one); a server kept up on 127.0.0.1 costs that once. The first
+command that needs Prefect (``gradlab train``, ``gradlab experiment ...``, ``gradlab runs retry``)
+starts it in the background, detached, with the warm learner beside it (``gradlab.learn.zygote``),
+and says so in one line; later commands attach in about a second. It stops itself once nothing has
+used it for ``idle_s`` seconds (``GRADLAB_DAEMON_IDLE_S``, default 30 minutes), as Gradle's daemon
+does; ``gradlab server stop`` stops it now; ``GRADLAB_DAEMON=0`` opts out (every command then runs
+on Prefect's ephemeral server, as before). ``gradlab server start`` starts the same thing by hand.
+
+Processes: the daemon (``python -m gradlab.runs.daemon``) is the keeper: it starts ``prefect server
+start`` in its own process group and the zygote, watches both, measures idleness and, on SIGTERM or
+at the idle timeout, stops both and removes its files.
+
+Files under ``$GRADLAB_HOME/prefect`` (also Prefect's ``PREFECT_HOME``: its database stays, so the
+UI keeps the history of past runs)::
+
+    server.json    ServerState: daemon pid, URL, ready or starting (removed when the daemon exits)
+    clients/<pid>  one per command using the server now, holding that process's start time
+                   (removed at its exit, or by the daemon once the process is gone)
+    startup.json   the last measured start-up time, seconds: a command waits for a server
+                   another command is starting about as long as starting one takes
+                   (:func:`expected_startup_s`), then uses Prefect's ephemeral server
+    daemon.log     the daemon's own lines; server.log: Prefect's
+
+Who starts it: an exclusive ``flock`` on the ``$GRADLAB_HOME/prefect`` folder, taken by the command
+that starts the daemon and inherited by the daemon, which holds it for its whole life. So "a daemon
+is alive" is "the lock is held" (a ``server.json`` without a held lock is stale, from a daemon
+killed with SIGKILL, and is removed), concurrent first commands start exactly one daemon, and the
+lock is released by the kernel however the daemon ends.
 """
 
 from __future__ import annotations
 
+import atexit
+import fcntl
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from gradlab.errors import TransientError
+from gradlab.learn.watch import pid_alive
 from gradlab.learn.zygote import ensure_zygote, stop_zygotes, zygote_dir
 from gradlab.settings import Settings
 
 log = logging.getLogger(__name__)
 
-
 @dataclass(frozen=True)
 class ServerState:
+    """What ``server.json`` records.
+
+    Attributes:
+        pid: the daemon (keeper) process; SIGTERM to it stops the server and the warm learner.
+        url: ``http://127.0.0.1:PORT``, the UI; the API is ``url + "/api"``.
+        home: Prefect's home folder (``$GRADLAB_HOME/prefect``).
+        server_pid: the ``prefect server start`` process (its own process group), once started.
+        idle_s: the idle timeout, seconds (0 = never).
+        started_at: Unix time the daemon started.
+        ready: True once the server answered its health check.
+        idle_since: Unix time since which nothing used the server (None while in use).
+    """
+
     pid: int
     url: str
     home: str
+    server_pid: int | None = None
+    idle_s: float = 0.0
+    started_at: float = 0.0
+    ready: bool = True
+    idle_since: float | None = None
 
     @property
     def api_url(self) -> str:
@@ -44,8 +89,31 @@ def prefect_home(settings: Settings) -> Path:
     return settings.home / "prefect"
 
 
+def state_file(home: Path) -> Path:
+    return home / "server.json"
+
+
+def clients_dir(home: Path) -> Path:
+    return home / "clients"
+
+
 def _state_file(settings: Settings) -> Path:
-    return prefect_home(settings) / "server.json"
+    return state_file(prefect_home(settings))
+
+
+def read_state(settings: Settings) -> ServerState | None:
+    """The recorded state, whether or not its daemon still runs (None if absent or unreadable)."""
+    try:
+        return ServerState(**json.loads(_state_file(settings).read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def write_state(home: Path, state: ServerState) -> None:
+    """Write ``server.json`` atomically (a reader never sees half a file)."""
+    partial = state_file(home).with_suffix(".partial")
+    partial.write_text(json.dumps(asdict(state)))
+    os.replace(partial, state_file(home))
 
 
 def healthy(api_url: str, timeout_s: float = 1.0) -> bool:
@@ -57,20 +125,55 @@ def healthy(api_url: str, timeout_s: float = 1.0) -> bool:
         return False
 
 
+def _open_home(settings: Settings) -> int:
+    home = prefect_home(settings)
+    home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return os.open(home, os.O_RDONLY | os.O_DIRECTORY)
+
+
+def try_lock(settings: Settings) -> int | None:
+    """Take the start lock (exclusive ``flock`` on ``$GRADLAB_HOME/prefect``) without waiting.
+
+    Returns the locked descriptor (the caller closes it or hands it to the daemon), or None when a
+    daemon holds it (it is starting or running).
+    """
+    fd = _open_home(settings)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def daemon_alive(settings: Settings) -> bool:
+    """True while a daemon of this GRADLAB_HOME holds the start lock (starting or running)."""
+    fd = try_lock(settings)
+    if fd is None:
+        return True
+    os.close(fd)  # closing releases it
+    return False
+
+
+def clear_stale(home: Path) -> None:
+    """Remove what a daemon leaves while it runs (state, client files); only when none runs."""
+    state_file(home).unlink(missing_ok=True)
+    state_file(home).with_suffix(".partial").unlink(missing_ok=True)
+    shutil.rmtree(clients_dir(home), ignore_errors=True)
+
+
 def running_server(settings: Settings) -> ServerState | None:
-    """The recorded server if it is alive and healthy, else None."""
-    path = _state_file(settings)
-    try:
-        state = ServerState(**json.loads(path.read_text()))
-    except (OSError, ValueError, TypeError):
+    """The recorded server if its daemon is alive and the server answers, else None.
+
+    A state file whose daemon is gone (no one holds the lock) is stale and is removed.
+    """
+    state = read_state(settings)
+    if state is None:
         return None
-    try:
-        os.kill(state.pid, 0)
-    except ProcessLookupError:
+    if not daemon_alive(settings):
+        clear_stale(prefect_home(settings))
         return None
-    except PermissionError:
-        pass
-    return state if healthy(state.api_url) else None
+    return state if state.ready and healthy(state.api_url, timeout_s=3.0) else None
 
 
 def free_port() -> int:
@@ -79,67 +182,251 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(settings: Settings, *, port: int | None = None, timeout_s: float = 90.0) -> ServerState:
-    """Start ``prefect server start`` on 127.0.0.1 in the background and wait until healthy.
+def expected_startup_s(settings: Settings) -> float:
+    """How long starting a local server takes here, seconds: twice the last measured start-up plus
+    2 s (the load on a shared machine moves it by 2×), at most the configured start-up wait, which
+    is also the answer before any start was measured."""
+    try:
+        seconds = float(json.loads((prefect_home(settings) / "startup.json").read_text())["seconds"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return settings.server_start_timeout_s
+    return min(2.0 * max(seconds, 0.0) + 2.0, settings.server_start_timeout_s)
 
-    Returns the running server when one is already up. Raises ``TransientError`` when it does not
-    become healthy within ``timeout_s`` seconds (its log is ``$GRADLAB_HOME/prefect/server.log``).
+
+def _spawn(settings: Settings, lock_fd: int, *, port: int, idle_s: float, start_timeout_s: float) -> int:
+    """Start the daemon process detached (its own session, output to ``daemon.log``), handing it the lock."""
+    home = prefect_home(settings)
+    cmd = [sys.executable, "-m", "gradlab.runs.daemon", "--prefect-home", str(home), "--gradlab-home",
+           str(settings.home), "--port", str(port), "--idle-s", str(idle_s), "--start-timeout-s",
+           str(start_timeout_s), "--lock-fd", str(lock_fd)]
+    env = {**os.environ, "GRADLAB_HOME": str(settings.home)}
+    with (home / "daemon.log").open("ab") as out:
+        popen = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                 start_new_session=True, pass_fds=(lock_fd,), cwd="/")
+    return popen.pid
+
+
+def _wait_ready(settings: Settings, timeout_s: float, daemon_pid: int | None) -> ServerState | None:
+    """Wait until the daemon says ready and its server answers; None at the timeout or once the
+    daemon is gone (``daemon_pid`` given: that process; else: nobody holds the lock)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        state = read_state(settings)
+        if state is not None and state.ready and healthy(state.api_url, timeout_s=2.0):
+            return state
+        gone = not pid_alive(daemon_pid) if daemon_pid is not None else not daemon_alive(settings)
+        if gone or time.monotonic() >= deadline:
+            return None
+        time.sleep(0.2)
+
+
+def _waiting_line(url: str, timeout_s: float, log_path: Path) -> str:
+    return (f"waiting up to {timeout_s:.0f} s for the Prefect server at {url} to answer GET /api/health "
+            f"(its database migrations and services start first; --wait or GRADLAB_SERVER_START_TIMEOUT_S "
+            f"waits longer; log: {log_path})")
+
+
+def start_server(settings: Settings, *, port: int | None = None, timeout_s: float | None = None,
+                 idle_s: float | None = None, say: Callable[[str], None] | None = None) -> ServerState:
+    """Start the background server (``gradlab server start``) and wait until it answers.
+
+    Args:
+        settings: whose ``GRADLAB_HOME`` holds the server's files.
+        port: port on 127.0.0.1 (default: a free one).
+        timeout_s: seconds to wait for the health check (default ``settings.server_start_timeout_s``).
+        idle_s: the idle timeout, seconds, 0 = never (default ``settings.daemon_idle_s``).
+        say: called with one line saying what is waited for (default: nothing is said).
+
+    Returns:
+        The running server (the one already up, when there is one; its warm learner is restarted
+        if it is missing).
+
+    Raises:
+        TransientError: it did not answer within ``timeout_s`` (the line names the log).
     """
+    timeout_s = settings.server_start_timeout_s if timeout_s is None else timeout_s
+    idle_s = settings.daemon_idle_s if idle_s is None else idle_s
     existing = running_server(settings)
     if existing is not None:
         _warm_learner(settings, existing.pid)
         return existing
     home = prefect_home(settings)
-    home.mkdir(parents=True, exist_ok=True)
-    port = port or free_port()
-    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    env.pop("PREFECT_API_URL", None)
-    with (home / "server.log").open("ab") as log:
-        popen = subprocess.Popen(
-            [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port),
-             "--analytics-off"],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
-        )
-    state = ServerState(pid=popen.pid, url=f"http://127.0.0.1:{port}", home=str(home))
-    # A warm learner parent beside the server: it imports while the server starts (see gradlab.learn.zygote).
-    _warm_learner(settings, popen.pid)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if popen.poll() is not None:
-            raise TransientError(f"prefect server exited with {popen.returncode}; see {home / 'server.log'}")
-        if healthy(state.api_url):
-            _state_file(settings).write_text(json.dumps(state.__dict__))
-            return state
-        time.sleep(0.25)
-    stop_pid(popen.pid)
-    raise TransientError(f"prefect server not healthy after {timeout_s:.0f} s; see {home / 'server.log'}")
+    fd = try_lock(settings)
+    pid = None
+    if fd is None:  # another command is starting one: wait for that one
+        recorded = read_state(settings)
+        if say is not None:
+            say(_waiting_line(recorded.url if recorded else "(starting)", timeout_s, home / "server.log"))
+        state = _wait_ready(settings, timeout_s, None)
+    else:
+        try:
+            clear_stale(home)
+            port = port or free_port()
+            pid = _spawn(settings, fd, port=port, idle_s=idle_s, start_timeout_s=timeout_s)
+        finally:
+            os.close(fd)
+        if say is not None:
+            say(_waiting_line(f"http://127.0.0.1:{port}", timeout_s, home / "server.log"))
+        state = _wait_ready(settings, timeout_s, pid)
+    if state is None:
+        if pid is not None:  # the one this call started (one another command started is left to it)
+            stop_server(settings)
+        raise TransientError(f"the Prefect server did not answer GET /api/health within {timeout_s:.0f} s; see "
+                             f"{home / 'server.log'} and {home / 'daemon.log'} (a loaded machine may need "
+                             "--wait or GRADLAB_SERVER_START_TIMEOUT_S)")
+    return state
 
 
-def _warm_learner(settings: Settings, server_pid: int) -> None:
-    """Start the zygote beside the server; a convenience, so a failure only warns."""
+def ensure_server(settings: Settings, *, say: Callable[[str], None]) -> ServerState | None:
+    """The background server for a command that needs Prefect: reuse it, or start it, or None.
+
+    None when ``settings.daemon`` is off (``GRADLAB_DAEMON=0``) or when no server answered in time;
+    the command then runs on Prefect's ephemeral server, as it would alone. A server another
+    command is starting is waited for at most :func:`expected_startup_s` (what starting one would
+    take); one this command starts, at most ``settings.server_start_timeout_s``. Registers this
+    process as a client (:func:`register_client`) so the server is not idle while it runs.
+
+    Args:
+        say: called with each line for the user (one when this command starts the server, one
+            when it gives up on it).
+    """
+    if not settings.daemon:
+        return None
+    state = running_server(settings)
+    if state is None:
+        home = prefect_home(settings)
+        fd = try_lock(settings)
+        if fd is not None:
+            try:
+                clear_stale(home)
+                port = free_port()
+                pid = _spawn(settings, fd, port=port, idle_s=settings.daemon_idle_s,
+                             start_timeout_s=settings.server_start_timeout_s)
+            finally:
+                os.close(fd)
+            idle = settings.daemon_idle_s
+            lasts = f"it stops after {describe_s(idle)} without use" if idle else "it stays up"
+            say(f"Prefect: started a local server and a warm learner in the background at http://127.0.0.1:{port} "
+                f"({lasts}; `gradlab server stop` stops it, GRADLAB_DAEMON=0 opts out)")
+            budget, waited_for = settings.server_start_timeout_s, pid
+        else:
+            budget, waited_for = expected_startup_s(settings), None
+        state = _wait_ready(settings, budget, waited_for)
+        if state is None:
+            whose = "it" if waited_for is not None else "the local server another command is starting"
+            say(f"Prefect: {whose} did not answer within {budget:.0f} s (see {home / 'daemon.log'}); this command "
+                "uses Prefect's ephemeral server instead")
+            return None
+    register_client(settings)
+    return state
+
+
+def describe_s(seconds: float) -> str:
+    """``1800`` → ``30 min``, ``90`` → ``90 s``, ``7200`` → ``2 h``: a duration as people say it."""
+    if seconds >= 3600 and seconds % 3600 == 0:
+        return f"{seconds / 3600:g} h"
+    if seconds >= 120:
+        return f"{seconds / 60:g} min"
+    return f"{seconds:g} s"
+
+
+def start_ticks(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (``/proc/<pid>/stat`` field 22), or None."""
     try:
-        ensure_zygote(zygote_dir(settings.home), keeper_pid=server_pid)
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def client_alive(path: Path) -> bool:
+    """True while the process a client file names runs (same pid and start time: a recycled pid is not)."""
+    try:
+        pid = int(path.name)
+        ticks = path.read_text().strip()
+    except (OSError, ValueError):
+        return False
+    return pid_alive(pid) and (not ticks or start_ticks(pid) in (None, ticks))
+
+
+_registered: set[Path] = set()
+
+
+def register_client(settings: Settings) -> None:
+    """Mark this process as using the server until it exits (``clients/<pid>``, removed at exit)."""
+    directory = clients_dir(prefect_home(settings))
+    path = directory / str(os.getpid())
+    if path in _registered:
+        return
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        path.write_text(start_ticks(os.getpid()) or "")
+    except OSError as e:  # the server then only counts this command's runs as activity
+        log.warning("could not register with the local Prefect server: %s", e)
+        return
+    _registered.add(path)
+    atexit.register(path.unlink, missing_ok=True)  # removing it also touches the folder: the last use
+
+
+def _warm_learner(settings: Settings, keeper_pid: int) -> None:
+    """Start the zygote beside the server if it is missing; a convenience, so a failure only warns."""
+    try:
+        ensure_zygote(zygote_dir(settings.home), keeper_pid=keeper_pid)
     except OSError as e:
         log.warning("no warm learner (%s): runs start a fresh learner process instead", e)
 
 
-def stop_server(settings: Settings) -> bool:
-    """Stop the recorded server (SIGTERM, then SIGKILL of its group) and its zygote. True if a server was running."""
+def stop_server(settings: Settings, grace_s: float = 30.0) -> bool:
+    """Stop the background server and its warm learner; True if a daemon was running.
+
+    SIGTERM to the daemon (which stops the server and the zygote and removes its files), then, if
+    it is still there after ``grace_s`` seconds, SIGKILL of the daemon and of the server's process
+    group. Without a live daemon, only stale files and stray zygotes are removed.
+    """
+    home = prefect_home(settings)
+    if not daemon_alive(settings):
+        clear_stale(home)
+        _stop_zygotes(settings)
+        return False
+    deadline = time.monotonic() + grace_s
+    state = read_state(settings)
+    while state is None and time.monotonic() < deadline and daemon_alive(settings):  # it writes it first thing
+        time.sleep(0.1)
+        state = read_state(settings)
+    if state is not None and _is_daemon(state.pid):
+        try:
+            os.kill(state.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    while daemon_alive(settings) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if daemon_alive(settings) and state is not None:
+        log.warning("the server's daemon %d did not stop within %.0f s: killing it", state.pid, grace_s)
+        if _is_daemon(state.pid):
+            os.kill(state.pid, signal.SIGKILL)
+        if state.server_pid:
+            stop_pid(state.server_pid, grace_s=1.0)
+    _stop_zygotes(settings)
+    clear_stale(home)
+    return True
+
+
+def _stop_zygotes(settings: Settings) -> None:
     try:
         stop_zygotes(zygote_dir(settings.home))
     except OSError as e:
         log.warning("could not stop the warm learner: %s", e)
-    path = _state_file(settings)
+
+
+def _is_daemon(pid: int) -> bool:
+    """True when ``pid`` runs ``gradlab.runs.daemon`` (a recycled pid is never signalled)."""
     try:
-        state = ServerState(**json.loads(path.read_text()))
-    except (OSError, ValueError, TypeError):
+        return b"gradlab.runs.daemon" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
         return False
-    stopped = stop_pid(state.pid)
-    path.unlink(missing_ok=True)
-    return stopped
 
 
 def stop_pid(pid: int, grace_s: float = 10.0) -> bool:
+    """SIGTERM process group ``pid``, SIGKILL it after ``grace_s`` seconds; False if it was gone."""
     try:
         os.killpg(pid, signal.SIGTERM)
     except ProcessLookupError:

@@ -1,4 +1,5 @@
-"""`gradlab server stop` refuses while a run is training; `server start` says when one was already up.
+"""`gradlab server stop` refuses while a run is training; `server start` says when one was already up,
+what it waits for, and serves a UI that asks its own API on any port.
 
 Runs are made with the real receipt rules on the default file stores of the test's GRADLAB_HOME
 (no training): a run whose attempt holds a live lease and has no terminal receipt is training.
@@ -82,17 +83,30 @@ def test_server_stop_without_a_server_is_not_refused(gradlab_home: Path) -> None
 
 @pytest.mark.slow
 def test_server_lifecycle_with_a_live_run(gradlab_home: Path) -> None:
-    """A real Prefect server (~15 s): start, start again ("already up"), refused stop, forced stop."""
-    from gradlab.runs.server import running_server, stop_server
+    """A real Prefect server (~15 s) on a port that is not Prefect's 4200: start (saying what it
+    waits for, for as long as --wait says), the UI's settings naming this server's own API, start
+    again ("already up"), refused stop, forced stop."""
+    import json
+    import urllib.request
+
+    from gradlab.runs.server import free_port, running_server, stop_server
     from gradlab.settings import load_settings
 
     settings = load_settings()
+    port = free_port()
+    assert port != 4200
     try:
-        out = gradlab("server", "start", timeout=180)
+        out = gradlab("server", "start", "--port", str(port), "--wait", "5m", timeout=360)
         assert out.returncode == 0, out.stderr
         state = running_server(settings)
-        assert state is not None
+        assert state is not None and state.url == f"http://127.0.0.1:{port}"
         assert out.stdout.strip() == f"Prefect server up at {state.url} (pid {state.pid}); UI: {state.url}"
+        assert out.stderr.startswith(f"waiting up to 300 s for the Prefect server at {state.url} to answer GET "
+                                     "/api/health"), out.stderr
+        assert str(settings.home / "prefect" / "server.log") in out.stderr
+        # The UI's settings endpoint: the page's API calls go to this server, not 127.0.0.1:4200.
+        with urllib.request.urlopen(f"{state.url}/ui-settings", timeout=10) as r:
+            assert json.loads(r.read())["api_url"] == f"http://127.0.0.1:{port}/api"
         out = gradlab("server", "start", timeout=180)
         assert out.returncode == 0, out.stderr
         assert out.stdout.strip() == f"Prefect server already up at {state.url} (pid {state.pid}); UI: {state.url}"

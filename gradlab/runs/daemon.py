@@ -1,0 +1,228 @@
+"""The background keeper of the local Prefect server: ``python -m gradlab.runs.daemon`` (see :mod:`gradlab.runs.server`).
+
+Started detached by the first command that needs Prefect (or ``gradlab server start``), holding
+the start lock it inherited for its whole life. It starts ``prefect server start`` on 127.0.0.1 in
+a process group of its own, with the UI pointed at this server's own API
+(``PREFECT_SERVER_UI_API_URL``: without it Prefect's UI asks ``127.0.0.1:4200`` whatever the
+port), waits until ``/api/health`` answers, records ready and the measured start-up time, starts
+the warm learner with itself as keeper, then checks every few seconds whether anything uses the
+server:
+
+* a command registered in ``clients/`` whose process still runs (dead ones are removed), or the
+  last registration or exit less than ``idle_s`` ago (the folder's mtime);
+* a flow run that is Running, Pending or Cancelling (``POST /api/flow_runs/count``), such as a
+  queued run a worker is executing. A Scheduled run waiting for a worker does not count.
+
+Once nothing has for ``idle_s`` seconds (0 = never), on SIGTERM, SIGINT or SIGHUP, or when the
+server exits by itself, it stops the zygote and the server's process group (SIGTERM, SIGKILL after
+10 s) and removes ``server.json`` and ``clients/``; the kernel releases the lock at its exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from gradlab.runs.server import ServerState, clear_stale, client_alive, clients_dir, healthy, write_state
+
+log = logging.getLogger(__name__)
+
+#: Flow-run state types that mean a run is using the server.
+BUSY_STATES = ("RUNNING", "PENDING", "CANCELLING")
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """The server gets SIGTERM if the daemon dies without stopping it (SIGKILL of the daemon)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
+
+
+class Daemon:
+    def __init__(self, *, prefect_home: Path, gradlab_home: Path, port: int, idle_s: float,
+                 start_timeout_s: float) -> None:
+        self.home = prefect_home
+        self.gradlab_home = gradlab_home
+        self.idle_s = idle_s
+        self.start_timeout_s = start_timeout_s
+        self.stopping: str | None = None
+        self.server: subprocess.Popen[bytes] | None = None
+        self.state = ServerState(pid=os.getpid(), url=f"http://127.0.0.1:{port}", home=str(prefect_home),
+                                 idle_s=idle_s, started_at=time.time(), ready=False)
+        self.port = port
+
+    def run(self) -> int:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, self._on_signal)
+        try:
+            write_state(self.home, self.state)
+            self._start_server()
+            if not self._wait_healthy():
+                return 1
+            self._ready()
+            self._watch()
+            return 0
+        finally:
+            self._shutdown()
+
+    def _on_signal(self, signum, frame) -> None:  # noqa: ARG002 - signal handler signature
+        self.stopping = signal.Signals(signum).name
+
+    def _start_server(self) -> None:
+        env = {**os.environ, "PREFECT_HOME": str(self.home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+               "PREFECT_SERVER_API_HOST": "127.0.0.1", "PREFECT_SERVER_API_PORT": str(self.port),
+               "PREFECT_SERVER_UI_API_URL": self.state.api_url}
+        env.pop("PREFECT_API_URL", None)  # the server is not a client of another one
+        with (self.home / "server.log").open("ab") as out:
+            self.server = subprocess.Popen(
+                [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(self.port),
+                 "--analytics-off"],
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+        self.state = ServerState(**{**self.state.__dict__, "server_pid": self.server.pid})
+        write_state(self.home, self.state)
+        log.info("prefect server pid %d starting at %s", self.server.pid, self.state.url)
+
+    def _wait_healthy(self) -> bool:
+        started = time.monotonic()
+        while time.monotonic() - started < self.start_timeout_s:
+            if self.stopping:
+                log.info("%s while the server was starting: stopping", self.stopping)
+                return False
+            if self.server.poll() is not None:
+                log.error("prefect server exited with %s while starting; see %s", self.server.returncode,
+                          self.home / "server.log")
+                return False
+            if healthy(self.state.api_url):
+                seconds = time.monotonic() - started
+                partial = self.home / "startup.partial"
+                partial.write_text(json.dumps({"seconds": round(seconds, 2), "at": time.time()}))
+                os.replace(partial, self.home / "startup.json")
+                log.info("prefect server healthy after %.1f s", seconds)
+                return True
+            time.sleep(0.25)
+        log.error("prefect server not healthy after %.0f s: giving up", self.start_timeout_s)
+        return False
+
+    def _ready(self) -> None:
+        clients_dir(self.home).mkdir(exist_ok=True)
+        self.state = ServerState(**{**self.state.__dict__, "ready": True, "idle_since": time.time()})
+        write_state(self.home, self.state)
+        from gradlab.learn.zygote import ensure_zygote, zygote_dir
+
+        try:
+            ensure_zygote(zygote_dir(self.gradlab_home), keeper_pid=os.getpid())
+        except OSError as e:
+            log.warning("no warm learner (%s): runs start a fresh learner process instead", e)
+
+    def _watch(self) -> None:
+        last_busy = time.time()
+        poll_s = min(10.0, max(0.5, self.idle_s / 10)) if self.idle_s else 10.0
+        while not self.stopping:
+            if self.server.poll() is not None:
+                log.error("prefect server exited with %s; see %s", self.server.returncode, self.home / "server.log")
+                return
+            now = time.time()
+            if self._busy():
+                last_busy = now
+            try:
+                last_busy = max(last_busy, clients_dir(self.home).stat().st_mtime)
+            except OSError:
+                pass
+            idle_since = None if last_busy >= now else last_busy
+            if (idle_since is None) != (self.state.idle_since is None):
+                self.state = ServerState(**{**self.state.__dict__, "idle_since": idle_since})
+                write_state(self.home, self.state)
+            if self.idle_s and now - last_busy >= self.idle_s:
+                log.info("nothing used the server for %.0f s (idle timeout %.0f s): stopping", now - last_busy,
+                         self.idle_s)
+                return
+            deadline = time.monotonic() + poll_s
+            while not self.stopping and time.monotonic() < deadline:
+                time.sleep(min(0.2, poll_s))
+        log.info("%s: stopping", self.stopping)
+
+    def _busy(self) -> bool:
+        """A live registered command, or a flow run in a busy state (an unreadable API counts as busy)."""
+        busy = False
+        directory = clients_dir(self.home)
+        for path in directory.iterdir() if directory.is_dir() else ():
+            if client_alive(path):
+                busy = True
+            else:
+                path.unlink(missing_ok=True)
+        return busy or self._active_flow_runs() != 0
+
+    def _active_flow_runs(self) -> int:
+        body = json.dumps({"flow_runs": {"state": {"type": {"any_": list(BUSY_STATES)}}}}).encode()
+        request = urllib.request.Request(f"{self.state.api_url}/flow_runs/count", data=body,
+                                         headers={"Content-Type": "application/json"}, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=5.0) as r:
+                return int(json.loads(r.read()))
+        except (OSError, ValueError) as e:
+            log.warning("cannot count active flow runs (%s): counted as busy", e)
+            return -1
+
+    def _shutdown(self) -> None:
+        from gradlab.learn.zygote import stop_zygotes, zygote_dir
+
+        try:
+            stop_zygotes(zygote_dir(self.gradlab_home))
+        except OSError as e:
+            log.warning("could not stop the warm learner: %s", e)
+        if self.server is not None and self.server.poll() is None:
+            _stop_group(self.server)
+        clear_stale(self.home)
+        log.info("stopped")
+
+
+def _stop_group(popen: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
+    """SIGTERM the child's process group, SIGKILL it after ``grace_s`` seconds; reaps the child."""
+    try:
+        os.killpg(popen.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        popen.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(popen.pid, signal.SIGKILL)  # also whatever the server left in its group
+    except ProcessLookupError:
+        pass
+    popen.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gradlab.runs.daemon", description=__doc__.splitlines()[0])
+    parser.add_argument("--prefect-home", required=True, type=Path, help="$GRADLAB_HOME/prefect.")
+    parser.add_argument("--gradlab-home", required=True, type=Path, help="$GRADLAB_HOME (the zygote's folder).")
+    parser.add_argument("--port", required=True, type=int)
+    parser.add_argument("--idle-s", required=True, type=float, help="Idle timeout, seconds; 0 = never.")
+    parser.add_argument("--start-timeout-s", required=True, type=float)
+    parser.add_argument("--lock-fd", type=int, default=None, help="The inherited start lock, held until exit.")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level="INFO", stream=sys.stderr,
+                        format=f"%(asctime)s daemon[{os.getpid()}] %(levelname)s: %(message)s")
+    lock_fd = args.lock_fd  # kept open (and so locked) until this process exits
+    log.info("started (idle timeout %s s, lock fd %s)", args.idle_s, lock_fd)
+    return Daemon(prefect_home=args.prefect_home, gradlab_home=args.gradlab_home, port=args.port, idle_s=args.idle_s,
+                  start_timeout_s=args.start_timeout_s).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

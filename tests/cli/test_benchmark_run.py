@@ -1,0 +1,40 @@
+"""``gradlab benchmark run``'s arithmetic: the ratio per round and the medians without the first command."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from gradlab.benchmarks.run import _BARE, Row, render, summary
+
+
+def test_ratio_and_summary_leave_the_first_command_out(capsys: pytest.CaptureFixture[str]) -> None:
+    rows = [
+        Row("cartpole-acceptance", 0, "succeeded", 40.0, 4.0, 40_000, 20.0, "new process", "started"),
+        Row("cartpole-acceptance", 0, "succeeded", 12.0, 0.5, 40_000, 20.0, "zygote", "daemon"),
+        Row("cartpole-acceptance", 1, "succeeded", 15.0, 0.5, 50_000, 25.0, "zygote", "daemon"),
+        Row("cartpole-acceptance", 2, "succeeded", 9.0, 0.5, 30_000, 10.0, "zygote", "daemon"),
+        Row("bandit-acceptance", 0, "failed", 30.0, 0.5, None, None, "zygote", "daemon"),
+    ]
+    assert rows[0].first and rows[0].ratio == 2.0 and rows[2].ratio == 0.6 and rows[4].ratio is None
+    agg = summary(rows)
+    # 12/20 = 0.6, 15/25 = 0.6, 9/10 = 0.9: the first command (40/20 = 2.0) is not counted.
+    assert agg["cartpole-acceptance"] == {"rounds": 3, "wall_s_median": 12.0, "bare_s_median": 20.0,
+                                          "ratio_median": 0.6, "ratio_min": 0.6, "ratio_max": 0.9}
+    assert agg["bandit-acceptance"] == {"rounds": 1, "wall_s_median": 30.0, "bare_s_median": None,
+                                        "ratio_median": None, "ratio_min": None, "ratio_max": None}
+    render(rows, as_json=True)
+    doc = json.loads(capsys.readouterr().out)
+    assert [r["first"] for r in doc["rows"]] == [True, False, False, False, False]
+    assert doc["summary"]["cartpole-acceptance"]["ratio_median"] == 0.6
+
+
+def test_bare_side_trains_the_recipe_for_the_given_steps() -> None:
+    """The bare SB3 script runs the bandit's recipe (a goal only gradlab provides) for 256 steps."""
+    out = subprocess.run([sys.executable, "-c", _BARE, "gradlab__bandit/ppo", "256", "0"], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert float(out.stdout.strip().splitlines()[-1]) > 0

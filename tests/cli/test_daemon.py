@@ -1,0 +1,219 @@
+"""The local Prefect server started in the background on first use (``gradlab.runs.server``).
+
+Real daemons, real ``prefect server`` processes, each under the test's own GRADLAB_HOME with
+``GRADLAB_DAEMON=1`` (every other test runs with it off, tests/conftest.py). Every test stops what
+it started, failures included; waits are on conditions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from gradlab.learn.watch import pid_alive
+from gradlab.learn.zygote import ready_zygotes, zygote_dir
+from gradlab.runs.server import (
+    clients_dir,
+    daemon_alive,
+    ensure_server,
+    prefect_home,
+    read_state,
+    start_ticks,
+    stop_server,
+    try_lock,
+)
+from gradlab.settings import load_settings
+
+REPO = Path(__file__).resolve().parents[2]
+STARTED = "Prefect: started a local server and a warm learner in the background at http://127.0.0.1:"
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {**os.environ, "GRADLAB_DAEMON": "1", "WANDB_MODE": "offline", "WANDB_SILENT": "true", **extra}
+    env.pop("PREFECT_API_URL", None)
+    env.pop("GRADLAB_EXPERIMENTS", None)
+    return env
+
+
+def gradlab(*args: str, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gradlab.cli.app", *args], capture_output=True, text=True, cwd=REPO,
+                          env=env, timeout=timeout)
+
+
+def wait_for(predicate, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    pytest.fail(f"{what}: not within {timeout_s} s")
+
+
+@pytest.fixture
+def settings(gradlab_home: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("GRADLAB_DAEMON", "1")
+    s = load_settings()
+    assert s.daemon and s.home == gradlab_home
+    yield s
+    stop_server(s)  # whatever a test left running
+
+
+def _nothing_left(home: Path, pids: list[int]) -> None:
+    """No process of the daemon's lives, and no daemon file stays (logs, Prefect's database and the
+    measured start-up excepted)."""
+    for pid in pids:
+        wait_for(lambda pid=pid: not pid_alive(pid), 30, f"process {pid} gone")
+    phome = home / "prefect"
+    assert not (phome / "server.json").exists() and not (phome / "clients").exists()
+    assert sorted(p.name for p in phome.iterdir() if p.suffix in (".json", ".partial", ".pending")) == ["startup.json"]
+    assert not list(zygote_dir(home).glob("*.json")) and not list(zygote_dir(home).glob("*.pending"))
+
+
+def test_a_stale_state_file_is_removed(settings) -> None:
+    """A daemon killed with SIGKILL leaves server.json; with no one holding the lock it is stale."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    phome = prefect_home(settings)
+    phome.mkdir(parents=True)
+    (phome / "server.json").write_text(json.dumps({"pid": dead.pid, "url": "http://127.0.0.1:9", "home": str(phome)}))
+    (phome / "clients").mkdir()
+    (phome / "clients" / str(dead.pid)).write_text("1")
+    out = gradlab("server", "status", env=_env())
+    assert out.returncode == 1 and out.stdout.splitlines()[0] == "not running"
+    assert not (phome / "server.json").exists() and not (phome / "clients").exists()
+    out = gradlab("server", "stop", env=_env())
+    assert out.returncode == 0 and out.stdout.strip() == "no server was running"
+
+
+def test_opt_out_starts_nothing(settings) -> None:
+    """GRADLAB_DAEMON=0: experiment commands refuse as before; train's Prefect is the ephemeral one."""
+    out = gradlab("experiment", "list", env=_env(GRADLAB_DAEMON="0"))
+    assert out.returncode == 1
+    assert "no Prefect server" in out.stderr and "GRADLAB_DAEMON=0" in out.stderr
+    code = "from gradlab.cli.train_cmds import configure_prefect; print(configure_prefect())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                         env=_env(GRADLAB_DAEMON="0"), timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ephemeral (GRADLAB_DAEMON=0: Prefect starts a server inside this command)"
+    assert "Prefect: started" not in out.stderr
+    assert not (prefect_home(settings) / "server.json").exists() and not daemon_alive(settings)
+
+
+def test_a_daemon_someone_else_is_starting_is_waited_for_no_longer_than_a_start(settings) -> None:
+    """The lock held (a daemon is starting) and never ready: a command gives up after what a start
+    takes here (twice the last measured one, 1 s, plus 2 s), says so, and falls back to Prefect's
+    ephemeral server."""
+    phome = prefect_home(settings)
+    phome.mkdir(parents=True)
+    (phome / "startup.json").write_text(json.dumps({"seconds": 1.0}))
+    fd = try_lock(settings)
+    assert fd is not None
+    try:
+        assert daemon_alive(settings) and try_lock(settings) is None  # nobody else can start one now
+        lines: list[str] = []
+        t0 = time.monotonic()
+        assert ensure_server(settings, say=lines.append) is None
+        waited = time.monotonic() - t0
+    finally:
+        os.close(fd)
+    assert 4.0 <= waited < 4.0 + 5.0
+    assert lines == [f"Prefect: the local server another command is starting did not answer within 4 s (see "
+                     f"{phome / 'daemon.log'}); this command uses Prefect's ephemeral server instead"]
+    assert not (phome / "server.json").exists()  # it started none of its own
+    assert not daemon_alive(settings)
+
+
+@pytest.mark.slow
+def test_the_first_command_starts_it_the_next_reuses_it_and_stop_leaves_nothing(settings) -> None:
+    home = settings.home
+    out = gradlab("experiment", "list", env=_env())  # the first command that needs Prefect
+    assert out.returncode == 0, out.stderr
+    started = [line for line in out.stderr.splitlines() if line.startswith("Prefect: started")]
+    assert len(started) == 1 and started[0].startswith(STARTED), out.stderr
+    state = read_state(settings)
+    assert state is not None and state.ready and f" at {state.url} (" in started[0]
+    assert "it stops after 30 min without use" in started[0]
+    with urllib.request.urlopen(f"{state.url}/ui-settings", timeout=10) as r:  # the UI asks its own server
+        assert json.loads(r.read())["api_url"] == state.api_url
+    zygote = wait_for(lambda: ready_zygotes(zygote_dir(home)), 180, "the warm learner ready")[0]
+    assert zygote.keeper_pid == state.pid
+
+    out = gradlab("train", "gradlab__bandit/ppo", "--json", env=_env())  # a later command: attaches
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "Prefect: started" not in out.stderr
+    assert f"Prefect API: {state.api_url}" in out.stderr and "(warm: forked by the warm learner)" in out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1])["outcome"] == "succeeded"
+    assert read_state(settings).pid == state.pid  # the same daemon
+
+    out = gradlab("server", "status", "--json", env=_env())
+    assert out.returncode == 0, out.stderr
+    status = json.loads(out.stdout)
+    assert status["running"] and status["pid"] == state.pid and status["idle_timeout_s"] == 1800
+    assert status["clients"] == []  # the train command has exited
+
+    out = gradlab("server", "stop", env=_env())
+    assert out.returncode == 0 and out.stdout.strip() == "stopped", out.stderr
+    _nothing_left(home, [state.pid, state.server_pid, zygote.pid])
+    assert not daemon_alive(settings)
+
+
+@pytest.mark.slow
+def test_concurrent_first_commands_start_one_daemon_which_stops_when_idle(settings) -> None:
+    env = _env(GRADLAB_DAEMON_IDLE_S="6")
+    procs = [subprocess.Popen([sys.executable, "-m", "gradlab.cli.app", "experiment", "list", "--json"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env)
+             for _ in range(3)]
+    # This test process uses the server too (a registered client, as a command registers itself),
+    # so a loaded machine's slow commands cannot let it idle out before it is looked at.
+    state = wait_for(lambda: (s := read_state(settings)) is not None and s.ready and s, 300, "the server ready")
+    client = clients_dir(prefect_home(settings)) / str(os.getpid())
+    client.write_text(start_ticks(os.getpid()) or "")
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], [e for _, e in outs]
+    assert sum(err.count("Prefect: started") for _, err in outs) == 1
+    log = (prefect_home(settings) / "daemon.log").read_text()
+    assert log.count("INFO: started (idle timeout 6.0 s") == 1  # one daemon, one prefect server
+    assert state.idle_s == 6.0 and read_state(settings) is not None
+
+    # A command still using it (this process) keeps it up past the idle timeout; once it is gone,
+    # the server stops.
+    held_until = time.monotonic() + 6.0 + 3.0
+    while time.monotonic() < held_until:
+        assert daemon_alive(settings), "stopped while a command was using it"
+        time.sleep(0.2)
+    client.unlink()
+    wait_for(lambda: not daemon_alive(settings), 120, "the daemon gone after 6 idle seconds")
+    log = (prefect_home(settings) / "daemon.log").read_text()
+    assert "(idle timeout 6 s): stopping" in log and log.rstrip().endswith("INFO: stopped")
+    _nothing_left(settings.home, [state.pid, state.server_pid])
+
+
+def test_daemon_settings_come_from_the_environment_over_the_config_file(gradlab_home: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from gradlab.errors import ConfigError
+
+    config = gradlab_home / "config.toml"
+    config.write_text("[daemon]\nenabled = false\nidle_s = 60\nstart_timeout_s = 300\n")
+    monkeypatch.delenv("GRADLAB_DAEMON")
+    s = load_settings()
+    assert (s.daemon, s.daemon_idle_s, s.server_start_timeout_s) == (False, 60.0, 300.0)
+    monkeypatch.setenv("GRADLAB_DAEMON", "1")
+    monkeypatch.setenv("GRADLAB_DAEMON_IDLE_S", "0")
+    s = load_settings()
+    assert (s.daemon, s.daemon_idle_s, s.server_start_timeout_s) == (True, 0.0, 300.0)
+    monkeypatch.setenv("GRADLAB_DAEMON", "maybe")
+    with pytest.raises(ConfigError, match=r"^GRADLAB_DAEMON: expected 1 or 0 \(true/false\), found 'maybe'$"):
+        load_settings()
+    monkeypatch.setenv("GRADLAB_DAEMON", "0")
+    config.write_text("[daemon]\nstart_timeout_s = 0\n")
+    with pytest.raises(ConfigError, match=rf"^{config}: daemon.start_timeout_s: expected a number of seconds > 0, "
+                                          "found 0$"):
+        load_settings()
