@@ -18,8 +18,17 @@ def learner(
     case: list[str] = typer.Option(["cartpole", "breakout"], help="Cases to run: cartpole, breakout."),
     rounds: int = typer.Option(3, min=1, help="Alternating runs per side, each in a fresh process; the fastest counts."),
     as_json: bool = typer.Option(False, "--json", help="Print the rows as one JSON document."),
+    backend: str = typer.Option(None, help="gradlab.ppo: that backend vs sb3.ppo through the same learner "
+                                           "(goals: CartPole >= 1.8x, Breakout >= 1.5x, bf16 >= 2x)."),
 ) -> None:
     """sb3.ppo through gradlab's learner vs plain SB3 PPO.learn: steps/s and the ratio (goal >= 0.95)."""
+    if backend is not None:
+        from gradlab.benchmarks.learner import main_backend
+
+        if backend != "gradlab.ppo":
+            raise typer.BadParameter(f"expected gradlab.ppo, found {backend!r}", param_hint="--backend")
+        main_backend(backend, tuple(case), {"cartpole": cartpole_steps, "breakout": breakout_steps}, rounds, as_json)
+        return
     from gradlab.benchmarks.learner import main
 
     main(cartpole_steps=cartpole_steps, breakout_steps=breakout_steps, cases=tuple(case), rounds=rounds,

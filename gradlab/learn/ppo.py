@@ -40,6 +40,7 @@ import logging
 import math
 import os
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -699,7 +700,8 @@ class PPOBackend:
             if self.net.nature_cnn:
                 kwargs["features_extractor_kwargs"] = {"features_dim": pm.features_dim}
             cfg = self.cfg
-            with torch.random.fork_rng(devices=[]):
+            with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # SB3's batch_size advice is about its own rollout buffer
                 self._sb3_model = PPO("MlpPolicy", DummyVecEnv([Spaces]), n_steps=cfg.n_steps, batch_size=cfg.batch_size,
                                       n_epochs=cfg.n_epochs, gamma=cfg.gamma, gae_lambda=cfg.gae_lambda,
                                       vf_coef=cfg.vf_coef, max_grad_norm=cfg.max_grad_norm, target_kl=cfg.target_kl,
