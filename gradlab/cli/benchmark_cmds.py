@@ -35,6 +35,19 @@ def learner(
          as_json=as_json)
 
 
+@benchmark_app.command("learning")
+def learning(
+    ref: str = typer.Option("CartPole-v1/ppo", help="Experiment whose recipe both backends train."),
+    seeds: int = typer.Option(5, min=1, help="Seeds per backend."),
+    checkpoint_freq: int = typer.Option(8192, min=1, help="Env steps between the evaluated checkpoints."),
+    as_json: bool = typer.Option(False, "--json", help="Print the rows as one JSON document."),
+) -> None:
+    """Env steps to the goal's acceptance, gradlab.ppo vs sb3.ppo, per seed (goal: median no more)."""
+    from gradlab.benchmarks.learning import main
+
+    main(ref, seeds, checkpoint_freq, as_json)
+
+
 @benchmark_app.command("envs")
 def envs(
     case: list[str] = typer.Option(["gymnasium", "ale", "vizdoom", "retro"], help="Providers to measure."),

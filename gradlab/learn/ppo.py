@@ -298,7 +298,7 @@ def compute_gae(rewards: Any, values: Any, dones: Any, last_values: Any, gamma: 
 # -- one update ---------------------------------------------------------------------------------
 def ppo_update(net: Any, optimizer: Any, batch: dict[str, Any], cfg: GradlabPPOConfig, *, clip_range: float,
                ent_coef: float, permutations: list[Any] | None = None, autocast: Any = None,
-               scaler: Any = None, fast: bool = False) -> dict[str, Any]:
+               scaler: Any = None, fast: bool = False, forward: Any = None) -> dict[str, Any]:
     """SB3's ``PPO.train`` on one flat rollout batch (the learning rate is set on ``optimizer`` already).
 
     Args:
@@ -310,6 +310,7 @@ def ppo_update(net: Any, optimizer: Any, batch: dict[str, Any], cfg: GradlabPPOC
         scaler: a ``torch.amp.GradScaler`` for fp16, or None.
         fast: compute the loss and gradients with :mod:`gradlab.learn.ppo_mlp` (hand-written
             chain rule) instead of autograd; only where ``ppo_mlp.applies``.
+        forward: the network's forward to call (a ``torch.compile``d one), default ``net``.
 
     Returns:
         ``pg_loss``, ``value_loss``, ``entropy``, ``clip_fraction``, ``approx_kl`` (means over the
@@ -324,6 +325,7 @@ def ppo_update(net: Any, optimizer: Any, batch: dict[str, Any], cfg: GradlabPPOC
     b = batch["advantages"].shape[0]
     bs = cfg.batch_size
     ctx = autocast or contextlib.nullcontext
+    forward = forward or net
     pg, vl, ent, cf, gn = [], [], [], [], []
     kls: list[Any] = []
     loss = torch.zeros(())
@@ -354,7 +356,7 @@ def ppo_update(net: Any, optimizer: Any, batch: dict[str, Any], cfg: GradlabPPOC
                 ratio, log_ratio = terms["ratio"], terms["log_ratio"]
             else:
                 with ctx():
-                    head, values = net(mb["obs"])
+                    head, values = forward(mb["obs"])
                 values = values.float()
                 logp, entropy = log_prob_entropy(net, head, mb["actions"])
                 log_ratio = logp - mb["old_log_prob"]
@@ -613,7 +615,7 @@ class PPOBackend:
         self.net.train()
         out = ppo_update(self.net, self.optimizer, flat, cfg, clip_range=clip, ent_coef=self.ent_coef,
                          autocast=self._autocast, scaler=self._scaler,
-                         fast=ppo_mlp.applies(self.net, cfg.precision, cfg.compile))
+                         fast=ppo_mlp.applies(self.net, cfg.precision, cfg.compile), forward=self._forward)
         self.n_updates += int(out["epochs"])
         a = f"train/algorithm/{self.algorithm}"
         metrics = {
