@@ -108,13 +108,19 @@ class Row:
         return (self.gradlab.other_s - self.plain.other_s) / self.plain.seconds if self.plain.seconds else float("nan")
 
 
-def _spec(case: Case, steps: int) -> Any:
+def _spec(case: Case, steps: int, backend: str | None = None, precision: str = "fp32", seed: int = 0) -> Any:
+    """The case's run spec; ``backend`` switches ``train.backend.id`` (same hyperparameters), and for
+    ``gradlab.ppo`` sets its ``threads`` to the case's torch threads and its ``precision``."""
     from gradlab.contracts.experiments import Experiments
     from gradlab.contracts.run_spec import RunSpec
 
-    resolved = Experiments().resolve(case.ref, [f"train.timesteps={steps}", f"train.torch_threads={case.threads}",
-                                                "train.device=cpu"])
-    return RunSpec.from_resolved(resolved, seed=0)
+    overrides = [f"train.timesteps={steps}", f"train.torch_threads={case.threads}", "train.device=cpu"]
+    if backend is not None:
+        overrides.append(f"train.backend.id={backend}")
+    if backend == "gradlab.ppo":
+        overrides += [f"train.backend.config.threads={case.threads}", f"train.backend.config.precision={precision}"]
+    resolved = Experiments().resolve(case.ref, overrides)
+    return RunSpec.from_resolved(resolved, seed=seed)
 
 
 def _warm_up(spec: Any) -> None:
@@ -127,6 +133,7 @@ def _warm_up(spec: Any) -> None:
     import gradlab.checkpoints.policy  # noqa: F401
     import gradlab.envs.sb3  # noqa: F401
     import gradlab.learn.learner  # noqa: F401
+    import gradlab.learn.ppo  # noqa: F401
     import gradlab.learn.sb3  # noqa: F401
     from gradlab.envs.registry import get_provider
 
@@ -251,12 +258,27 @@ def _run_plain(spec: Any) -> Measurement:
                        seconds - phases["rollout"] - phases["update"], _params_sha256(model.policy.state_dict()))
 
 
+BACKEND_SIDES: dict[str, tuple[str, str]] = {
+    "sb3.ppo": ("sb3.ppo", "fp32"), "gradlab.ppo": ("gradlab.ppo", "fp32"), "gradlab.ppo-bf16": ("gradlab.ppo", "bf16"),
+}
+"""Sides of ``--backend`` runs: the learner with that backend (and precision) on the case's recipe."""
+
+
 def measure(case: str, side: str, steps: int) -> Measurement:
-    """One timed run of ``side`` (``gradlab`` or ``plain``) in this process (imports warmed first).
+    """One timed run of ``side`` in this process (imports warmed first): ``gradlab`` (sb3.ppo through the
+    learner, the recipe as checked in), ``plain`` (SB3's ``PPO.learn``), or a :data:`BACKEND_SIDES` key
+    (the learner with that backend).
 
     Raises:
         KeyError: unknown case or side.
     """
+    if side in BACKEND_SIDES:
+        backend, precision = BACKEND_SIDES[side]
+        spec = _spec(CASES[case], steps, backend=backend, precision=precision)
+        _warm_up(spec)
+        m = _run_gradlab(spec)
+        m.side = side
+        return m
     spec = _spec(CASES[case], steps)
     _warm_up(spec)
     return {"gradlab": _run_gradlab, "plain": _run_plain}[side](spec)
@@ -284,6 +306,89 @@ def run(cartpole_steps: int = 65536, breakout_steps: int = 8192, cases: tuple[st
         rows.append(Row(CASES[name].label, steps, rounds, best["gradlab"].steps_per_s, best["plain"].steps_per_s,
                         best["gradlab"], best["plain"], best["gradlab"].params_sha256 == best["plain"].params_sha256))
     return rows
+
+
+@dataclass
+class BackendRow:
+    """Every round of every side of one case in a ``--backend`` run (alternating order)."""
+
+    case: str
+    steps: int
+    rounds: int
+    runs: dict[str, list[Measurement]]
+    load: tuple[float, float]
+
+    def best(self, side: str) -> float:
+        return max(m.steps_per_s for m in self.runs[side])
+
+    def median(self, side: str) -> float:
+        import statistics
+
+        return statistics.median(m.steps_per_s for m in self.runs[side])
+
+    def per_cpu_s(self, side: str) -> float:
+        """Best env steps per process CPU second (less sensitive to a shared machine's load than wall time)."""
+        return max(m.steps / m.cpu_seconds for m in self.runs[side] if m.cpu_seconds > 0)
+
+
+def run_backend(backend: str, cases: tuple[str, ...], steps: dict[str, int], rounds: int,
+                progress: Any = None) -> list[BackendRow]:
+    """``backend`` against ``sb3.ppo`` through the same learner, per case: ``rounds`` rounds whose side
+    order alternates (and, on Breakout, ``backend`` in bf16 too), each run in a fresh process.
+
+    Raises:
+        KeyError: a backend other than ``gradlab.ppo``, or an unknown case.
+    """
+    if backend != "gradlab.ppo":
+        raise KeyError(f"--backend: expected gradlab.ppo, found {backend!r}")
+    rows = []
+    for name in cases:
+        sides = ["sb3.ppo", "gradlab.ppo"] + (["gradlab.ppo-bf16"] if name == "breakout" else [])
+        runs: dict[str, list[Measurement]] = {side: [] for side in sides}
+        load0 = os.getloadavg()[0]
+        for i in range(rounds):
+            for side in (sides if i % 2 == 0 else sides[::-1]):
+                runs[side].append(_measure_in_subprocess(name, side, steps[name]))
+                if progress is not None:
+                    progress()
+        rows.append(BackendRow(CASES[name].label.replace("sb3.ppo ", ""), steps[name], rounds, runs,
+                               (load0, os.getloadavg()[0])))
+    return rows
+
+
+def render_backend(rows: list[BackendRow], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps([{**asdict(r), "best": {s: r.best(s) for s in r.runs},
+                           "median": {s: r.median(s) for s in r.runs},
+                           "per_cpu_s": {s: r.per_cpu_s(s) for s in r.runs}} for r in rows]))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=None if sys.stdout.isatty() else 200)
+    table = Table(title="gradlab.ppo vs sb3.ppo through the same learner (steps/s over every round, fresh process each)")
+    for col in ("case", "side", "steps", "rounds", "best", "median", "spread (min-max)", "ratio best", "ratio median",
+                "steps/CPU-s", "ratio CPU", "rollout s", "update s", "load 1-min"):
+        table.add_column(col, justify="left" if col in ("case", "side") else "right")
+    for r in rows:
+        for side, ms in r.runs.items():
+            fastest = min(ms, key=lambda m: m.seconds)
+            table.add_row(r.case, side, str(r.steps), str(len(ms)), f"{r.best(side):,.0f}", f"{r.median(side):,.0f}",
+                          f"{min(m.steps_per_s for m in ms):,.0f}-{max(m.steps_per_s for m in ms):,.0f}",
+                          f"{r.best(side) / r.best('sb3.ppo'):.2f}x", f"{r.median(side) / r.median('sb3.ppo'):.2f}x",
+                          f"{r.per_cpu_s(side):,.0f}", f"{r.per_cpu_s(side) / r.per_cpu_s('sb3.ppo'):.2f}x",
+                          f"{fastest.rollout_s:.2f}", f"{fastest.update_s:.2f}", f"{r.load[0]:.1f} -> {r.load[1]:.1f}")
+    console.print(table)
+
+
+def main_backend(backend: str, cases: tuple[str, ...], steps: dict[str, int], rounds: int, as_json: bool) -> None:
+    from rich.progress import Progress
+
+    total = sum(rounds * (3 if c == "breakout" else 2) for c in cases)
+    with Progress(transient=True, disable=as_json) as bar:
+        task = bar.add_task(f"{backend} vs sb3.ppo", total=total)
+        rows = run_backend(backend, cases, steps, rounds, progress=lambda: bar.advance(task))
+    render_backend(rows, as_json)
 
 
 def render(rows: list[Row], as_json: bool) -> None:

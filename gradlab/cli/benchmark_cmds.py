@@ -18,12 +18,34 @@ def learner(
     case: list[str] = typer.Option(["cartpole", "breakout"], help="Cases to run: cartpole, breakout."),
     rounds: int = typer.Option(3, min=1, help="Alternating runs per side, each in a fresh process; the fastest counts."),
     as_json: bool = typer.Option(False, "--json", help="Print the rows as one JSON document."),
+    backend: str = typer.Option(None, help="gradlab.ppo: that backend vs sb3.ppo through the same learner "
+                                           "(goals: CartPole >= 1.8x, Breakout >= 1.5x, bf16 >= 2x)."),
 ) -> None:
     """sb3.ppo through gradlab's learner vs plain SB3 PPO.learn: steps/s and the ratio (goal >= 0.95)."""
+    if backend is not None:
+        from gradlab.benchmarks.learner import main_backend
+
+        if backend != "gradlab.ppo":
+            raise typer.BadParameter(f"expected gradlab.ppo, found {backend!r}", param_hint="--backend")
+        main_backend(backend, tuple(case), {"cartpole": cartpole_steps, "breakout": breakout_steps}, rounds, as_json)
+        return
     from gradlab.benchmarks.learner import main
 
     main(cartpole_steps=cartpole_steps, breakout_steps=breakout_steps, cases=tuple(case), rounds=rounds,
          as_json=as_json)
+
+
+@benchmark_app.command("learning")
+def learning(
+    ref: str = typer.Option("CartPole-v1/ppo", help="Experiment whose recipe both backends train."),
+    seeds: int = typer.Option(5, min=1, help="Seeds per backend."),
+    checkpoint_freq: int = typer.Option(8192, min=1, help="Env steps between the evaluated checkpoints."),
+    as_json: bool = typer.Option(False, "--json", help="Print the rows as one JSON document."),
+) -> None:
+    """Env steps to the goal's acceptance, gradlab.ppo vs sb3.ppo, per seed (goal: median no more)."""
+    from gradlab.benchmarks.learning import main
+
+    main(ref, seeds, checkpoint_freq, as_json)
 
 
 @benchmark_app.command("envs")

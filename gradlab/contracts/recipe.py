@@ -54,6 +54,22 @@ class PPOConfig(Contract):
     target_kl: float | None = None
 
 
+class GradlabPPOConfig(PPOConfig):
+    """``gradlab.ppo``: sb3.ppo's hyperparameters (same names, defaults and meaning) plus how to compute."""
+
+    precision: Literal["fp32", "bf16", "fp16-amp"] = Field(
+        default="fp32", description="Autocast dtype of the forward passes (fp16-amp: CUDA only, with a gradient scaler).")
+    compile: bool = Field(default=False, description="torch.compile the policy network.")
+    threads: int | Literal["auto"] = Field(
+        default="auto", description="torch threads on CPU; auto: the usable CPUs less one (room for evaluation), at most 8.")
+
+    @model_validator(mode="after")
+    def _check_threads(self) -> GradlabPPOConfig:
+        if isinstance(self.threads, int) and self.threads < 1:
+            raise ValueError(f"threads: expected auto or an integer >= 1, found {self.threads}")
+        return self
+
+
 class A2CConfig(Contract):
     """stable-baselines3 A2C arguments (Mnih et al. 2016); defaults are SB3's."""
 
@@ -69,11 +85,12 @@ class A2CConfig(Contract):
     normalize_advantage: bool = False
 
 
-BACKEND_CONFIGS: dict[str, type[Contract]] = {"sb3.ppo": PPOConfig, "sb3.a2c": A2CConfig}
+BACKEND_CONFIGS: dict[str, type[Contract]] = {"sb3.ppo": PPOConfig, "sb3.a2c": A2CConfig,
+                                              "gradlab.ppo": GradlabPPOConfig}
 
 
 class Backend(Contract):
-    id: Literal["sb3.ppo", "sb3.a2c"]
+    id: Literal["sb3.ppo", "sb3.a2c", "gradlab.ppo"]
     config: dict[str, Any] = Field(default_factory=dict, description="Validated by the backend's own model.")
 
     @model_validator(mode="after")

@@ -119,7 +119,8 @@ def run_learner(spec: RunSpec, run_dir: Path, *, resume_from: Path | None = None
         trust_model: accepted for command-line compatibility; resume needs no trust (no pickle).
         stop_at_step: behave as if a stop were requested once ``num_timesteps >= stop_at_step``
             (for tests and manual runs; the stop reason is ``stop_requested``).
-        env: an SB3 VecEnv to train on instead of :func:`make_training_env` (benchmarks, tests).
+        env: a vector env to train on instead of the backend's ``make_env(spec)`` (benchmarks, tests): an
+            SB3 VecEnv for ``sb3.*``, a gradlab ``VectorEnv`` (or an ``SB3VecEnv`` over one) for ``gradlab.ppo``.
         parent_pid: the supervisor's pid as its starter saw it (``--parent-pid``), so a supervisor
             that died while this process was still importing is noticed too; default: the parent now.
         watch_parent: stop with ``supervisor_lost`` once the supervisor (``parent_pid``) has exited
@@ -135,7 +136,7 @@ def run_learner(spec: RunSpec, run_dir: Path, *, resume_from: Path | None = None
     """
     import torch
 
-    from gradlab.learn.sb3 import SB3Backend
+    from gradlab.learn.sb3 import make_backend
 
     supervisor = ProcessWatch(parent_pid or os.getppid()) if watch_parent else None
     run_dir = Path(run_dir)
@@ -147,7 +148,7 @@ def run_learner(spec: RunSpec, run_dir: Path, *, resume_from: Path | None = None
     outbox.adopt_fence(starting=True)  # stamp every event with the attempt and epoch that started this learner
     flag = _SignalFlag()
     flag.install()
-    backend = SB3Backend(train.backend.id)
+    backend = make_backend(train.backend.id)
     config_sha = backend_config_sha256(spec)
     manifest_fields = {
         "run_id": spec.run_id, **spec.hashes, "backend_id": backend.id,
@@ -161,7 +162,7 @@ def run_learner(spec: RunSpec, run_dir: Path, *, resume_from: Path | None = None
         if resume_from is not None:
             resumed_manifest = verify_checkpoint(Path(resume_from))
             _check_resume_compatible(resumed_manifest, spec, config_sha, Path(resume_from))
-        backend.setup(spec, env if env is not None else make_training_env(spec))
+        backend.setup(spec, env if env is not None else backend.make_env(spec))
         env_restored = False
         if resume_from is not None:
             env_restored = backend.restore(Path(resume_from))

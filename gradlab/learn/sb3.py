@@ -274,6 +274,13 @@ class SB3Backend:
         self._lanes_note = False
         self.spec: RunSpec | None = None
 
+    @staticmethod
+    def make_env(spec: RunSpec) -> Any:
+        """The SB3 ``VecEnv`` to train on (gradlab's vector env behind ``SB3VecEnv``)."""
+        from gradlab.learn.learner import make_training_env
+
+        return make_training_env(spec)
+
     # -- construction ------------------------------------------------------------------------
     def setup(self, spec: RunSpec, venv: Any, *, device: str = "auto") -> None:
         """Build the SB3 model over an SB3 ``VecEnv`` (gradlab's ``SB3VecEnv`` in the learner).
@@ -609,5 +616,18 @@ BACKENDS: dict[str, str] = {"sb3.ppo": "ppo", "sb3.a2c": "a2c"}
 
 
 def registered_backends() -> list[str]:
-    """Backend ids, for tests parametrized over every backend."""
-    return list(BACKENDS)
+    """Backend ids, for tests parametrized over every backend (``sb3.*`` and ``gradlab.ppo``)."""
+    return [*BACKENDS, "gradlab.ppo"]
+
+
+def make_backend(backend_id: str) -> Any:
+    """The backend object for ``train.backend.id`` (:class:`SB3Backend` or ``gradlab.ppo``'s ``PPOBackend``).
+
+    Raises:
+        ConfigError: an unknown id, naming ``train.backend.id``.
+    """
+    if backend_id == "gradlab.ppo":
+        from gradlab.learn.ppo import PPOBackend
+
+        return PPOBackend(backend_id)
+    return SB3Backend(backend_id)

@@ -86,6 +86,8 @@ TRAINING: tuple[MetricSpec, ...] = (
     MetricSpec(f"{_ALGO}/update/count", "Gradient steps taken since the run started.", "count", "per update"),
     MetricSpec(f"{_ALGO}/policy/entropy", "Mean entropy of the policy's action distribution over the update's samples.", "nats", "per update"),
     MetricSpec(f"{_ALGO}/value/explained_variance", "Explained variance of the value predictions against the value targets (1 = perfect).", "frac", "per update"),
+    MetricSpec(f"{_ALGO}/update/epochs", "Epochs the update completed (gradlab.ppo; fewer than n_epochs when target_kl stopped it).", "count", "per update"),
+    MetricSpec(f"{_ALGO}/update/grad_norm", "Mean gradient norm before clipping to max_grad_norm, over the update's minibatches (gradlab.ppo).", "norm", "per update"),
     MetricSpec("train/throughput/loop_fps", "Env steps per second of wall time over the whole iteration (rollout + update + bookkeeping).", "steps/s", _ROLL),
     MetricSpec("train/throughput/rollout_fps", "Env steps per second during the rollout phase (env steps + policy inference).", "steps/s", _ROLL),
     MetricSpec("train/throughput/env_step_fps", "Env steps per second counting only time spent inside the vector env's step.", "steps/s", _ROLL),

@@ -19,6 +19,8 @@ from tests.learn.conftest import BANDIT, make_spec
 CONFIGS = {
     "sb3.ppo": {"learning_rate": {"kind": "linear", "initial": 3e-3, "final": 1e-3}, "n_steps": 32,
                 "batch_size": 64, "n_epochs": 2, "gamma": 0.0, "ent_coef": {"kind": "linear", "initial": 0.02, "final": 0.0}},
+    "gradlab.ppo": {"learning_rate": {"kind": "linear", "initial": 3e-3, "final": 1e-3}, "n_steps": 32,
+                    "batch_size": 64, "n_epochs": 2, "gamma": 0.0, "ent_coef": {"kind": "linear", "initial": 0.02, "final": 0.0}},
     "sb3.a2c": {"learning_rate": {"kind": "linear", "initial": 3e-3, "final": 1e-3}, "n_steps": 32, "gamma": 0.0,
                 "ent_coef": {"kind": "linear", "initial": 0.02, "final": 0.0}},
 }

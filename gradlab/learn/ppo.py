@@ -1,0 +1,790 @@
+"""The ``gradlab.ppo`` backend: PPO written for gradlab's vector env, tensors end to end.
+
+Read top to bottom: the network (:class:`ActorCritic`), GAE (:func:`compute_gae`), one update
+(:func:`ppo_update`), then the backend the learner drives (:class:`PPOBackend`: setup → begin →
+collect → update → save/restore), with the same interface, metric names and checkpoint bundle
+as :class:`gradlab.learn.sb3.SB3Backend` (docs/ARCHITECTURE.md section 5).
+
+Semantics are stable-baselines3 2.x PPO's (``PPO.train``, ``OnPolicyAlgorithm.collect_rollouts``,
+``RolloutBuffer.compute_returns_and_advantage``), which the parity tests in
+``tests/learn/test_ppo_parity.py`` check term by term:
+
+* the network has SB3 ``ActorCriticPolicy``'s modules and tensor names, built in the same order
+  with SB3's orthogonal initialisation (gain sqrt(2) for the extractor and hidden layers, 0.01 for
+  the action head, 1 for the value head), so the same seed gives the same initial parameters and a
+  ``gradlab.ppo`` weights-only policy loads in :class:`gradlab.checkpoints.policy.Policy` exactly
+  like an ``sb3.ppo`` one;
+* a truncated step's reward gets ``gamma * V(true final observation)`` (the vector env keeps it in
+  ``StepResult.final_obs``); a terminated step is never bootstrapped;
+* advantages are normalised per minibatch (``(A - mean) / (std + 1e-8)``, unbiased std); the
+  value loss is clipped around the rollout's values when ``clip_range_vf`` is set; an epoch stops
+  at the first minibatch whose approximate KL exceeds ``1.5 * target_kl`` (SB3's rule, before
+  that minibatch's gradient step);
+* Adam with ``eps=1e-5``, gradients clipped to ``max_grad_norm``; the learning rate, clip range
+  and entropy coefficient follow their schedules with SB3's ``progress_remaining``.
+
+What differs is speed: the rollout lives in preallocated ``(n_steps, n_envs)`` tensors written in
+place, the policy step is a few tensor operations (no distribution objects), minibatch
+permutations are drawn on the device, and losses stay on the device until the update ends.
+
+Resume state (``resume/`` in a checkpoint), never pickle: ``state.json`` (counters, schedules'
+progress, every RNG stream, episode windows, optimizer hyperparameters) and
+``optimizer.safetensors`` (Adam's moments and step counts by parameter index). The lanes are not
+saved (the vector env has no state API that avoids pickle): a resumed run starts new episodes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gradlab.checkpoints.manifest import POLICY_FILE, RESUME_DIR, WEIGHTS_FILE
+from gradlab.contracts.recipe import GradlabPPOConfig
+from gradlab.contracts.run_spec import RunSpec
+from gradlab.errors import ConfigError, ContractViolation
+from gradlab.learn import ppo_mlp
+from gradlab.learn.sb3 import EpisodeStats, RolloutStats, _rng_state, _set_rng_state, validate_backend_config
+from gradlab.learn.schedules import schedule_fn
+
+logger = logging.getLogger(__name__)
+
+BACKEND_ID = "gradlab.ppo"
+ALGORITHM = "ppo"
+OPTIMIZER_FILE = "optimizer.safetensors"
+STATE_FILE = "state.json"
+ADAM_EPS = 1e-5
+"""SB3's ``ActorCriticPolicy`` Adam epsilon (``optimizer_kwargs["eps"] = 1e-5``)."""
+
+
+# -- the network ------------------------------------------------------------------------------
+def is_image(space: Any) -> bool:
+    """SB3's ``is_image_space(check_channels=False)``: a uint8 Box of 3 dims bounded by [0, 255]."""
+    from gymnasium import spaces
+
+    return (isinstance(space, spaces.Box) and space.dtype == np.uint8 and len(space.shape) == 3
+            and bool(np.all(space.low == 0)) and bool(np.all(space.high == 255)))
+
+
+def channels_last(space: Any) -> bool:
+    """SB3 transposes an image space whose smallest dimension is not the first (``VecTransposeImage``)."""
+    return is_image(space) and int(np.argmin(space.shape)) != 0
+
+
+def build_network(observation_space: Any, action_space: Any, policy_model: Any) -> Any:
+    """An :class:`ActorCritic` for the spaces (as the vector env gives them) and the recipe's ``PolicyModel``.
+
+    Raises:
+        ConfigError: Nature CNN on non-image observations, an unsupported space.
+    """
+    from gymnasium import spaces
+
+    if not isinstance(observation_space, spaces.Box):
+        raise ConfigError(f"train.backend.id: gradlab.ppo needs Box observations, found {observation_space}")
+    if not isinstance(action_space, (spaces.Discrete, spaces.Box)):
+        raise ConfigError(f"train.backend.id: gradlab.ppo needs Discrete or Box actions, found {action_space}")
+    image = is_image(observation_space)
+    extractor = policy_model.extractor if policy_model.extractor != "auto" else ("nature_cnn" if image else "mlp")
+    if extractor == "nature_cnn" and not image:
+        raise ConfigError(f"train.policy_model.extractor: nature_cnn needs image observations (uint8, 3 dims), "
+                          f"found {observation_space}")
+    return _actor_critic_class()(observation_space, action_space, policy_model, extractor == "nature_cnn")
+
+
+def _actor_critic_class() -> type:
+    import torch
+    from torch import nn
+
+    class NatureCNN(nn.Module):
+        """Mnih et al. 2015's convolutions; SB3's ``NatureCNN`` (same layers, same tensor names)."""
+
+        def __init__(self, channels: int, hw: tuple[int, int], features_dim: int):
+            super().__init__()
+            self.cnn = nn.Sequential(
+                nn.Conv2d(channels, 32, kernel_size=8, stride=4, padding=0), nn.ReLU(),
+                nn.Conv2d(32, 64, kernel_size=4, stride=2, padding=0), nn.ReLU(),
+                nn.Conv2d(64, 64, kernel_size=3, stride=1, padding=0), nn.ReLU(), nn.Flatten())
+            with torch.no_grad():
+                n_flatten = self.cnn(torch.zeros(1, channels, *hw)).shape[1]
+            self.linear = nn.Sequential(nn.Linear(n_flatten, features_dim), nn.ReLU())
+            self.features_dim = features_dim
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.linear(self.cnn(x))
+
+    class MlpExtractor(nn.Module):
+        """SB3's ``MlpExtractor``: separate policy and value MLPs (``net_arch`` list or ``{pi, vf}``)."""
+
+        def __init__(self, features_dim: int, net_arch: Any, activation: type):
+            super().__init__()
+            pi_dims = net_arch.get("pi", []) if isinstance(net_arch, dict) else list(net_arch)
+            vf_dims = net_arch.get("vf", []) if isinstance(net_arch, dict) else list(net_arch)
+            layers: dict[str, list] = {"pi": [], "vf": []}
+            last = {"pi": features_dim, "vf": features_dim}
+            for key, dims in (("pi", pi_dims), ("vf", vf_dims)):
+                for d in dims:
+                    layers[key] += [nn.Linear(last[key], d), activation()]
+                    last[key] = d
+            self.policy_net = nn.Sequential(*layers["pi"])
+            self.value_net = nn.Sequential(*layers["vf"])
+            self.latent_dim_pi, self.latent_dim_vf = last["pi"], last["vf"]
+
+    class ActorCritic(nn.Module):
+        """SB3's ``ActorCriticPolicy`` network (same modules, order, names and initialisation).
+
+        Input: observations as the vector env gives them, (B, *obs_shape) (uint8 images are
+        transposed to channel-first when channel-last and scaled by 1/255, as SB3 does).
+        Output of :meth:`forward`: (action logits (B, n_actions) or Gaussian means (B, act_dim),
+        values (B,)), float32.
+        """
+
+        def __init__(self, observation_space: Any, action_space: Any, policy_model: Any, nature_cnn: bool):
+            super().__init__()
+            from gymnasium import spaces
+
+            act = {"tanh": nn.Tanh, "relu": nn.ReLU}[policy_model.activation]
+            self.activation = policy_model.activation
+            self.image = is_image(observation_space)
+            self.transpose = channels_last(observation_space)
+            shape = tuple(observation_space.shape)
+            net_shape = (shape[2], shape[0], shape[1]) if self.transpose else shape
+            self.net_observation_shape = net_shape
+            self.discrete = isinstance(action_space, spaces.Discrete)
+            self.share = bool(policy_model.share_features_extractor)
+
+            def make_extractor() -> nn.Module:
+                if nature_cnn:
+                    return NatureCNN(net_shape[0], (net_shape[1], net_shape[2]), policy_model.features_dim)
+                return nn.Flatten()
+
+            self.nature_cnn = nature_cnn
+            self.features_dim = policy_model.features_dim if nature_cnn else int(np.prod(shape))
+            self.features_extractor = make_extractor()
+            self.pi_features_extractor = self.features_extractor
+            self.vf_features_extractor = self.features_extractor if self.share else make_extractor()
+            self.mlp_extractor = MlpExtractor(self.features_dim, policy_model.net_arch, act)
+            if self.discrete:
+                self.action_net = nn.Linear(self.mlp_extractor.latent_dim_pi, int(action_space.n))
+            else:
+                dim = int(np.prod(action_space.shape))
+                self.action_net = nn.Linear(self.mlp_extractor.latent_dim_pi, dim)
+                self.log_std = nn.Parameter(torch.zeros(dim))  # SB3's log_std_init = 0.0
+            self.value_net = nn.Linear(self.mlp_extractor.latent_dim_vf, 1)
+            if policy_model.ortho_init:
+                gains: dict[nn.Module, float] = {self.features_extractor: math.sqrt(2), self.mlp_extractor: math.sqrt(2),
+                                                 self.action_net: 0.01, self.value_net: 1.0}
+                if not self.share:
+                    del gains[self.features_extractor]
+                    gains[self.pi_features_extractor] = math.sqrt(2)
+                    gains[self.vf_features_extractor] = math.sqrt(2)
+                for module, gain in gains.items():
+                    module.apply(lambda m, g=gain: _ortho(m, g))
+
+        def preprocess(self, obs: torch.Tensor) -> torch.Tensor:
+            """(B, *obs_shape) as stored → float32 network input (SB3's ``preprocess_obs``)."""
+            if self.image:
+                if self.transpose:
+                    obs = obs.permute(0, 3, 1, 2)
+                return obs.float() / 255.0
+            return obs.float()
+
+        def _mlp(self, seq: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
+            """``seq(x)`` without module-call overhead (Linear layers with the activation after each)."""
+            act = torch.tanh if self.activation == "tanh" else torch.relu
+            for layer in seq:
+                if isinstance(layer, nn.Linear):
+                    x = act(torch.nn.functional.linear(x, layer.weight, layer.bias))
+            return x
+
+        def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            x = self.preprocess(obs)
+            if self.share:
+                fp = fv = self.features_extractor(x)
+            else:
+                fp, fv = self.pi_features_extractor(x), self.vf_features_extractor(x)
+            head = self.action_net(self._mlp(self.mlp_extractor.policy_net, fp))
+            value = self.value_net(self._mlp(self.mlp_extractor.value_net, fv)).squeeze(-1)
+            return head, value
+
+        def head(self, obs: torch.Tensor) -> torch.Tensor:
+            """The action head alone (logits or Gaussian means): the rollout's per-step call for MLPs."""
+            fp = self.pi_features_extractor(self.preprocess(obs))
+            return self.action_net(self._mlp(self.mlp_extractor.policy_net, fp))
+
+        def value(self, obs: torch.Tensor) -> torch.Tensor:
+            """V(s), (B,) (the bootstrap of truncated lanes)."""
+            fv = self.vf_features_extractor(self.preprocess(obs))
+            return self.value_net(self._mlp(self.mlp_extractor.value_net, fv)).squeeze(-1)
+
+    def _ortho(module: nn.Module, gain: float) -> None:
+        """SB3's ``BasePolicy.init_weights``: orthogonal weights with ``gain``, zero biases."""
+        if isinstance(module, (nn.Linear, nn.Conv2d)):
+            nn.init.orthogonal_(module.weight, gain=gain)
+            if module.bias is not None:
+                module.bias.data.fill_(0.0)
+
+    return ActorCritic
+
+
+def log_prob_entropy(net: Any, head: Any, actions: Any) -> tuple[Any, Any]:
+    """Log-probability of ``actions`` and entropy, each (B,) float32, from the network's head.
+
+    Discrete: a categorical over ``head`` logits (B, n). Box: a diagonal Gaussian with mean ``head``
+    (B, d) and the state-independent ``net.log_std`` (log-probs and entropies summed over d), as
+    SB3's ``CategoricalDistribution`` / ``DiagGaussianDistribution``.
+    """
+    import torch
+
+    head = head.float()
+    if net.discrete:
+        logp_all = torch.log_softmax(head, dim=-1)
+        logp = logp_all.gather(1, actions.long().unsqueeze(1)).squeeze(1)
+        entropy = -(logp_all.exp() * logp_all).sum(-1)
+        return logp, entropy
+    log_std = net.log_std.expand_as(head)
+    var = torch.exp(2 * log_std)
+    logp = (-((actions - head) ** 2) / (2 * var) - log_std - math.log(math.sqrt(2 * math.pi))).sum(-1)
+    entropy = (0.5 + 0.5 * math.log(2 * math.pi) + log_std).sum(-1)
+    return logp, entropy
+
+
+def sample_actions(net: Any, head: Any) -> tuple[Any, Any]:
+    """Sampled actions and their log-probabilities from the head: Discrete (B,) int64, Box (B, d) float32."""
+    import torch
+
+    head = head.float()
+    if net.discrete:
+        logp_all = torch.log_softmax(head, dim=-1)
+        actions = torch.multinomial(logp_all.exp(), 1).squeeze(1)
+        return actions, logp_all.gather(1, actions.unsqueeze(1)).squeeze(1)
+    actions = head + torch.randn_like(head) * net.log_std.exp()
+    return actions, log_prob_entropy(net, head, actions)[0]
+
+
+# -- advantages -------------------------------------------------------------------------------
+def compute_gae(rewards: Any, values: Any, dones: Any, last_values: Any, gamma: float, gae_lambda: float) -> tuple[Any, Any]:
+    """Generalised advantage estimation (Schulman et al. 2016, eq. 16), SB3's recursion.
+
+    Works on numpy arrays or torch tensors alike (only arithmetic and indexing).
+
+    Args:
+        rewards: (T, N) float32, each step's reward with ``gamma * V(final obs)`` already added
+            on truncated steps.
+        values: (T, N) float32, V(s_t) of the rollout's observations.
+        dones: (T, N) float32, 1.0 where the lane's episode ended at step t (terminated or truncated).
+        last_values: (N,) float32, V of the observation after the last step.
+
+    Returns:
+        (advantages (T, N), returns (T, N) = advantages + values).
+    """
+    advantages = values * 0
+    last = last_values * 0
+    for t in reversed(range(rewards.shape[0])):
+        next_values = last_values if t == rewards.shape[0] - 1 else values[t + 1]
+        not_done = 1.0 - dones[t]
+        delta = rewards[t] + gamma * next_values * not_done - values[t]
+        last = delta + gamma * gae_lambda * not_done * last
+        advantages[t] = last
+    return advantages, advantages + values
+
+
+# -- one update ---------------------------------------------------------------------------------
+def ppo_update(net: Any, optimizer: Any, batch: dict[str, Any], cfg: GradlabPPOConfig, *, clip_range: float,
+               ent_coef: float, permutations: list[Any] | None = None, autocast: Any = None,
+               scaler: Any = None, fast: bool = False, forward: Any = None) -> dict[str, Any]:
+    """SB3's ``PPO.train`` on one flat rollout batch (the learning rate is set on ``optimizer`` already).
+
+    Args:
+        batch: ``obs`` (B, *obs_shape), ``actions`` (B,) int64 or (B, d) float32, ``old_log_prob``,
+            ``old_values``, ``advantages``, ``returns`` (B,) float32; all on the network's device.
+        permutations: one index permutation of ``range(B)`` per epoch (default: ``torch.randperm``
+            on the device); a batch that fits one minibatch is used in order.
+        autocast: a context factory for the forward pass (bf16 / fp16 autocast), or None.
+        scaler: a ``torch.amp.GradScaler`` for fp16, or None.
+        fast: compute the loss and gradients with :mod:`gradlab.learn.ppo_mlp` (hand-written
+            chain rule) instead of autograd; only where ``ppo_mlp.applies``.
+        forward: the network's forward to call (a ``torch.compile``d one), default ``net``.
+
+    Returns:
+        ``pg_loss``, ``value_loss``, ``entropy``, ``clip_fraction``, ``approx_kl`` (means over the
+        minibatches; ``approx_kl`` over the last epoch's), ``loss`` (last minibatch), ``epochs``
+        (completed, counting an epoch stopped by the KL rule), ``grad_norm`` (mean before clipping),
+        as floats.
+    """
+    import contextlib
+
+    import torch
+
+    b = batch["advantages"].shape[0]
+    bs = cfg.batch_size
+    ctx = autocast or contextlib.nullcontext
+    forward = forward or net
+    pg, vl, ent, cf, gn = [], [], [], [], []
+    kls: list[Any] = []
+    loss = torch.zeros(())
+    epochs = 0
+    params = [p for p in net.parameters()]
+    for epoch in range(cfg.n_epochs):
+        kls = []
+        stop = False
+        if permutations is not None:
+            perm = permutations[epoch]
+        elif bs >= b:
+            perm = None
+        else:
+            perm = torch.randperm(b, device=batch["advantages"].device)
+        for start in range(0, b, bs):
+            if perm is None and start == 0 and bs >= b:
+                mb = batch
+            else:
+                idx = perm[start:start + bs] if perm is not None else slice(start, start + bs)
+                mb = {k: v[idx] for k, v in batch.items()}
+            adv = mb["advantages"]
+            if cfg.normalize_advantage and adv.shape[0] > 1:
+                adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+            if fast:
+                terms = ppo_mlp.loss_and_grads(net, mb, adv, clip_range=clip_range, clip_range_vf=cfg.clip_range_vf,
+                                               ent_coef=ent_coef, vf_coef=cfg.vf_coef)
+                pg_loss, value_loss, entropy_loss, loss = (terms[k] for k in ("pg_loss", "value_loss", "entropy_loss", "loss"))
+                ratio, log_ratio = terms["ratio"], terms["log_ratio"]
+            else:
+                with ctx():
+                    head, values = forward(mb["obs"])
+                values = values.float()
+                logp, entropy = log_prob_entropy(net, head, mb["actions"])
+                log_ratio = logp - mb["old_log_prob"]
+                ratio = torch.exp(log_ratio)
+                pg_loss = -torch.min(adv * ratio, adv * torch.clamp(ratio, 1 - clip_range, 1 + clip_range)).mean()
+                if cfg.clip_range_vf is not None:
+                    old = mb["old_values"]
+                    values = old + torch.clamp(values - old, -cfg.clip_range_vf, cfg.clip_range_vf)
+                value_loss = torch.nn.functional.mse_loss(mb["returns"], values)
+                entropy_loss = -entropy.mean()
+                loss = pg_loss + ent_coef * entropy_loss + cfg.vf_coef * value_loss
+            with torch.no_grad():
+                kl = ((ratio - 1) - log_ratio).mean()
+                pg.append(pg_loss.detach())
+                vl.append(value_loss.detach())
+                ent.append(entropy_loss.detach())
+                cf.append(((ratio - 1).abs() > clip_range).float().mean())
+                kls.append(kl)
+            if cfg.target_kl is not None and float(kl) > 1.5 * cfg.target_kl:
+                stop = True
+                break
+            if not fast:
+                optimizer.zero_grad(set_to_none=True)
+            if scaler is not None:
+                scaler.scale(loss).backward()
+                scaler.unscale_(optimizer)
+                gn.append(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm, foreach=True))
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                if not fast:
+                    loss.backward()
+                gn.append(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm, foreach=True))
+                optimizer.step()
+        epochs += 1
+        if stop:
+            break
+
+    def mean(xs: list[Any]) -> float:
+        return float(torch.stack(xs).float().mean()) if xs else float("nan")
+
+    return {"pg_loss": mean(pg), "value_loss": mean(vl), "entropy": -mean(ent), "clip_fraction": mean(cf),
+            "approx_kl": mean(kls), "loss": float(loss.detach()), "epochs": float(epochs), "grad_norm": mean(gn)}
+
+
+def explained_variance(y_pred: Any, y_true: Any) -> float:
+    """``1 - Var[y_true - y_pred] / Var[y_true]`` (population variances; NaN when Var[y_true] = 0), SB3's."""
+    var_y = float(y_true.var(unbiased=False))
+    return float("nan") if var_y == 0 else 1.0 - float((y_true - y_pred).var(unbiased=False)) / var_y
+
+
+def default_threads() -> int:
+    """torch threads for ``threads: auto``: the CPUs this process may use, less one for evaluation, at most 8."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(cpus - 1, 8))
+
+
+# -- the backend ------------------------------------------------------------------------------------
+class PPOBackend:
+    """``gradlab.ppo``: the learner's collect → update → save/restore over gradlab's vector env.
+
+    Attributes:
+        id: ``gradlab.ppo``. algorithm: ``ppo`` (the metric segment, as ``sb3.ppo``'s).
+        net: the :class:`ActorCritic` (after :meth:`setup`). optimizer: its Adam.
+        episodes: rolling episode statistics. rollout: the current rollout's accumulators.
+        num_timesteps: env steps trained so far.
+    """
+
+    def __init__(self, backend_id: str = BACKEND_ID):
+        if backend_id != BACKEND_ID:
+            raise ConfigError(f"train.backend.id: expected {BACKEND_ID}, found {backend_id!r}")
+        self.id = backend_id
+        self.algorithm = ALGORITHM
+        self.spec: RunSpec | None = None
+        self.episodes = EpisodeStats()
+        self.rollout = RolloutStats()
+        self.num_timesteps = 0
+        self.n_updates = 0
+        self.net: Any = None
+        self.optimizer: Any = None
+        self.venv: Any = None
+        self._obs: Any = None
+
+    @staticmethod
+    def make_env(spec: RunSpec) -> Any:
+        """gradlab's vector env for the run (task program applied, lane seeds from ``spec.seed``)."""
+        from gradlab.envs import make_vector_env
+
+        return make_vector_env(spec.environment, seed=spec.seed)
+
+    # -- construction ------------------------------------------------------------------------
+    def setup(self, spec: RunSpec, venv: Any, *, device: str = "auto") -> None:
+        """Build network, optimizer and rollout tensors over ``venv`` (a gradlab ``VectorEnv``;
+        an ``SB3VecEnv`` is unwrapped). Seeds Python, NumPy and torch from ``spec.seed``.
+
+        Raises:
+            ConfigError: an invalid config (naming ``train.backend.config.<key>``), normalisation
+                (not supported by this backend), an unsupported space, CUDA asked for but absent.
+        """
+        import random
+
+        import torch
+
+        venv = getattr(venv, "venv", venv)  # SB3VecEnv -> VectorEnv
+        self.spec = spec
+        train = spec.recipe.train
+        cfg = validate_backend_config(train, venv.num_envs)
+        assert isinstance(cfg, GradlabPPOConfig)
+        self.cfg = cfg
+        if train.normalize.observation or train.normalize.reward:
+            raise ConfigError("train.normalize: gradlab.ppo does not normalise observations or rewards; "
+                              "use train.backend.id: sb3.ppo for VecNormalize")
+        if device == "auto":
+            device = train.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() and is_image(venv.single_observation_space) else "cpu"
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise ConfigError("train.device: cuda asked for, but torch sees no CUDA device")
+        self.device = torch.device(device)
+        if self.device.type == "cpu":
+            torch.set_num_threads(default_threads() if cfg.threads == "auto" else int(cfg.threads))
+        if cfg.precision == "fp16-amp" and self.device.type == "cpu":
+            raise ConfigError("train.backend.config.precision: fp16-amp needs device cuda; use bf16 on CPU")
+        random.seed(spec.seed)
+        np.random.seed(spec.seed)
+        torch.manual_seed(spec.seed)
+        if self.device.type == "cuda":
+            torch.cuda.manual_seed_all(spec.seed)
+        self.venv = venv
+        self.obs_space, self.action_space = venv.single_observation_space, venv.single_action_space
+        self.net = build_network(self.obs_space, self.action_space, train.policy_model).to(self.device)
+        if self.net.nature_cnn:
+            # oneDNN's (and cuDNN's) faster convolution layout: fp32 forward + backward of 256 Breakout
+            # frames took 121 ms of CPU here against 176 ms in the default layout.
+            self.net = self.net.to(memory_format=torch.channels_last)
+        self.lr_fn, self.clip_fn, self.ent_fn = (schedule_fn(cfg.learning_rate), schedule_fn(cfg.clip_range),
+                                                 schedule_fn(cfg.ent_coef))
+        adam: dict[str, Any] = {"lr": self.lr_fn(1.0), "eps": ADAM_EPS}
+        adam["fused"] = True  # one kernel for every parameter (CPU and CUDA)
+        self.optimizer = torch.optim.Adam(self.net.parameters(), **adam)
+        self.progress_remaining = 1.0
+        self.ent_coef = self.ent_fn(1.0)
+        self._autocast = None
+        self._scaler = None
+        if cfg.precision != "fp32":
+            dtype = torch.bfloat16 if cfg.precision == "bf16" else torch.float16
+            dev = self.device.type
+            self._autocast = lambda: torch.autocast(device_type=dev, dtype=dtype)
+            if cfg.precision == "fp16-amp":
+                self._scaler = torch.amp.GradScaler(dev)
+        self._forward, self._head = self.net, self.net.head
+        if cfg.compile:
+            self._forward, self._head = torch.compile(self.net), torch.compile(self.net.head)
+        n, t = venv.num_envs, cfg.n_steps
+        obs_dtype = torch.uint8 if is_image(self.obs_space) else torch.float32
+        kw = {"device": self.device}
+        self.buf_obs = torch.zeros((t, n, *self.obs_space.shape), dtype=obs_dtype, **kw)
+        act_shape = () if self.net.discrete else tuple(self.action_space.shape)
+        self.buf_actions = torch.zeros((t, n, *act_shape), dtype=torch.int64 if self.net.discrete else torch.float32, **kw)
+        self.buf_logp = torch.zeros((t, n), **kw)
+        self.buf_values = torch.zeros((t, n), **kw)
+        self.buf_rewards = torch.zeros((t, n), **kw)  # shaped rewards as the env gave them
+        self.buf_boot = torch.zeros((t, n), **kw)  # gamma * V(final obs) on truncated steps
+        self.buf_dones = torch.zeros((t, n), **kw)
+        self.timesteps = train.timesteps
+
+    def begin(self, *, resumed: bool) -> None:
+        """Reset the lanes (a resumed run starts new episodes: lane state is not saved)."""
+        del resumed
+        self._obs = self.venv.reset()
+
+    # -- phases ----------------------------------------------------------------------------------
+    def _to_device(self, array: np.ndarray) -> Any:
+        import torch
+
+        t = torch.from_numpy(np.ascontiguousarray(array))
+        return t if self.device.type == "cpu" else t.to(self.device, non_blocking=True)
+
+    def collect(self) -> bool:
+        """One rollout of ``n_steps`` per lane into the rollout tensors, then GAE."""
+        import contextlib
+
+        import torch
+
+        cfg, net = self.cfg, self.net
+        env_s = 0.0
+        gamma = cfg.gamma
+        ctx = self._autocast or contextlib.nullcontext
+        box = None if net.discrete else (self.action_space.low, self.action_space.high)
+        obs = self._obs
+        # MLPs: only the action head per step; values and log-probs of the whole rollout come from one
+        # batched forward afterwards (the parameters do not change during a rollout). CNNs share the
+        # convolutions between the heads, so they take both per step.
+        batched = not net.nature_cnn
+        with torch.no_grad():
+            for t in range(cfg.n_steps):
+                obs_t = self._to_device(obs)
+                self.buf_obs[t].copy_(obs_t)
+                with ctx():
+                    if batched:
+                        head = self._head(obs_t)
+                    else:
+                        head, value = self._forward(obs_t)
+                        self.buf_values[t] = value.float()
+                actions, logp = sample_actions(net, head)
+                self.buf_actions[t] = actions
+                if not batched:
+                    self.buf_logp[t] = logp
+                act = actions.cpu().numpy()
+                if box is not None:
+                    act = np.clip(act, box[0], box[1])
+                t0 = time.perf_counter()
+                res = self.venv.step(act)
+                env_s += time.perf_counter() - t0
+                self.buf_rewards[t] = self._to_device(res.reward)
+                self.buf_dones[t] = self._to_device(res.terminated | res.truncated)
+                boot = self.buf_boot[t]
+                boot.zero_()
+                if res.episodes:
+                    truncated = [ep.lane for ep in res.episodes if res.truncated[ep.lane] and not res.terminated[ep.lane]]
+                    if truncated:
+                        final = self._to_device(np.stack([res.final_obs[lane] for lane in truncated]))
+                        with ctx():
+                            v = net.value(final).float()
+                        boot[torch.as_tensor(truncated, device=self.device)] = gamma * v
+                    for ep in res.episodes:
+                        self.episodes.add(ep.as_json())
+                obs = res.obs
+            self._obs = obs
+            with ctx():
+                if batched:
+                    t_, n_ = self.buf_logp.shape
+                    head, values = self._forward(self.buf_obs.flatten(0, 1))
+                    logp, _ = log_prob_entropy(net, head, self.buf_actions.flatten(0, 1))
+                    self.buf_logp.copy_(logp.view(t_, n_))
+                    self.buf_values.copy_(values.float().view(t_, n_))
+                _, last_values = self._forward(self._to_device(obs))
+            adv, ret = compute_gae(self.buf_rewards + self.buf_boot, self.buf_values, self.buf_dones,
+                                   last_values.float(), gamma, cfg.gae_lambda)
+        self.advantages, self.returns = adv, ret
+        steps = cfg.n_steps * self.venv.num_envs
+        self.rollout = RolloutStats(env_seconds=env_s)
+        self.rollout.add_rewards(self.buf_rewards.cpu().numpy().ravel())
+        self.rollout.steps = steps
+        self.num_timesteps += steps
+        self.progress_remaining = 1.0 - float(self.num_timesteps) / float(self.timesteps)
+        return True
+
+    def update(self) -> dict[str, float]:
+        """One PPO update on the collected rollout; returns the algorithm metrics (registered names)."""
+        cfg = self.cfg
+        lr = self.lr_fn(self.progress_remaining)
+        clip = self.clip_fn(self.progress_remaining)
+        self.ent_coef = float(self.ent_fn(self.progress_remaining))
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        flat = {"obs": self.buf_obs.flatten(0, 1), "actions": self.buf_actions.flatten(0, 1),
+                "old_log_prob": self.buf_logp.flatten(), "old_values": self.buf_values.flatten(),
+                "advantages": self.advantages.flatten(), "returns": self.returns.flatten()}
+        self.net.train()
+        out = ppo_update(self.net, self.optimizer, flat, cfg, clip_range=clip, ent_coef=self.ent_coef,
+                         autocast=self._autocast, scaler=self._scaler,
+                         fast=ppo_mlp.applies(self.net, cfg.precision, cfg.compile), forward=self._forward)
+        self.n_updates += int(out["epochs"])
+        a = f"train/algorithm/{self.algorithm}"
+        metrics = {
+            f"{a}/update/approx_kl": out["approx_kl"], f"{a}/update/clip_fraction": out["clip_fraction"],
+            f"{a}/update/clip_range": float(clip), f"{a}/update/policy_gradient_loss": out["pg_loss"],
+            f"{a}/update/value_loss": out["value_loss"], f"{a}/update/loss": out["loss"],
+            f"{a}/update/learning_rate": float(lr), f"{a}/update/count": float(self.n_updates),
+            f"{a}/value/explained_variance": explained_variance(flat["old_values"], flat["returns"]),
+            f"{a}/policy/entropy": out["entropy"], f"{a}/update/entropy_coef": self.ent_coef,
+            f"{a}/update/epochs": out["epochs"], f"{a}/update/grad_norm": out["grad_norm"],
+        }
+        return metrics
+
+    def rollout_metrics(self) -> dict[str, float]:
+        return {**self.rollout.metrics(), **self.episodes.metrics()}
+
+    # -- checkpoint files -----------------------------------------------------------------------
+    def policy_files(self) -> tuple[dict[str, Any], Any]:
+        """(tensors, PolicySpec) of the weights-only policy, as :func:`export_policy` gives for sb3.ppo."""
+        from gradlab.checkpoints.policy import PolicySpec, space_to_spec
+
+        net = self.net
+        pm = self.spec.recipe.train.policy_model  # type: ignore[union-attr]
+        tensors = {k: v.detach().cpu().contiguous().clone() for k, v in net.state_dict().items()}
+        obs_space = self.obs_space
+        if net.transpose:
+            from gymnasium import spaces
+
+            s = obs_space.shape
+            obs_space_net = spaces.Box(low=0, high=255, shape=(s[2], s[0], s[1]), dtype=np.uint8)
+        else:
+            obs_space_net = obs_space
+        spec = PolicySpec(
+            backend_id=self.id, algorithm=self.algorithm, observation_space=space_to_spec(obs_space),
+            policy_observation_space=space_to_spec(obs_space_net), action_space=space_to_spec(self.action_space),
+            extractor="nature_cnn" if net.nature_cnn else "flatten", features_dim=int(net.features_dim),
+            net_arch=pm.net_arch, activation=pm.activation, share_features_extractor=net.share,
+            normalize_images=True, transpose_image=bool(net.transpose), obs_normalization=None)
+        return tensors, spec
+
+    def save(self, folder: Path) -> None:
+        """Write ``policy.zip`` (an SB3 PPO zip), ``policy.safetensors``, ``policy_spec.json`` and ``resume/``."""
+        from safetensors.torch import save_file
+
+        from gradlab.checkpoints.policy import save_policy_files
+
+        tensors, pspec = self.policy_files()
+        save_policy_files(folder, tensors, pspec)
+        self._write_sb3_zip(folder / POLICY_FILE, tensors)
+        resume = folder / RESUME_DIR
+        resume.mkdir()
+        opt_tensors, opt_meta = _optimizer_state(self.optimizer)
+        save_file(opt_tensors, str(resume / OPTIMIZER_FILE), metadata={"format": "gradlab.adam/1"})
+        state = {
+            "format": "gradlab.ppo.resume/1", "backend_id": self.id, "num_timesteps": int(self.num_timesteps),
+            "total_timesteps": int(self.timesteps), "n_updates": int(self.n_updates),
+            "progress_remaining": float(self.progress_remaining), "ent_coef": float(self.ent_coef),
+            "env_state": "reset", "optimizer": opt_meta, "episodes": self.episodes.as_json(), "rng": _rng_state(),
+        }
+        if self._scaler is not None:
+            state["grad_scaler"] = {k: (float(v) if isinstance(v, float) else v) for k, v in self._scaler.state_dict().items()}
+        (resume / STATE_FILE).write_text(json.dumps(state))
+
+    def _write_sb3_zip(self, path: Path, tensors: dict[str, Any]) -> None:
+        """An SB3 ``PPO`` zip of these weights (``PPO.load`` works on it), via a model built once over the spaces."""
+        if getattr(self, "_sb3_model", None) is None:
+            import gymnasium as gym
+            from stable_baselines3 import PPO
+            from stable_baselines3.common.vec_env import DummyVecEnv
+
+            obs_space, act_space = self.obs_space, self.action_space
+
+            class Spaces(gym.Env):
+                observation_space, action_space = obs_space, act_space
+
+            import torch
+
+            pm = self.spec.recipe.train.policy_model  # type: ignore[union-attr]
+            from stable_baselines3.common.torch_layers import FlattenExtractor, NatureCNN
+
+            kwargs: dict[str, Any] = dict(net_arch=pm.net_arch, activation_fn={"tanh": torch.nn.Tanh, "relu": torch.nn.ReLU}[pm.activation],
+                                          share_features_extractor=pm.share_features_extractor,
+                                          features_extractor_class=NatureCNN if self.net.nature_cnn else FlattenExtractor)
+            if self.net.nature_cnn:
+                kwargs["features_extractor_kwargs"] = {"features_dim": pm.features_dim}
+            cfg = self.cfg
+            with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # SB3's batch_size advice is about its own rollout buffer
+                self._sb3_model = PPO("MlpPolicy", DummyVecEnv([Spaces]), n_steps=cfg.n_steps, batch_size=cfg.batch_size,
+                                      n_epochs=cfg.n_epochs, gamma=cfg.gamma, gae_lambda=cfg.gae_lambda,
+                                      vf_coef=cfg.vf_coef, max_grad_norm=cfg.max_grad_norm, target_kl=cfg.target_kl,
+                                      normalize_advantage=cfg.normalize_advantage, policy_kwargs=kwargs,
+                                      device="cpu", verbose=0)
+        model = self._sb3_model
+        model.policy.load_state_dict(tensors, strict=True)
+        model.num_timesteps = self.num_timesteps
+        model.save(str(path), exclude=["env", "_last_obs", "_last_episode_starts", "ep_info_buffer", "ep_success_buffer"])
+
+    def restore(self, checkpoint: Path, *, allow_env_pickle: bool = False) -> bool:
+        """Load parameters, optimizer, counters, RNG streams and episode windows from a checkpoint.
+
+        Call after :meth:`setup` and before :meth:`begin`. No pickle is read, whatever
+        ``allow_env_pickle`` says (kept for the learner's interface).
+
+        Returns:
+            False: the lanes start new episodes.
+
+        Raises:
+            ContractViolation: the checkpoint is of another backend or its tensors do not fit.
+        """
+        from safetensors.torch import load_file
+
+        del allow_env_pickle
+        resume = Path(checkpoint) / RESUME_DIR
+        state = json.loads((resume / STATE_FILE).read_text())
+        if state.get("backend_id") != self.id:
+            raise ContractViolation(f"{resume / STATE_FILE}: backend expected {self.id}, found {state.get('backend_id')}")
+        tensors = {k: v for k, v in load_file(str(Path(checkpoint) / WEIGHTS_FILE)).items() if not k.startswith("gradlab.")}
+        try:
+            self.net.load_state_dict(tensors, strict=True)
+        except RuntimeError as e:
+            raise ContractViolation(f"{Path(checkpoint) / WEIGHTS_FILE}: does not fit this recipe's policy: {e}") from None
+        _load_optimizer_state(self.optimizer, load_file(str(resume / OPTIMIZER_FILE)), state["optimizer"])
+        self.num_timesteps = int(state["num_timesteps"])
+        self.n_updates = int(state["n_updates"])
+        self.progress_remaining = float(state["progress_remaining"])
+        self.ent_coef = float(state["ent_coef"])
+        self.episodes = EpisodeStats.from_json(state["episodes"])
+        if self._scaler is not None and "grad_scaler" in state:
+            self._scaler.load_state_dict(state["grad_scaler"])
+        _set_rng_state(state["rng"])
+        return False
+
+    def close(self) -> None:
+        if self.venv is not None:
+            self.venv.close()
+
+
+def _optimizer_state(optimizer: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Adam's state as (tensors ``state.<param index>.<name>``, JSON: param groups without params)."""
+    sd = optimizer.state_dict()
+    tensors = {}
+    for index, entry in sd["state"].items():
+        for name, value in entry.items():
+            tensors[f"state.{index}.{name}"] = value.detach().cpu().contiguous().clone()
+    groups = [{k: v for k, v in g.items()} for g in sd["param_groups"]]
+    return tensors, {"param_groups": groups}
+
+
+def _load_optimizer_state(optimizer: Any, tensors: dict[str, Any], meta: dict[str, Any]) -> None:
+    import torch
+
+    state: dict[int, dict[str, Any]] = {}
+    for key, value in tensors.items():
+        _, index, name = key.split(".", 2)
+        state.setdefault(int(index), {})[name] = value  # load_state_dict moves them to the parameters' device
+    groups = [dict(g) for g in meta["param_groups"]]
+    for g in groups:
+        if "betas" in g:
+            g["betas"] = tuple(g["betas"])
+    optimizer.load_state_dict({"state": state, "param_groups": groups})
+    # Moments in their parameter's memory layout (channels-last convolutions), as the fused step expects.
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            entry = optimizer.state.get(p, {})
+            for name, value in entry.items():
+                if name != "step" and value.shape == p.shape:
+                    entry[name] = torch.empty_like(p).copy_(value)

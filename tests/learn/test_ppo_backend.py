@@ -1,0 +1,65 @@
+"""gradlab.ppo's recipe keys, precisions and the learner loop (metrics, checkpoints) on tiny envs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from gradlab.contracts.recipe import Backend
+from gradlab.errors import ConfigError
+from gradlab.learn.learner import run_learner
+from gradlab.learn.ppo import PPOBackend
+from gradlab.metrics.registry import check_names
+from gradlab.outbox import Outbox
+from tests.learn.conftest import BANDIT, make_spec
+
+
+@pytest.mark.parametrize(("backend", "config", "key"), [
+    ("gradlab.ppo", {"precision": "fp8"}, "config.precision"),
+    ("gradlab.ppo", {"threads": 0}, "config"),
+    ("gradlab.ppo", {"n_stepz": 8}, "config.n_stepz"),
+    ("sb3.ppo", {"precision": "bf16"}, "config.precision"),  # gradlab.ppo's own keys are not sb3.ppo's
+])
+def test_keys_are_validated_per_backend_and_errors_name_the_key(backend: str, config: dict, key: str) -> None:
+    with pytest.raises((ValidationError, ValueError)) as info:
+        Backend.model_validate({"id": backend, "config": config})
+    assert key in str(info.value)
+
+
+def test_defaults_are_sb3_ppos_plus_how_to_compute() -> None:
+    ours = Backend.model_validate({"id": "gradlab.ppo", "config": {}}).config
+    theirs = Backend.model_validate({"id": "sb3.ppo", "config": {}}).config
+    assert {k: v for k, v in ours.items() if k not in ("precision", "compile", "threads")} == theirs
+    assert (ours["precision"], ours["compile"], ours["threads"]) == ("fp32", False, "auto")
+
+
+def test_unsupported_settings_are_refused_naming_the_key() -> None:
+    spec = make_spec(BANDIT, {"id": "gradlab.ppo", "config": {"n_steps": 8, "batch_size": 16}}, timesteps=64,
+                     checkpoint_freq=64, normalize={"observation": True})
+    backend = PPOBackend()
+    with pytest.raises(ConfigError, match=r"^train.normalize: "):
+        backend.setup(spec, backend.make_env(spec))
+    spec = make_spec(BANDIT, {"id": "gradlab.ppo", "config": {"n_steps": 8, "batch_size": 16, "precision": "fp16-amp"}},
+                     timesteps=64, checkpoint_freq=64)
+    with pytest.raises(ConfigError, match=r"^train.backend.config.precision: fp16-amp needs device cuda"):
+        PPOBackend().setup(spec, backend.make_env(spec), device="cpu")
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_bandit_learns_in_each_cpu_precision(precision: str, tmp_path: Path) -> None:
+    config = {"learning_rate": 3e-3, "n_steps": 64, "batch_size": 128, "n_epochs": 4, "gamma": 0.0,
+              "precision": precision, "threads": 1}
+    spec = make_spec(BANDIT, {"id": "gradlab.ppo", "config": config}, timesteps=8192, checkpoint_freq=4096,
+                     policy_model={"net_arch": [32]})
+    result = run_learner(spec, tmp_path / "run", watch_parent=False)
+    assert (result.final_step, result.stop_reason) == (8192, "budget")
+    events = Outbox(tmp_path / "run" / "outbox.sqlite").read(limit=10_000)
+    metrics = [e.payload["metrics"] for e in events if e.kind == "metrics" and "train/throughput/loop_fps" in e.payload["metrics"]]
+    check_names({n for m in metrics for n in m})
+    last = metrics[-1]
+    assert last["train/outcome/success/window_100/rate"] >= 0.9
+    assert last["train/algorithm/ppo/update/epochs"] == 4.0
+    assert last["train/algorithm/ppo/update/count"] == 4.0 * len(metrics)
+    assert [e.payload["step"] for e in events if e.kind == "checkpoint_ready"] == [4096, 8192]
