@@ -97,6 +97,31 @@ class PlayConfig:
     deterministic: bool = True
     root: Path = field(default_factory=web_player_root)
     workers: set[Any] = field(default_factory=set)
+    reserve: Any = None
+
+    def prestart(self) -> None:
+        """Start a playback worker in reserve (it imports torch while nobody waits)."""
+        from gradlab.play.worker import PlaybackWorker
+
+        if self.reserve is None or not self.reserve.process.is_alive():
+            self.reserve = PlaybackWorker()
+
+    def take_worker(self) -> Any:
+        """The reserve worker (or a new one), replaced by a fresh reserve."""
+        from gradlab.play.worker import PlaybackWorker
+
+        worker = self.reserve if self.reserve is not None and self.reserve.process.is_alive() else PlaybackWorker()
+        self.reserve = None
+        self.workers.add(worker)
+        self.prestart()
+        return worker
+
+    def close_workers(self) -> None:
+        """Stop every playback worker, the reserve included."""
+        for worker in [*self.workers, *([self.reserve] if self.reserve is not None else [])]:
+            worker.close()
+        self.workers.clear()
+        self.reserve = None
 
     @property
     def hosts(self) -> set[str]:
@@ -217,14 +242,14 @@ async def _play_session(ws: Any, config: PlayConfig) -> None:
                                                 f"{PROTOCOL_VERSION}: reload the page").model_dump_json())
         await _close(ws, CLOSE_FAILED, "protocol mismatch")
         return
-    from gradlab.play.worker import PlaybackWorker, WorkerFailed
+    from gradlab.play.worker import WorkerFailed
 
     worker = None
     try:
         resolved = await asyncio.to_thread(config.catalog.resolve, hello.run_id, hello.step)
-        worker = PlaybackWorker(resolved.path, resolved.spec, deterministic=hello.deterministic, seed=hello.seed)
-        config.workers.add(worker)
-        info = await asyncio.to_thread(worker.wait_ready)
+        worker = config.take_worker()
+        info = await asyncio.to_thread(worker.load, resolved.path, resolved.spec, deterministic=hello.deterministic,
+                                       seed=hello.seed)
         await ws.send_text(Ready(run_id=hello.run_id, step=info["checkpoint_step"], goal_id=resolved.spec["goal_id"],
                                  env_id=info["env_id"], checkpoint_sha256=info["checkpoint_sha256"],
                                  action_meanings=info["action_meanings"], gamma=info["gamma"],
@@ -388,8 +413,8 @@ def serve(config: PlayConfig, *, sock: Any = None, ready: Any = None) -> None:
                 ready()
 
         server.startup = startup  # type: ignore[method-assign]
+    config.prestart()
     try:
         server.run(sockets=[sock] if sock is not None else None)
     finally:
-        for worker in list(config.workers):
-            worker.close()
+        config.close_workers()

@@ -6,10 +6,11 @@ emulator that segfaults) stops only its worker, and the server keeps answering. 
 processes; nothing read from a store goes through it). Frames are JPEG-encoded in the worker, so
 the server only forwards bytes.
 
-Commands (parent → worker): ``("reset", seed | None)``, ``("step", n)``, ``("mode", deterministic)``,
+Commands (parent → worker): ``("load", (checkpoint_dir, spec, deterministic, seed))`` once,
+then ``("reset", seed | None)``, ``("step", n)``, ``("mode", deterministic)``,
 ``("close", None)``. Answers: ``("steps", [(telemetry dict, jpeg bytes), ...])``, ``("ok", None)``
-or ``("error", message)``. The first message from the worker is ``("ready", info)`` or
-``("error", message)``.
+or ``("error", message)``. The worker's first message is ``("warm", None)`` (imports done); a
+load is answered ``("ready", info)`` or ``("error", message)``.
 """
 
 from __future__ import annotations
@@ -40,30 +41,50 @@ def encode_jpeg(frame: Any, quality: int = JPEG_QUALITY) -> bytes:
     return buf.getvalue()
 
 
-def _main(conn: Any, checkpoint_dir: str, spec: dict[str, Any], deterministic: bool, seed: int) -> None:
-    """The worker process: build the session, then answer commands until ``close`` or EOF."""
+def _warm_imports() -> None:
+    """Import what every session needs (torch, stable-baselines3, gymnasium, PIL): seconds, paid while idle."""
+    import gymnasium  # noqa: F401
+    import PIL.Image  # noqa: F401
+    import stable_baselines3.common.policies  # noqa: F401
+    import torch
+
+    torch.set_num_threads(1)  # one small policy, one observation at a time: one thread suffices
+
+
+def _main(conn: Any) -> None:
+    """The worker process: import, announce ``warm``, build a session on ``load``, then answer commands.
+
+    A session that cannot be built is reported and the worker waits for another ``load``.
+    """
+    _warm_imports()
+    conn.send(("warm", None))
+    session = None
     try:
-        import torch
+        while session is None:
+            cmd, arg = conn.recv()
+            if cmd == "close":
+                conn.send(("ok", None))
+                return
+            if cmd != "load":
+                conn.send(("error", f"expected load, found {cmd!r}"))
+                continue
+            checkpoint_dir, spec, deterministic, seed = arg
+            try:
+                from gradlab.play.session import PlaybackSession
 
-        torch.set_num_threads(1)  # one small policy, one observation at a time: one thread suffices
-        from gradlab.play.session import PlaybackSession
+                session = PlaybackSession(Path(checkpoint_dir), spec, deterministic=deterministic, seed=seed)
+            except Exception as e:  # noqa: BLE001 - reported to the parent as one line
+                conn.send(("error", f"{type(e).__name__}: {e}"))
+        conn.send(("ready", {
+            "action_meanings": session.action_meanings, "gamma": session.gamma, "discrete": session.discrete,
+            "signals": list(session.env_spec.task.signals), "events": list(session.env_spec.task.events),
+            "env_id": session.env_spec.env_id, "provider": session.env_spec.provider,
+            "checkpoint_sha256": session.manifest.sha256, "checkpoint_step": session.manifest.step,
+        }))
 
-        session = PlaybackSession(Path(checkpoint_dir), spec, deterministic=deterministic, seed=seed)
-    except BaseException as e:  # noqa: BLE001 - reported to the parent as one line
-        conn.send(("error", f"{type(e).__name__}: {e}"))
-        conn.close()
-        return
-    conn.send(("ready", {
-        "action_meanings": session.action_meanings, "gamma": session.gamma, "discrete": session.discrete,
-        "signals": list(session.env_spec.task.signals), "events": list(session.env_spec.task.events),
-        "env_id": session.env_spec.env_id, "provider": session.env_spec.provider,
-        "checkpoint_sha256": session.manifest.sha256, "checkpoint_step": session.manifest.step,
-    }))
+        def pack(report: Any) -> tuple[dict[str, Any], bytes]:
+            return report.telemetry(), encode_jpeg(report.frame)
 
-    def pack(report: Any) -> tuple[dict[str, Any], bytes]:
-        return report.telemetry(), encode_jpeg(report.frame)
-
-    try:
         while True:
             cmd, arg = conn.recv()
             try:
@@ -84,32 +105,30 @@ def _main(conn: Any, checkpoint_dir: str, spec: dict[str, Any], deterministic: b
     except (EOFError, KeyboardInterrupt, BrokenPipeError):
         pass
     finally:
-        session.close()
+        if session is not None:
+            session.close()
 
 
 class PlaybackWorker:
     """Parent side of one playback worker process.
 
-    Args:
-        checkpoint_dir: the checkpoint folder (the worker verifies it again before loading).
-        spec: the run spec JSON.
-        deterministic, seed: the initial action mode and first episode seed.
-
-    Every method blocks (the server calls them from a thread). :meth:`request` raises
+    The process starts at once and imports torch and the environments (seconds) before any
+    checkpoint is named, so a server can keep one warm in reserve; :meth:`load` then builds the
+    session. Every method blocks (the server calls them from a thread). :meth:`request` raises
     :class:`WorkerFailed` when the worker reports an error or has died.
     """
 
-    def __init__(self, checkpoint_dir: Path, spec: dict[str, Any], *, deterministic: bool = True, seed: int = 0):
+    def __init__(self) -> None:
         from gradlab.envs.lanes import _main_hidden
 
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=_main, args=(child, str(checkpoint_dir), spec, deterministic, seed),
-                                   daemon=True, name="gradlab-play-worker")
+        self.process = ctx.Process(target=_main, args=(child,), daemon=True, name="gradlab-play-worker")
         with _main_hidden():
             self.process.start()
         child.close()
         self._lock = threading.Lock()
+        self._warm = False
         self.info: dict[str, Any] | None = None
 
     @property
@@ -125,16 +144,35 @@ class PlaybackWorker:
             self.process.join(timeout=1)
             raise WorkerFailed(f"playback worker (pid {self.pid}) exited (exit code {self.process.exitcode})") from e
 
-    def wait_ready(self, timeout_s: float = 120.0) -> dict[str, Any]:
-        """The worker's ``info`` once the policy and environment are built.
+    def wait_warm(self, timeout_s: float = 180.0) -> None:
+        """Return once the worker has imported what sessions need.
 
         Raises:
-            WorkerFailed: the session could not be built (the worker's one-line reason), or the
-                worker died or stayed silent for ``timeout_s``.
+            WorkerFailed: the worker died or stayed silent for ``timeout_s``.
         """
-        if self.info is not None:
-            return self.info
         with self._lock:
+            if self._warm:
+                return
+            kind, payload = self._recv(timeout_s)
+            if kind != "warm":
+                raise WorkerFailed(f"playback worker (pid {self.pid}) failed to start: {payload}")
+            self._warm = True
+
+    def load(self, checkpoint_dir: Path, spec: dict[str, Any], *, deterministic: bool = True, seed: int = 0,
+             timeout_s: float = 180.0) -> dict[str, Any]:
+        """Build the session (the worker verifies the checkpoint before loading it); returns its info.
+
+        Args:
+            checkpoint_dir: the checkpoint folder. spec: the run spec JSON.
+            deterministic, seed: the initial action mode and first episode seed.
+
+        Raises:
+            WorkerFailed: the session could not be built (the worker's one-line reason; the worker
+                then waits for another load), or the worker died or stayed silent.
+        """
+        self.wait_warm(timeout_s)
+        with self._lock:
+            self._conn.send(("load", (str(checkpoint_dir), spec, deterministic, seed)))
             kind, payload = self._recv(timeout_s)
         if kind == "error":
             raise WorkerFailed(str(payload))
@@ -147,7 +185,8 @@ class PlaybackWorker:
         Raises:
             WorkerFailed: an error answer, no answer within ``timeout_s``, or the worker died.
         """
-        self.wait_ready()
+        if self.info is None:
+            raise WorkerFailed("playback worker: no session loaded")
         with self._lock:
             try:
                 self._conn.send((cmd, arg))
