@@ -392,18 +392,17 @@ def bind_loopback(port: int = 0) -> Any:
     return sock
 
 
-def serve(config: PlayConfig, *, sock: Any = None, ready: Any = None) -> None:
-    """Serve ``config`` on 127.0.0.1 until Ctrl-C (uvicorn), then stop every playback worker.
+def make_server(config: PlayConfig, *, ready: Any = None) -> Any:
+    """The uvicorn server of ``config`` on 127.0.0.1 (run it with ``.run(sockets=[sock])``).
 
     Args:
-        sock: a listening socket from :func:`bind_loopback` (default: bind ``config.port``).
-        ready: called with no arguments once the server accepts connections (the CLI prints the URL then).
+        ready: called with no arguments once the server accepts connections.
     """
     import uvicorn
 
-    app = create_app(config)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=config.port, log_level="warning",
-                                           access_log=False, ws="websockets-sansio", lifespan="off"))
+    server = uvicorn.Server(uvicorn.Config(create_app(config), host="127.0.0.1", port=config.port,
+                                           log_level="warning", access_log=False, ws="websockets-sansio",
+                                           lifespan="off"))
     if ready is not None:
         original = server.startup
 
@@ -413,6 +412,17 @@ def serve(config: PlayConfig, *, sock: Any = None, ready: Any = None) -> None:
                 ready()
 
         server.startup = startup  # type: ignore[method-assign]
+    return server
+
+
+def serve(config: PlayConfig, *, sock: Any = None, ready: Any = None) -> None:
+    """Serve ``config`` on 127.0.0.1 until Ctrl-C (uvicorn), then stop every playback worker.
+
+    Args:
+        sock: a listening socket from :func:`bind_loopback` (default: bind ``config.port``).
+        ready: called with no arguments once the server accepts connections (the CLI prints the URL then).
+    """
+    server = make_server(config, ready=ready)
     config.prestart()
     try:
         server.run(sockets=[sock] if sock is not None else None)
