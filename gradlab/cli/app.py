@@ -11,6 +11,7 @@ from gradlab.cli import (
     env_cmds,
     eval_cmds,
     experiment_cmds,
+    play_cmds,
     pools_cmds,
     results_cmds,
     runs_cmds,
@@ -40,6 +41,7 @@ app.add_typer(env_cmds.rom_app, name="rom")
 app.command("eval")(eval_cmds.eval_command)
 app.add_typer(pools_cmds.pools_app, name="pools")
 app.add_typer(experiment_cmds.experiment_app, name="experiment")
+app.command("play")(play_cmds.play_command)
 runs_cmds.runs_app.command("curves")(results_cmds.curves)
 app.command("sweep")(results_cmds.sweep)
 app.command("compare")(results_cmds.compare)

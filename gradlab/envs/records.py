@@ -68,6 +68,8 @@ class StepResult:
         infos: (N,) per-lane info dicts of this step (the final step's info for ended lanes, with
             ``"gradlab_episode"`` holding the record's JSON).
         signals: task-program signal name -> (N,) values read this step (before any reset).
+        events: task-program event name -> (N,) bool, the events that fired this step (empty for
+            a program without events).
     """
 
     obs: np.ndarray
@@ -79,3 +81,4 @@ class StepResult:
     episodes: list[EpisodeRecord]
     infos: list[dict[str, Any]]
     signals: dict[str, np.ndarray] = field(default_factory=dict)
+    events: dict[str, np.ndarray] = field(default_factory=dict)

@@ -1,0 +1,250 @@
+"""The player's catalog: projects → goals → runs → checkpoints, read from the configured stores.
+
+Projects and goals come from the experiments tree (``experiments/goals/_catalog.yaml``); runs,
+checkpoints, evaluations and promotions from the receipt stores (:func:`gradlab.stores.open_stores`:
+file or S3), so runs trained on this machine appear with no extra setup. Every function returns
+the pydantic page of :mod:`gradlab.play.protocol` that the matching API route serves.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from gradlab.errors import GradlabError, NotFound
+from gradlab.play.protocol import (
+    CheckpointRow,
+    GoalPage,
+    GoalRow,
+    PlaybackPage,
+    ProjectPage,
+    ProjectRow,
+    ProjectsPage,
+    RunPage,
+    RunRow,
+)
+
+
+@dataclass
+class Catalog:
+    """Readers over one experiments tree and one set of stores.
+
+    Args:
+        stores: :class:`gradlab.stores.Stores`.
+        experiments: :class:`gradlab.contracts.Experiments` (default: the checked-in tree).
+        settings: :class:`gradlab.settings.Settings` (run directories and the checkpoint cache).
+    """
+
+    stores: Any
+    settings: Any
+    experiments: Any = None
+    #: Checkpoints given on the command line (a folder outside any store): (run_id, step) → resolved.
+    pinned: dict[tuple[str, int], Any] = field(default_factory=dict)
+    _records: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.experiments is None:
+            from gradlab.contracts import Experiments
+
+            self.experiments = Experiments()
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _runs(self) -> list[Any]:
+        """Every run record in the control store (records are immutable: cached)."""
+        from gradlab.receipts import rules
+
+        out = []
+        for run_id in rules.list_runs(self.stores):
+            rec = self._records.get(run_id)
+            if rec is None:
+                rec = self._records[run_id] = rules.read_run(self.stores, run_id)
+            out.append(rec)
+        return out
+
+    def _project(self, project: str) -> Any:
+        projects = self.experiments.catalog.projects
+        if project not in projects:
+            raise NotFound(f"no project {project!r} in the goal catalog (projects: {', '.join(projects)})")
+        return projects[project]
+
+    def project_of(self, goal_id: str) -> str | None:
+        return self.experiments.catalog.project_of(goal_id)
+
+    # -- pages -----------------------------------------------------------------------------
+    def projects_page(self) -> ProjectsPage:
+        runs = self._runs()
+        rows = []
+        for name, project in self.experiments.catalog.projects.items():
+            goals = set(project.goals)
+            rows.append(ProjectRow(project=name, title=project.title, description=project.description,
+                                   goals=len(project.goals), runs=sum(r.goal_id in goals for r in runs)))
+        s = self.stores
+        return ProjectsPage(projects=rows, stores={"control": s.control.base_url, "eval": s.eval.base_url,
+                                                   "model": s.model.base_url})
+
+    def project_page(self, project: str) -> ProjectPage:
+        proj = self._project(project)
+        runs = self._runs()
+        rows = []
+        for goal_id in proj.goals:
+            count = sum(r.goal_id == goal_id for r in runs)
+            try:
+                goal = self.experiments.load_goal(goal_id)
+            except GradlabError as e:  # a goal that no longer validates: shown, not fatal
+                rows.append(GoalRow(goal_id=goal_id, runs=count, error=str(e)))
+                continue
+            env = goal.train.environment
+            rows.append(GoalRow(goal_id=goal_id, title=goal.title, description=goal.description,
+                                env=f"{env.provider}:{env.env_id}", runs=count))
+        return ProjectPage(project=project, title=proj.title, description=proj.description, goals=rows)
+
+    def goal_page(self, project: str, goal_id: str) -> GoalPage:
+        proj = self._project(project)
+        if goal_id not in proj.goals:
+            raise NotFound(f"project {project!r} has no goal {goal_id!r} (goals: {', '.join(proj.goals)})")
+        title, error = "", None
+        try:
+            title = self.experiments.load_goal(goal_id).title
+        except GradlabError as e:
+            error = str(e)
+        rows = [self._run_row(rec) for rec in self._runs() if rec.goal_id == goal_id]
+        return GoalPage(project=project, goal_id=goal_id, title=title, error=error, runs=rows)
+
+    def _run_row(self, rec: Any) -> RunRow:
+        from gradlab.receipts import rules
+
+        attempts = rules.list_attempts(self.stores, rec.run_id)
+        terminal = rules.read_terminal(self.stores, rec.run_id, attempts[-1].attempt_id) if attempts else None
+        promotion = rules.read_promotion(self.stores, rec.run_id)
+        best, interval = None, None
+        for _, record in rules.list_evaluations(self.stores, rec.run_id):
+            if record is None or record.return_mean is None:
+                continue
+            if best is None or record.return_mean > best:
+                best = float(record.return_mean)
+                interval = _interval(record.result)
+        duration = (terminal.sealed_at - rec.created_at).total_seconds() if terminal else None
+        return RunRow(run_id=rec.run_id, recipe_id=rec.recipe_id, seed=rec.seed,
+                      outcome=terminal.outcome if terminal else ("running" if attempts else None),
+                      final_step=terminal.final_step if terminal else None,
+                      promoted_step=promotion.checkpoint_step if promotion else None,
+                      best_return_mean=best, best_return_ci95=interval, started_at=rec.created_at.isoformat(),
+                      duration_s=round(duration, 1) if duration is not None else None)
+
+    def _record(self, run_id: str) -> Any:
+        from gradlab.receipts import rules
+
+        try:
+            return rules.read_run(self.stores, run_id)
+        except NotFound:
+            raise NotFound(f"no run {run_id} in {self.stores.control.base_url}") from None
+
+    def pin(self, resolved: Any) -> tuple[str, int]:
+        """Make a resolved checkpoint playable by (run id, step) even when no store lists it."""
+        from gradlab.checkpoints import read_manifest
+
+        manifest = read_manifest(resolved.path)
+        key = (str(resolved.spec["run_id"]), int(manifest.step))
+        self.pinned[key] = resolved
+        return key
+
+    def _pinned_run_page(self, run_id: str) -> RunPage | None:
+        from gradlab.checkpoints import read_manifest
+
+        rows = []
+        spec = None
+        for (rid, step), resolved in sorted(self.pinned.items()):
+            if rid != run_id:
+                continue
+            manifest = read_manifest(resolved.path)
+            spec = resolved.spec
+            rows.append(CheckpointRow(step=step, sha256=manifest.sha256, purpose=str(manifest.purpose),
+                                      evaluation=None, promoted=False,
+                                      size_bytes=sum(f.stat().st_size for f in resolved.path.rglob("*") if f.is_file())))
+        if spec is None:
+            return None
+        return RunPage(run_id=run_id, project=self.project_of(spec["goal_id"]), goal_id=spec["goal_id"],
+                       recipe_id=spec["recipe_id"], seed=int(spec["seed"]), outcome=None, checkpoints=rows)
+
+    def run_page(self, run_id: str) -> RunPage:
+        from gradlab.receipts import rules
+
+        try:
+            rec = self._record(run_id)
+        except NotFound:
+            pinned = self._pinned_run_page(run_id)
+            if pinned is None:
+                raise
+            return pinned
+        publications = rules.list_publications(self.stores, run_id)
+        evaluations = {intent.checkpoint_sha256: (intent, record)
+                       for intent, record in rules.list_evaluations(self.stores, run_id)}
+        promotion = rules.read_promotion(self.stores, run_id)
+        rows = []
+        for pub in publications:
+            intent_record = evaluations.get(pub.sha256)
+            record = intent_record[1] if intent_record else None
+            status = (record.status if record else "deferred") if intent_record else None
+            rows.append(CheckpointRow(
+                step=pub.step, sha256=pub.sha256, purpose=pub.purpose, evaluation=status,
+                return_mean=record.return_mean if record else None,
+                promoted=promotion is not None and promotion.checkpoint_sha256 == pub.sha256,
+                size_bytes=sum(f.size_bytes for f in pub.files.values())))
+        attempts = rules.list_attempts(self.stores, run_id)
+        terminal = rules.read_terminal(self.stores, run_id, attempts[-1].attempt_id) if attempts else None
+        return RunPage(run_id=run_id, project=self.project_of(rec.goal_id), goal_id=rec.goal_id,
+                       recipe_id=rec.recipe_id, seed=rec.seed,
+                       outcome=terminal.outcome if terminal else ("running" if attempts else None), checkpoints=rows)
+
+    def playback_page(self, run_id: str, step: int) -> PlaybackPage:
+        """The checkpoint at ``step`` with its neighbours; a checkpoint that cannot be played names why."""
+        page = self.run_page(run_id)
+        steps = [c.step for c in page.checkpoints]
+        row = next((c for c in page.checkpoints if c.step == step), None)
+        if row is None:
+            raise NotFound(f"run {run_id}: no checkpoint at step {step} (steps: {', '.join(map(str, steps)) or 'none'})")
+        i = steps.index(step)
+        error = None
+        try:
+            from gradlab.evaluation.runner import parse_spec
+            from gradlab.receipts import rules
+
+            pinned = self.pinned.get((run_id, step))
+            spec = pinned.spec if pinned is not None else rules.read_run_spec(self.stores, run_id)
+            parse_spec(spec, source=f"run {run_id} spec")
+        except GradlabError as e:
+            error = str(e)
+        return PlaybackPage(run_id=run_id, project=page.project, goal_id=page.goal_id, recipe_id=page.recipe_id,
+                            step=step, sha256=row.sha256, promoted=row.promoted,
+                            previous_step=steps[i - 1] if i > 0 else None,
+                            next_step=steps[i + 1] if i + 1 < len(steps) else None, error=error)
+
+    def resolve(self, run_id: str, step: int | None) -> Any:
+        """The verified local checkpoint folder and run spec (downloaded and verified when needed).
+
+        Returns:
+            ``ResolvedCheckpoint`` (``path``, ``spec``, ``spec_source``, ``origin``).
+
+        Raises:
+            NotFound, IntegrityError: as ``gradlab eval`` resolves ``RUN_ID[:STEP]``.
+        """
+        # The one resolver of RUN_ID[:STEP] (promoted, newest, local copies, verified downloads).
+        from gradlab.cli.eval_cmds import resolve_checkpoint
+
+        if step is not None and (run_id, step) in self.pinned:
+            return self.pinned[(run_id, step)]
+        ref = run_id if step is None else f"{run_id}:{step}"
+        return resolve_checkpoint(ref, settings=self.settings, stores=self.stores)
+
+
+def _interval(result: dict[str, Any] | None) -> tuple[float, float] | None:
+    """mean ± 1.96 std / sqrt(n) of an evaluation result's episode returns (normal approximation)."""
+    if not result:
+        return None
+    agg = result.get("aggregates", {})
+    mean, std, n = agg.get("eval/episode/return/mean"), agg.get("eval/episode/return/std"), result.get("completed")
+    if mean is None or std is None or not n:
+        return None
+    half = 1.96 * float(std) / math.sqrt(float(n))
+    return (float(mean) - half, float(mean) + half)

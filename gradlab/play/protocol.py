@@ -1,0 +1,206 @@
+"""The web player's wire protocol: every API payload and WebSocket message, as pydantic models.
+
+``PROTOCOL_VERSION`` is in every API payload and in the WebSocket's first server message; the page
+refuses to run against another version. Binary WebSocket messages are frames:
+``FRAME_MAGIC`` (4 bytes) + uint32 little-endian sequence number + uint32 episode step + JPEG bytes.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+PROTOCOL_VERSION = 1
+FRAME_MAGIC = b"GLF1"
+FRAME_HEADER = struct.Struct("<4sII")
+
+
+def frame_message(seq: int, t: int, jpeg: bytes) -> bytes:
+    """A binary frame message: header (magic, seq, episode step) + JPEG bytes."""
+    return FRAME_HEADER.pack(FRAME_MAGIC, seq, t) + jpeg
+
+
+class Payload(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    protocol: int = PROTOCOL_VERSION
+
+
+class ProjectRow(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    project: str
+    title: str
+    description: str = ""
+    goals: int = Field(description="Goals in the project.")
+    runs: int = Field(description="Runs of those goals in the stores.")
+
+
+class ProjectsPage(Payload):
+    projects: list[ProjectRow]
+    stores: dict[str, str] = Field(description="Store URLs the runs were read from (no credentials).")
+
+
+class GoalRow(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    goal_id: str
+    title: str = ""
+    description: str = ""
+    env: str = ""
+    runs: int = 0
+    error: str | None = Field(default=None, description="The contract error when the goal does not validate.")
+
+
+class ProjectPage(Payload):
+    project: str
+    title: str
+    description: str = ""
+    goals: list[GoalRow]
+
+
+class RunRow(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    run_id: str
+    recipe_id: str
+    seed: int
+    outcome: str | None = Field(description="The latest attempt's terminal outcome; 'running' without a receipt.")
+    final_step: int | None = None
+    promoted_step: int | None = None
+    best_return_mean: float | None = Field(default=None, description="Best evaluation return mean.")
+    best_return_ci95: tuple[float, float] | None = Field(
+        default=None, description="Normal-approximation 95% interval of that mean (mean ± 1.96 std / sqrt(n)).")
+    started_at: str
+    duration_s: float | None = None
+
+
+class GoalPage(Payload):
+    project: str
+    goal_id: str
+    title: str = ""
+    error: str | None = None
+    runs: list[RunRow]
+
+
+class CheckpointRow(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    step: int
+    sha256: str
+    purpose: str
+    evaluation: str | None = Field(description="accepted | rejected | failed | deferred, None when never asked.")
+    return_mean: float | None = None
+    promoted: bool = False
+    size_bytes: int
+
+
+class RunPage(Payload):
+    run_id: str
+    project: str | None
+    goal_id: str
+    recipe_id: str
+    seed: int
+    outcome: str | None
+    checkpoints: list[CheckpointRow]
+
+
+class PlaybackPage(Payload):
+    run_id: str
+    project: str | None
+    goal_id: str
+    recipe_id: str
+    step: int
+    sha256: str
+    promoted: bool
+    previous_step: int | None
+    next_step: int | None
+    error: str | None = Field(default=None, description="Why this checkpoint cannot be played (contract, integrity).")
+
+
+# -- WebSocket -------------------------------------------------------------------------------
+class Hello(BaseModel):
+    """The client's first WebSocket message: the token and what to play."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    type: Literal["hello"]
+    protocol: int
+    token: str
+    run_id: str
+    step: int
+    seed: int = 0
+    deterministic: bool = True
+    fps: float = Field(default=30.0, ge=0.0, le=1000.0)
+
+
+class Command(BaseModel):
+    """A control message from the page."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    type: Literal["play", "pause", "step", "reset", "fps", "mode"]
+    n: int = Field(default=1, ge=1, le=10000, description="step: how many steps.")
+    seed: int | None = Field(default=None, ge=0, description="reset: the episode seed (None = the current one).")
+    fps: float | None = Field(default=None, ge=0.0, le=1000.0, description="fps: 0 = as fast as possible.")
+    deterministic: bool | None = None
+
+
+class Ready(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    type: Literal["ready"] = "ready"
+    protocol: int = PROTOCOL_VERSION
+    run_id: str
+    step: int
+    goal_id: str
+    env_id: str
+    checkpoint_sha256: str
+    action_meanings: list[str]
+    gamma: float
+    signals: list[str]
+    events: list[str]
+    seed: int
+    deterministic: bool
+    fps: float
+    worker_pid: int | None = Field(default=None, description="The playback worker's process id (shown in the page).")
+
+
+class StepMessage(BaseModel):
+    """Telemetry of one step; the binary frame with the same ``seq`` follows it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    type: Literal["step"] = "step"
+    seq: int
+    t: int
+    probs: list[float] | None
+    action: Any
+    value: float
+    value_acted: float | None
+    reward_raw: float
+    reward_shaped: float
+    episode_return: float
+    episode_raw_return: float
+    signals: dict[str, Any]
+    events: list[str]
+    episode: dict[str, Any] | None
+
+
+class StateMessage(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    type: Literal["state"] = "state"
+    playing: bool
+    fps: float
+    deterministic: bool
+    seed: int
+
+
+class ErrorMessage(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    type: Literal["error"] = "error"
+    message: str

@@ -1,0 +1,430 @@
+"""The player's loopback server: FastAPI + uvicorn on 127.0.0.1, one random token per launch.
+
+Security (docs/ARCHITECTURE.md section 12):
+
+* bound to 127.0.0.1 only; requests whose ``Host`` is not this loopback address and port are
+  refused (400), so a DNS-rebinding page cannot reach the API under another name;
+* every ``/api`` call needs the launch token in the ``X-Gradlab-Token`` header (401 without it);
+  the WebSocket needs it in its first message and an ``Origin`` of this server (else it is closed
+  before anything is served); the token travels in the URL fragment, which browsers never send,
+  so it is in no request line or log;
+* every response carries a strict Content-Security-Policy (scripts, styles, images and
+  connections from this origin only), ``Cache-Control: no-store``, ``X-Content-Type-Options:
+  nosniff``, ``Referrer-Policy: no-referrer`` and ``X-Frame-Options: DENY``;
+* assets are served from ``web_player/`` only (paths resolved and confined; no dot-files).
+
+Pages (``/``, ``/projects/{p}``, ``/projects/{p}/goals/{g}``, ``/runs/{run}``,
+``/runs/{run}/checkpoints/{step}``) all serve ``index.html``; the page reads its route from the URL
+and the data from the mirroring ``/api/...`` routes. ``/api/play`` is the playback WebSocket: one
+playback worker process per connection (:mod:`gradlab.play.worker`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fastapi import Depends, FastAPI, HTTPException, Request, WebSocket
+from fastapi.responses import FileResponse, JSONResponse, Response
+
+from gradlab.errors import GradlabError, NotFound
+from gradlab.play.protocol import (
+    PROTOCOL_VERSION,
+    Command,
+    ErrorMessage,
+    Hello,
+    Ready,
+    StateMessage,
+    StepMessage,
+    frame_message,
+)
+
+logger = logging.getLogger(__name__)
+
+TOKEN_HEADER = "X-Gradlab-Token"
+#: WebSocket close codes: policy violation (bad Origin or token), and the session could not run.
+CLOSE_REFUSED = 4401
+CLOSE_FAILED = 4500
+#: Suffixes served from web_player/ with their media types; anything else is 404.
+MEDIA_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
+               ".css": "text/css; charset=utf-8", ".png": "image/png", ".svg": "image/svg+xml",
+               ".txt": "text/plain; charset=utf-8", ".md": "text/plain; charset=utf-8", ".json": "application/json"}
+#: Steps asked of the worker per round trip at fps 0 (as fast as possible): amortises the pipe hop.
+FAST_BATCH = 4
+
+
+def web_player_root() -> Path:
+    """The ``web_player/`` folder: the checkout's, else the copy bundled in the wheel.
+
+    Raises:
+        NotFound: neither exists (a broken install).
+    """
+    package = Path(__file__).resolve().parents[1]
+    for candidate in (package.parent / "web_player", package / "_bundled" / "web_player"):
+        if (candidate / "index.html").is_file():
+            return candidate
+    raise NotFound(f"web_player/index.html is neither in {package.parent} nor bundled in {package / '_bundled'}")
+
+
+def content_security_policy(port: int) -> str:
+    """The CSP of every response: this origin only, no inline script, no framing."""
+    return ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' blob: data:; "
+            f"connect-src 'self' ws://127.0.0.1:{port} ws://localhost:{port}; font-src 'self'; "
+            "base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+
+
+@dataclass
+class PlayConfig:
+    """What one ``gradlab play`` launch serves.
+
+    Attributes:
+        catalog: :class:`gradlab.play.catalog.Catalog` over the configured stores.
+        port: the loopback port (the Host and Origin checks need it; 0 is not allowed here).
+        token: the launch token (random, 32 bytes url-safe, when not given).
+        fps, seed, deterministic: playback defaults for a new WebSocket session.
+    """
+
+    catalog: Any
+    port: int
+    token: str = field(default_factory=lambda: secrets.token_urlsafe(32))
+    fps: float = 30.0
+    seed: int = 0
+    deterministic: bool = True
+    root: Path = field(default_factory=web_player_root)
+    workers: set[Any] = field(default_factory=set)
+    reserve: Any = None
+
+    def prestart(self) -> None:
+        """Start a playback worker in reserve (it imports torch while nobody waits)."""
+        from gradlab.play.worker import PlaybackWorker
+
+        if self.reserve is None or not self.reserve.process.is_alive():
+            self.reserve = PlaybackWorker()
+
+    def take_worker(self) -> Any:
+        """The reserve worker (or a new one), replaced by a fresh reserve."""
+        from gradlab.play.worker import PlaybackWorker
+
+        worker = self.reserve if self.reserve is not None and self.reserve.process.is_alive() else PlaybackWorker()
+        self.reserve = None
+        self.workers.add(worker)
+        self.prestart()
+        return worker
+
+    def close_workers(self) -> None:
+        """Stop every playback worker, the reserve included."""
+        for worker in [*self.workers, *([self.reserve] if self.reserve is not None else [])]:
+            worker.close()
+        self.workers.clear()
+        self.reserve = None
+
+    @property
+    def hosts(self) -> set[str]:
+        return {f"127.0.0.1:{self.port}", f"localhost:{self.port}"}
+
+    def url(self, path: str = "/") -> str:
+        """The URL to open: the token rides in the fragment (never sent in a request)."""
+        return f"http://127.0.0.1:{self.port}{path}#token={self.token}"
+
+
+def create_app(config: PlayConfig) -> Any:
+    """The FastAPI application of one launch (routes in the module docstring)."""
+    app = FastAPI(title="gradlab play", docs_url=None, redoc_url=None, openapi_url=None)
+    csp = content_security_policy(config.port)
+    security_headers = {"Content-Security-Policy": csp, "Cache-Control": "no-store",
+                        "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
+                        "X-Frame-Options": "DENY", "Cross-Origin-Opener-Policy": "same-origin"}
+
+    @app.middleware("http")
+    async def guard(request: Request, call_next: Any) -> Any:
+        if request.headers.get("host", "") not in config.hosts:
+            response: Any = JSONResponse({"detail": "unexpected Host header"}, status_code=400)
+        else:
+            response = await call_next(request)
+        for k, v in security_headers.items():
+            response.headers[k] = v
+        return response
+
+    def require_token(request: Request) -> None:
+        given = request.headers.get(TOKEN_HEADER, "")
+        if not secrets.compare_digest(given.encode(), config.token.encode()):
+            raise HTTPException(status_code=401, detail=f"missing or wrong {TOKEN_HEADER} header")
+
+    def page(fn: Any, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except NotFound as e:
+            raise HTTPException(status_code=404, detail=str(e)) from None
+
+    cat = config.catalog
+    auth = [Depends(require_token)]
+
+    @app.get("/api/projects", dependencies=auth)
+    def api_projects() -> Any:
+        return page(cat.projects_page)
+
+    @app.get("/api/projects/{project}", dependencies=auth)
+    def api_project(project: str) -> Any:
+        return page(cat.project_page, project)
+
+    @app.get("/api/projects/{project}/goals/{goal_id}", dependencies=auth)
+    def api_goal(project: str, goal_id: str) -> Any:
+        return page(cat.goal_page, project, goal_id)
+
+    @app.get("/api/runs/{run_id}", dependencies=auth)
+    def api_run(run_id: str) -> Any:
+        return page(cat.run_page, run_id)
+
+    @app.get("/api/runs/{run_id}/checkpoints/{step}", dependencies=auth)
+    def api_playback(run_id: str, step: int) -> Any:
+        return page(cat.playback_page, run_id, step)
+
+    @app.get("/api/{rest:path}", dependencies=auth)
+    def api_unknown(rest: str) -> Any:
+        raise HTTPException(status_code=404, detail=f"no API route /api/{rest}")
+
+    @app.websocket("/api/play")
+    async def play(ws: WebSocket) -> None:
+        await _play_session(ws, config)
+
+    index = config.root / "index.html"
+
+    def shell() -> Any:
+        return FileResponse(index, media_type=MEDIA_TYPES[".html"])
+
+    for route in ("/", "/projects/{project}", "/projects/{project}/goals/{goal_id}", "/runs/{run_id}",
+                  "/runs/{run_id}/checkpoints/{step}"):
+        app.add_api_route(route, shell, methods=["GET"], include_in_schema=False)
+
+    root = config.root.resolve()
+
+    @app.get("/web/{path:path}")
+    def asset(path: str) -> Any:
+        target = (root / path).resolve()
+        if (not target.is_relative_to(root) or any(part.startswith(".") for part in Path(path).parts)
+                or not target.is_file() or target.suffix not in MEDIA_TYPES):
+            raise HTTPException(status_code=404, detail="no such asset")
+        return FileResponse(target, media_type=MEDIA_TYPES[target.suffix])
+
+    @app.get("/favicon.ico")
+    def favicon() -> Any:
+        return Response(status_code=204)
+
+    return app
+
+
+async def _play_session(ws: Any, config: PlayConfig) -> None:
+    """One playback WebSocket: Origin and token checks, a worker, then play/pause/step/reset."""
+    from pydantic import ValidationError
+    from starlette.websockets import WebSocketDisconnect
+
+    origin = ws.headers.get("origin")
+    host = ws.headers.get("host", "")
+    if host not in config.hosts or origin != f"http://{host}":
+        await ws.close(code=CLOSE_REFUSED, reason="foreign origin")
+        return
+    await ws.accept()
+    try:
+        hello = Hello.model_validate_json(await asyncio.wait_for(ws.receive_text(), timeout=10))
+    except (TimeoutError, ValidationError, WebSocketDisconnect, KeyError):
+        await _close(ws, CLOSE_REFUSED, "expected a hello message with the token")
+        return
+    if not secrets.compare_digest(hello.token.encode(), config.token.encode()):
+        await _close(ws, CLOSE_REFUSED, "wrong token")
+        return
+    if hello.protocol != PROTOCOL_VERSION:
+        await ws.send_text(ErrorMessage(message=f"protocol {hello.protocol} is not the server's "
+                                                f"{PROTOCOL_VERSION}: reload the page").model_dump_json())
+        await _close(ws, CLOSE_FAILED, "protocol mismatch")
+        return
+    from gradlab.play.worker import WorkerFailed
+
+    worker = None
+    try:
+        resolved = await asyncio.to_thread(config.catalog.resolve, hello.run_id, hello.step)
+        worker = config.take_worker()
+        info = await asyncio.to_thread(worker.load, resolved.path, resolved.spec, deterministic=hello.deterministic,
+                                       seed=hello.seed)
+        await ws.send_text(Ready(run_id=hello.run_id, step=info["checkpoint_step"], goal_id=resolved.spec["goal_id"],
+                                 env_id=info["env_id"], checkpoint_sha256=info["checkpoint_sha256"],
+                                 action_meanings=info["action_meanings"], gamma=info["gamma"],
+                                 signals=info["signals"], events=info["events"], seed=hello.seed,
+                                 deterministic=hello.deterministic, fps=hello.fps,
+                                 worker_pid=worker.pid).model_dump_json())
+        await _drive(ws, worker, hello)
+    except WebSocketDisconnect:
+        pass
+    except (GradlabError, WorkerFailed) as e:
+        logger.info("playback of %s:%s ended: %s", hello.run_id, hello.step, e)
+        try:
+            await ws.send_text(ErrorMessage(message=str(e)).model_dump_json())
+            await _close(ws, CLOSE_FAILED, "playback failed")
+        except (WebSocketDisconnect, RuntimeError):
+            pass
+    finally:
+        if worker is not None:
+            config.workers.discard(worker)
+            await asyncio.to_thread(worker.close)
+
+
+async def _close(ws: Any, code: int, reason: str) -> None:
+    try:
+        await ws.close(code=code, reason=reason)
+    except RuntimeError:  # already closed by the client
+        pass
+
+
+async def _drive(ws: Any, worker: Any, hello: Hello) -> None:
+    """Play, pause, step, reset and change speed or mode until the client goes away."""
+    from pydantic import ValidationError
+
+    commands: asyncio.Queue[Command | None] = asyncio.Queue()
+    state = {"playing": True, "fps": hello.fps, "deterministic": hello.deterministic, "seed": hello.seed}
+    seq = 0
+
+    async def receive() -> None:
+        from starlette.websockets import WebSocketDisconnect
+
+        try:
+            while True:
+                text = await ws.receive_text()
+                try:
+                    await commands.put(Command.model_validate_json(text))
+                except ValidationError as e:
+                    await ws.send_text(ErrorMessage(message=f"bad command: {e.errors()[0]['msg']}").model_dump_json())
+        except (WebSocketDisconnect, RuntimeError):
+            await commands.put(None)
+
+    async def send_steps(steps: list[tuple[dict[str, Any], bytes]]) -> None:
+        nonlocal seq
+        for telemetry, jpeg in steps:
+            seq += 1
+            await ws.send_text(StepMessage(seq=seq, **telemetry).model_dump_json())
+            await ws.send_bytes(frame_message(seq, telemetry["t"], jpeg))
+
+    async def send_state() -> None:
+        await ws.send_text(StateMessage(playing=state["playing"], fps=state["fps"],
+                                        deterministic=state["deterministic"], seed=state["seed"]).model_dump_json())
+
+    async def handle(cmd: Command) -> None:
+        if cmd.type == "play":
+            state["playing"] = True
+        elif cmd.type == "pause":
+            state["playing"] = False
+        elif cmd.type == "step":
+            state["playing"] = False
+            await send_steps(await asyncio.to_thread(worker.request, "step", cmd.n))
+        elif cmd.type == "reset":
+            if cmd.seed is not None:
+                state["seed"] = cmd.seed
+            await send_steps(await asyncio.to_thread(worker.request, "reset", cmd.seed))
+        elif cmd.type == "fps" and cmd.fps is not None:
+            state["fps"] = cmd.fps
+        elif cmd.type == "mode" and cmd.deterministic is not None:
+            state["deterministic"] = cmd.deterministic
+            await asyncio.to_thread(worker.request, "mode", cmd.deterministic)
+        await send_state()
+
+    reader = asyncio.create_task(receive())
+    try:
+        await send_steps(await asyncio.to_thread(worker.request, "reset", hello.seed))
+        await send_state()
+        next_at = time.monotonic()
+        while True:
+            if not state["playing"]:
+                cmd = await commands.get()
+                if cmd is None:
+                    return
+                await handle(cmd)
+                next_at = time.monotonic()
+                continue
+            while not commands.empty():
+                cmd = commands.get_nowait()
+                if cmd is None:
+                    return
+                await handle(cmd)
+            if not state["playing"]:
+                continue
+            fps = state["fps"]
+            n = FAST_BATCH if fps == 0 else 1
+            await send_steps(await asyncio.to_thread(worker.request, "step", n))
+            if fps > 0:
+                next_at = max(next_at + 1.0 / fps, time.monotonic() - 0.25)
+                delay = next_at - time.monotonic()
+                if delay > 0:
+                    try:
+                        cmd = await asyncio.wait_for(commands.get(), timeout=delay)
+                    except TimeoutError:
+                        continue
+                    if cmd is None:
+                        return
+                    await handle(cmd)
+            else:
+                await asyncio.sleep(0)
+    finally:
+        reader.cancel()
+
+
+def bind_loopback(port: int = 0) -> Any:
+    """A listening TCP socket on 127.0.0.1 (``port`` 0: a free one); its port is ``getsockname()[1]``.
+
+    Raises:
+        ConfigError: the port is taken or not allowed.
+    """
+    import socket
+
+    from gradlab.errors import ConfigError
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart within TIME_WAIT
+    try:
+        sock.bind(("127.0.0.1", port))
+    except OSError as e:
+        sock.close()
+        raise ConfigError(f"--port {port}: cannot listen on 127.0.0.1:{port} ({e.strerror})") from None
+    sock.listen(64)
+    sock.set_inheritable(True)
+    return sock
+
+
+def make_server(config: PlayConfig, *, ready: Any = None) -> Any:
+    """The uvicorn server of ``config`` on 127.0.0.1 (run it with ``.run(sockets=[sock])``).
+
+    Args:
+        ready: called with no arguments once the server accepts connections.
+    """
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(create_app(config), host="127.0.0.1", port=config.port,
+                                           log_level="warning", access_log=False, ws="websockets-sansio",
+                                           lifespan="off"))
+    if ready is not None:
+        original = server.startup
+
+        async def startup(sockets: Any = None) -> None:
+            await original(sockets=sockets)
+            if server.started:
+                ready()
+
+        server.startup = startup  # type: ignore[method-assign]
+    return server
+
+
+def serve(config: PlayConfig, *, sock: Any = None, ready: Any = None) -> None:
+    """Serve ``config`` on 127.0.0.1 until Ctrl-C (uvicorn), then stop every playback worker.
+
+    Args:
+        sock: a listening socket from :func:`bind_loopback` (default: bind ``config.port``).
+        ready: called with no arguments once the server accepts connections (the CLI prints the URL then).
+    """
+    server = make_server(config, ready=ready)
+    config.prestart()
+    try:
+        server.run(sockets=[sock] if sock is not None else None)
+    finally:
+        config.close_workers()

@@ -1,0 +1,218 @@
+"""The playback worker: a process of its own that owns the policy and the environment.
+
+The server never loads a model or steps an environment itself: a slow or crashed policy (or an
+emulator that segfaults) stops only its worker, and the server keeps answering. The worker is a
+``spawn``-ed child talking over a ``multiprocessing`` pipe (messages between our own two
+processes; nothing read from a store goes through it). Frames are JPEG-encoded in the worker, so
+the server only forwards bytes.
+
+Commands (parent → worker): ``("load", (checkpoint_dir, spec, deterministic, seed))`` once,
+then ``("reset", seed | None)``, ``("step", n)``, ``("mode", deterministic)``,
+``("close", None)``. Answers: ``("steps", [(telemetry dict, jpeg bytes), ...])``, ``("ok", None)``
+or ``("error", message)``. The worker's first message is ``("warm", None)`` (imports done); a
+load is answered ``("ready", info)`` or ``("error", message)``.
+"""
+
+from __future__ import annotations
+
+import io
+import multiprocessing as mp
+import threading
+from pathlib import Path
+from typing import Any
+
+from gradlab.errors import PermanentError
+
+#: JPEG quality of streamed frames (PIL's scale, 1-95): small enough for 60+ frames/s over loopback.
+JPEG_QUALITY = 85
+
+
+class WorkerFailed(PermanentError, RuntimeError):
+    """The playback worker could not start, raised, or died (its message says which)."""
+
+
+def encode_jpeg(frame: Any, quality: int = JPEG_QUALITY) -> bytes:
+    """(H, W, 3) uint8 RGB → JPEG bytes (PIL)."""
+    import numpy as np
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(np.ascontiguousarray(frame)).save(buf, format="JPEG", quality=quality)
+    return buf.getvalue()
+
+
+def _warm_imports() -> None:
+    """Import what every session needs (torch, stable-baselines3, gymnasium, PIL): seconds, paid while idle."""
+    import gymnasium  # noqa: F401
+    import PIL.Image  # noqa: F401
+    import stable_baselines3.common.policies  # noqa: F401
+    import torch
+
+    torch.set_num_threads(1)  # one small policy, one observation at a time: one thread suffices
+
+
+def _main(conn: Any) -> None:
+    """The worker process: import, announce ``warm``, build a session on ``load``, then answer commands.
+
+    A session that cannot be built is reported and the worker waits for another ``load``.
+    """
+    _warm_imports()
+    conn.send(("warm", None))
+    session = None
+    try:
+        while session is None:
+            cmd, arg = conn.recv()
+            if cmd == "close":
+                conn.send(("ok", None))
+                return
+            if cmd != "load":
+                conn.send(("error", f"expected load, found {cmd!r}"))
+                continue
+            checkpoint_dir, spec, deterministic, seed = arg
+            try:
+                from gradlab.play.session import PlaybackSession
+
+                session = PlaybackSession(Path(checkpoint_dir), spec, deterministic=deterministic, seed=seed)
+            except Exception as e:  # noqa: BLE001 - reported to the parent as one line
+                conn.send(("error", f"{type(e).__name__}: {e}"))
+        conn.send(("ready", {
+            "action_meanings": session.action_meanings, "gamma": session.gamma, "discrete": session.discrete,
+            "signals": list(session.env_spec.task.signals), "events": list(session.env_spec.task.events),
+            "env_id": session.env_spec.env_id, "provider": session.env_spec.provider,
+            "checkpoint_sha256": session.manifest.sha256, "checkpoint_step": session.manifest.step,
+        }))
+
+        def pack(report: Any) -> tuple[dict[str, Any], bytes]:
+            return report.telemetry(), encode_jpeg(report.frame)
+
+        while True:
+            cmd, arg = conn.recv()
+            try:
+                if cmd == "reset":
+                    conn.send(("steps", [pack(session.reset(arg))]))
+                elif cmd == "step":
+                    conn.send(("steps", [pack(session.step()) for _ in range(max(1, int(arg)))]))
+                elif cmd == "mode":
+                    session.deterministic = bool(arg)
+                    conn.send(("ok", None))
+                elif cmd == "close":
+                    conn.send(("ok", None))
+                    break
+                else:
+                    conn.send(("error", f"unknown command {cmd!r}"))
+            except Exception as e:  # noqa: BLE001 - reported to the parent
+                conn.send(("error", f"{type(e).__name__}: {e}"))
+    except (EOFError, KeyboardInterrupt, BrokenPipeError):
+        pass
+    finally:
+        if session is not None:
+            session.close()
+
+
+class PlaybackWorker:
+    """Parent side of one playback worker process.
+
+    The process starts at once and imports torch and the environments (seconds) before any
+    checkpoint is named, so a server can keep one warm in reserve; :meth:`load` then builds the
+    session. Every method blocks (the server calls them from a thread). :meth:`request` raises
+    :class:`WorkerFailed` when the worker reports an error or has died.
+    """
+
+    def __init__(self) -> None:
+        from gradlab.envs.lanes import _main_hidden
+
+        ctx = mp.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self.process = ctx.Process(target=_main, args=(child,), daemon=True, name="gradlab-play-worker")
+        with _main_hidden():
+            self.process.start()
+        child.close()
+        self._lock = threading.Lock()
+        self._warm = False
+        self.info: dict[str, Any] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid
+
+    def _recv(self, timeout_s: float | None) -> tuple[str, Any]:
+        try:
+            if timeout_s is not None and not self._conn.poll(timeout_s):
+                raise WorkerFailed(f"playback worker (pid {self.pid}) did not answer within {timeout_s:.0f} s")
+            return self._conn.recv()
+        except (EOFError, ConnectionResetError, OSError) as e:
+            self.process.join(timeout=1)
+            raise WorkerFailed(f"playback worker (pid {self.pid}) exited (exit code {self.process.exitcode})") from e
+
+    def wait_warm(self, timeout_s: float = 180.0) -> None:
+        """Return once the worker has imported what sessions need.
+
+        Raises:
+            WorkerFailed: the worker died or stayed silent for ``timeout_s``.
+        """
+        with self._lock:
+            if self._warm:
+                return
+            kind, payload = self._recv(timeout_s)
+            if kind != "warm":
+                raise WorkerFailed(f"playback worker (pid {self.pid}) failed to start: {payload}")
+            self._warm = True
+
+    def load(self, checkpoint_dir: Path, spec: dict[str, Any], *, deterministic: bool = True, seed: int = 0,
+             timeout_s: float = 180.0) -> dict[str, Any]:
+        """Build the session (the worker verifies the checkpoint before loading it); returns its info.
+
+        Args:
+            checkpoint_dir: the checkpoint folder. spec: the run spec JSON.
+            deterministic, seed: the initial action mode and first episode seed.
+
+        Raises:
+            WorkerFailed: the session could not be built (the worker's one-line reason; the worker
+                then waits for another load), or the worker died or stayed silent.
+        """
+        self.wait_warm(timeout_s)
+        with self._lock:
+            self._conn.send(("load", (str(checkpoint_dir), spec, deterministic, seed)))
+            kind, payload = self._recv(timeout_s)
+        if kind == "error":
+            raise WorkerFailed(str(payload))
+        self.info = payload
+        return payload
+
+    def request(self, cmd: str, arg: Any = None, *, timeout_s: float | None = 60.0) -> Any:
+        """Send one command and return the answer's payload.
+
+        Raises:
+            WorkerFailed: an error answer, no answer within ``timeout_s``, or the worker died.
+        """
+        if self.info is None:
+            raise WorkerFailed("playback worker: no session loaded")
+        with self._lock:
+            try:
+                self._conn.send((cmd, arg))
+            except (BrokenPipeError, OSError) as e:
+                raise WorkerFailed(f"playback worker (pid {self.pid}) exited "
+                                   f"(exit code {self.process.exitcode})") from e
+            kind, payload = self._recv(timeout_s)
+        if kind == "error":
+            raise WorkerFailed(str(payload))
+        return payload
+
+    def close(self) -> None:
+        """Stop the worker (politely, then by signal)."""
+        if self.process.is_alive():
+            try:
+                if self._lock.acquire(timeout=2):
+                    try:
+                        self._conn.send(("close", None))
+                        if self._conn.poll(5):
+                            self._conn.recv()
+                    finally:
+                        self._lock.release()
+            except (BrokenPipeError, EOFError, OSError):
+                pass
+            self.process.join(timeout=5)
+            if self.process.is_alive():
+                self.process.terminate()
+                self.process.join(timeout=5)
+        self._conn.close()

@@ -1,0 +1,170 @@
+"""Fixtures of the web player's tests: real checkpoints written by the learner's own writer.
+
+``cartpole_checkpoint``: a run directory (``spec.json`` + one checkpoint) of CartPole-v1/ppo from an
+untrained SB3 PPO model with the recipe's network, so its episodes are short (tens of steps) and
+every test sees several episode ends. The bandit run comes from ``tests/evaluation/conftest.py``.
+Trained runs in real stores (file and S3) come from ``tests/play/trained.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.evaluation.conftest import write_bandit_run
+
+CARTPOLE_RUN_ID = "gradlab-20260101T000000-0000cafe"
+
+
+def write_cartpole_run(root: Path, *, run_id: str = CARTPOLE_RUN_ID) -> tuple[Path, Path]:
+    """``root/<run_id>/spec.json`` and one checkpoint (step 64) of an untrained CartPole PPO policy."""
+    import gymnasium as gym
+    import torch
+    from stable_baselines3 import PPO
+
+    from gradlab.checkpoints import write_checkpoint
+    from gradlab.checkpoints.bundle import versions
+    from gradlab.checkpoints.policy import export_policy, save_policy_files
+    from gradlab.contracts import Experiments
+    from gradlab.contracts.run_spec import RunSpec
+
+    spec = RunSpec.from_resolved(Experiments().resolve("CartPole-v1/ppo"), seed=0, run_id=run_id)
+    run_dir = root / run_id
+    run_dir.mkdir(parents=True)
+    (run_dir / "spec.json").write_text(json.dumps(spec.to_json()))
+    torch.set_num_threads(1)
+    model = PPO("MlpPolicy", gym.make("CartPole-v1"), seed=0, device="cpu", n_steps=64, batch_size=64,
+                policy_kwargs={"net_arch": [64, 64]})
+
+    def write(folder: Path) -> None:
+        model.save(folder / "policy.zip")
+        tensors, pspec = export_policy(model, backend_id="sb3.ppo", algorithm="ppo",
+                                       policy_model=spec.recipe.train.policy_model,
+                                       env_observation_space=model.observation_space, transpose_image=False)
+        save_policy_files(folder, tensors, pspec)
+
+    path, _ = write_checkpoint(run_dir / "checkpoints", step=64, write_files=write, manifest_fields={
+        "run_id": run_id, "purpose": "periodic", "goal_contract_sha256": spec.goal_contract_sha256,
+        "recipe_sha256": spec.recipe_sha256, "environment_sha256": spec.environment_sha256,
+        "backend_id": "sb3.ppo", "backend_config_sha256": "0" * 64, "versions": versions("gradlab"),
+    })
+    return run_dir, path
+
+
+@pytest.fixture(scope="session")
+def cartpole_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(run directory, checkpoint folder) of an untrained CartPole-v1/ppo policy."""
+    return write_cartpole_run(tmp_path_factory.mktemp("play_runs"))
+
+
+@pytest.fixture(scope="session")
+def bandit_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Path]]:
+    return write_bandit_run(tmp_path_factory.mktemp("play_bandit"))
+
+
+# -- real trained runs and a running player ------------------------------------------------------
+from tests.runs.conftest import gradlab_env, last_json_line, prefect_api, prefect_server, run_gradlab  # noqa: E402,F401
+from tests.s3server import _CREDENTIALS, shared_s3_server  # noqa: E402,F401
+
+
+@dataclass(frozen=True)
+class TrainedRuns:
+    """Runs the suite trained once per session: CartPole and the bandit in file stores under
+    ``file_home``, a bandit run in S3 stores (``s3_env``: the store URLs, endpoint and credentials)."""
+
+    file_home: Path
+    cartpole: dict
+    bandit: dict
+    s3_env: dict[str, str]
+    s3_bandit: dict
+
+
+def _train(recipe: str, env: dict[str, str]) -> dict:
+    out = run_gradlab(["train", recipe, "--json"], env, timeout_s=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    receipt = last_json_line(out.stdout)
+    assert receipt["outcome"] == "succeeded", receipt["reason"]
+    return receipt
+
+
+@pytest.fixture(scope="session")
+def trained_runs(prefect_api: str, shared_s3_server, tmp_path_factory: pytest.TempPathFactory) -> TrainedRuns:  # noqa: F811
+    home = tmp_path_factory.mktemp("play_trained_home")
+    env = gradlab_env(prefect_api, GRADLAB_HOME=str(home), GRADLAB_CONFIG=str(home / "config.toml"))
+    cartpole = _train("CartPole-v1/ppo", env)
+    bandit = _train("gradlab__bandit/ppo", env)
+    bucket = shared_s3_server.create_bucket()
+    s3_env = {**_CREDENTIALS, "GRADLAB_S3_ENDPOINT_URL": shared_s3_server.endpoint_url,
+              **{f"GRADLAB_{kind.upper()}_STORE_URL": f"s3://{bucket}/{kind}" for kind in ("control", "eval", "model")}}
+    s3_home = tmp_path_factory.mktemp("play_s3_home")
+    s3_bandit = _train("gradlab__bandit/ppo", {**env, **s3_env, "GRADLAB_HOME": str(s3_home)})
+    return TrainedRuns(file_home=home, cartpole=cartpole, bandit=bandit, s3_env=s3_env, s3_bandit=s3_bandit)
+
+
+@dataclass
+class RunningPlayer:
+    """A ``gradlab play`` server in this process (a thread), on a free loopback port."""
+
+    config: object
+    base: str
+    token: str
+
+    def api(self, path: str, token: str | None = "default") -> object:
+        import httpx
+
+        headers = {"X-Gradlab-Token": self.token if token == "default" else token} if token is not None else {}
+        return httpx.get(f"{self.base}{path}", headers=headers, timeout=120)
+
+
+@contextmanager
+def running_player(**config_kwargs: object) -> Iterator[RunningPlayer]:
+    """Serve the stores of the current environment (GRADLAB_* variables) until the block ends."""
+    from gradlab.play.catalog import Catalog
+    from gradlab.play.server import PlayConfig, bind_loopback, make_server
+    from gradlab.settings import load_settings
+    from gradlab.stores import open_stores
+
+    settings = load_settings()
+    sock = bind_loopback(0)
+    port = sock.getsockname()[1]
+    config = PlayConfig(catalog=Catalog(stores=open_stores(settings), settings=settings), port=port, **config_kwargs)
+    server = make_server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        assert time.monotonic() < deadline, "the player did not start"
+        time.sleep(0.05)
+    try:
+        yield RunningPlayer(config=config, base=f"http://127.0.0.1:{port}", token=config.token)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        config.close_workers()
+        sock.close()
+
+
+@pytest.fixture(scope="session")
+def file_player(trained_runs: TrainedRuns) -> Iterator[RunningPlayer]:
+    """The player over the file stores of ``trained_runs`` (one for the session, a worker in reserve)."""
+    saved = {k: os.environ.get(k) for k in ("GRADLAB_HOME", "GRADLAB_CONFIG")}
+    os.environ["GRADLAB_HOME"] = str(trained_runs.file_home)
+    os.environ["GRADLAB_CONFIG"] = str(trained_runs.file_home / "config.toml")
+    try:
+        with running_player() as player:
+            player.config.prestart()
+            yield player
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

@@ -1,0 +1,50 @@
+// The page's router: every page is a URL (token in the fragment); links push history, Back/Forward re-render.
+import { pageUrl, token } from "./net/api.js";
+import { showError } from "./nav.js";
+import { projectsView, projectView, goalView, runView } from "./pages/catalog.js";
+import { playbackView } from "./pages/playback.js";
+
+const routes = [
+  [/^\/$/, () => projectsView()],
+  [/^\/projects\/([^/]+)$/, (p) => projectView(p)],
+  [/^\/projects\/([^/]+)\/goals\/([^/]+)$/, (p, g) => goalView(p, g)],
+  [/^\/runs\/([^/]+)$/, (r) => runView(r)],
+  [/^\/runs\/([^/]+)\/checkpoints\/(\d+)$/, (r, s) => playbackView(r, Number(s))],
+];
+
+let cleanup = null;
+
+export function navigate(path) {
+  history.pushState(null, "", pageUrl(path));
+  render();
+}
+
+async function render() {
+  if (cleanup) { cleanup(); cleanup = null; }
+  showError("");
+  const main = document.getElementById("main");
+  main.replaceChildren();
+  const path = decodeURIComponent(location.pathname).replace(/\/+$/, "") || "/";
+  for (const [re, view] of routes) {
+    const m = re.exec(path);
+    if (m) {
+      try {
+        cleanup = (await view(...m.slice(1))) || null;
+      } catch (e) {
+        showError(e.message || String(e));
+      }
+      return;
+    }
+  }
+  showError(`no page ${path}`);
+}
+
+document.addEventListener("click", (ev) => {
+  const a = ev.target.closest("a[data-nav]");
+  if (!a || ev.button !== 0 || ev.metaKey || ev.ctrlKey || ev.shiftKey) return;
+  ev.preventDefault();
+  navigate(new URL(a.href).pathname);
+});
+window.addEventListener("popstate", render);
+token(); // keep the token of the launch URL for this tab
+render();

@@ -1,0 +1,32 @@
+// The playback WebSocket: hello with the token first, then JSON telemetry and binary frames.
+import { PROTOCOL, token } from "./api.js";
+
+const MAGIC = 0x31464c47; // "GLF1" little-endian
+
+export function openPlayback({ runId, step, seed, deterministic, fps }, handlers) {
+  const ws = new WebSocket(`ws://${location.host}/api/play`);
+  ws.binaryType = "arraybuffer";
+  ws.onopen = () => {
+    ws.send(JSON.stringify({ type: "hello", protocol: PROTOCOL, token: token(), run_id: runId, step, seed, deterministic, fps }));
+  };
+  ws.onmessage = (ev) => {
+    if (typeof ev.data === "string") {
+      const msg = JSON.parse(ev.data);
+      if (msg.type === "ready" && msg.protocol !== PROTOCOL) {
+        handlers.error(`protocol mismatch: the server speaks ${msg.protocol}, this page ${PROTOCOL}; reload the page`);
+        ws.close();
+        return;
+      }
+      handlers.message(msg);
+      return;
+    }
+    const view = new DataView(ev.data);
+    if (ev.data.byteLength < 12 || view.getUint32(0, true) !== MAGIC) return;
+    handlers.frame(view.getUint32(4, true), view.getUint32(8, true), new Blob([ev.data.slice(12)], { type: "image/jpeg" }));
+  };
+  ws.onclose = (ev) => handlers.closed(ev.code, ev.reason);
+  return {
+    send(cmd) { if (ws.readyState === WebSocket.OPEN) ws.send(JSON.stringify(cmd)); },
+    close() { ws.close(); },
+  };
+}

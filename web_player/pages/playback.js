@@ -1,0 +1,164 @@
+// The playback page: controls, the WebSocket session and every panel.
+import { getJson } from "../net/api.js";
+import { openPlayback } from "../net/socket.js";
+import { crumbs, link, showError } from "../nav.js";
+import { panelGrid } from "../layout.js";
+import { gamePanel } from "../panels/game.js";
+import { actionsPanel } from "../panels/actions.js";
+import { valuePanel } from "../panels/value.js";
+import { rewardPanel } from "../panels/reward.js";
+import { eventsPanel } from "../panels/events.js";
+import { episodePanel } from "../panels/episode.js";
+import { scrubberPanel } from "../panels/scrubber.js";
+
+const enc = encodeURIComponent;
+const MAX_RETAINED = 5000;
+
+function el(tag, attrs = {}, text = "") {
+  const e = document.createElement(tag);
+  Object.entries(attrs).forEach(([k, v]) => e.setAttribute(k, v));
+  if (text) e.textContent = text;
+  return e;
+}
+
+export async function playbackView(run, step) {
+  const page = await getJson(`/runs/${enc(run)}/checkpoints/${step}`);
+  const project = page.project;
+  crumbs([["projects", "/"], ...(project ? [[project, `/projects/${enc(project)}`],
+    [page.goal_id, `/projects/${enc(project)}/goals/${enc(page.goal_id)}`]] : []), [run, `/runs/${enc(run)}`], [`step ${step}`]]);
+  const main = document.getElementById("main");
+  const title = el("h1", {}, `${page.goal_id}/${page.recipe_id} · step ${step}${page.promoted ? " ★ promoted" : ""}`);
+  main.append(title);
+  if (page.error) {
+    showError(`this checkpoint cannot be played: ${page.error}`);
+    return null;
+  }
+  const params = new URLSearchParams(location.search);
+  const bar = el("div", { class: "toolbar" });
+  const play = el("button", { id: "play" }, "Pause");
+  const step1 = el("button", { id: "step1" }, "Step");
+  const stepN = el("input", { id: "step-n", type: "number", min: "1", value: "5", "aria-label": "steps" });
+  const stepNBtn = el("button", { id: "stepN" }, "Step N");
+  const seed = el("input", { id: "seed", type: "number", min: "0", value: params.get("seed") || "0", "aria-label": "seed" });
+  const reset = el("button", { id: "reset" }, "Reset");
+  const fps = el("input", { id: "fps", type: "number", min: "0", max: "1000", value: params.get("fps") || "30", "aria-label": "fps" });
+  const detLabel = el("label");
+  const det = el("input", { id: "deterministic", type: "checkbox" });
+  det.checked = params.get("mode") !== "stochastic";
+  detLabel.append(det, document.createTextNode(" deterministic"));
+  const status = el("span", { id: "status", class: "muted" });
+  bar.append(play, step1, stepN, stepNBtn, el("span", {}, "seed"), seed, reset, el("span", {}, "fps"), fps, detLabel);
+  if (page.previous_step != null) bar.append(link(`◀ step ${page.previous_step}`, `/runs/${enc(run)}/checkpoints/${page.previous_step}`));
+  if (page.next_step != null) bar.append(link(`step ${page.next_step} ▶`, `/runs/${enc(run)}/checkpoints/${page.next_step}`));
+  bar.append(status);
+  main.append(bar);
+
+  const grid = panelGrid(main);
+  const b = grid.bodies;
+  const game = gamePanel(b.game);
+  const episode = episodePanel(b.episode);
+  const value = valuePanel(b.value);
+  const reward = rewardPanel(b.reward);
+  let actions = null, events = null;
+
+  let steps = [];            // the current episode's retained steps: {msg, url}
+  let pending = new Map();   // seq → step waiting for its frame
+  let view = -1;             // index shown while scrubbing; -1 = live
+  let playing = true;
+  let dirty = false;
+  let info = null;
+  const state = { frames: 0, workerPid: null, lastSeq: 0, ready: false, closed: false };
+  window.gradlab = { state };
+
+  const scrub = scrubberPanel(b.scrubber, {
+    onScrub(i) { if (playing) session.send({ type: "pause" }); view = i; schedule(); },
+    onLive() { view = -1; schedule(); },
+  });
+
+  function newEpisode() {
+    steps.forEach((s) => s.url && URL.revokeObjectURL(s.url));
+    steps = [];
+    view = -1;
+  }
+
+  function schedule() {
+    if (dirty) return;
+    dirty = true;
+    requestAnimationFrame(draw);
+  }
+
+  function draw() {
+    dirty = false;
+    if (!steps.length) return;
+    let idx = view >= 0 ? Math.min(view, steps.length - 1) : steps.length - 1;
+    if (view < 0) while (idx > 0 && !steps[idx].url) idx -= 1; // newest step whose frame arrived
+    const s = steps[idx];
+    game.show(s);
+    if (actions) actions.show(s);
+    if (events) events.show(steps, idx);
+    value.show(steps, idx);
+    reward.show(steps, idx);
+    episode.live(s);
+    scrub.show(steps, idx, view < 0);
+  }
+
+  const session = openPlayback({
+    runId: run, step, seed: Number(seed.value), deterministic: det.checked, fps: Number(fps.value),
+  }, {
+    message(msg) {
+      if (msg.type === "ready") {
+        info = msg;
+        state.ready = true;
+        state.workerPid = msg.worker_pid;
+        actions = actionsPanel(b.actions, msg.action_meanings);
+        events = eventsPanel(b.events, msg.signals);
+        status.textContent = `${msg.env_id} · sha256 ${msg.checkpoint_sha256.slice(0, 12)} · γ ${msg.gamma} · worker pid ${msg.worker_pid}`;
+      } else if (msg.type === "step") {
+        const last = steps[steps.length - 1];
+        if (msg.t === 0 || (last && last.msg.episode) || steps.length >= MAX_RETAINED) newEpisode();
+        const s = { msg, url: null };
+        steps.push(s);
+        pending.set(msg.seq, s);
+        state.lastSeq = msg.seq;
+        if (msg.episode) { episode.finished(msg.episode); value.finished(msg.episode); }
+      } else if (msg.type === "state") {
+        playing = msg.playing;
+        play.textContent = playing ? "Pause" : "Play";
+        b.game.dataset.playing = String(playing);
+      } else if (msg.type === "error") {
+        showError(msg.message);
+      }
+    },
+    frame(seq, t, blob) {
+      const s = pending.get(seq);
+      pending.delete(seq);
+      if (!s) return;
+      if (steps.includes(s)) s.url = URL.createObjectURL(blob);
+      state.frames += 1;
+      schedule();
+    },
+    error(message) { showError(message); },
+    closed(code, reason) {
+      state.closed = true;
+      if (code !== 1000 && code !== 1005 && !document.getElementById("error").textContent) {
+        showError(`playback connection closed (${code}${reason ? `: ${reason}` : ""}); reload the page to play again`);
+      }
+    },
+  });
+
+  play.addEventListener("click", () => { view = -1; session.send({ type: playing ? "pause" : "play" }); });
+  step1.addEventListener("click", () => { view = -1; session.send({ type: "step", n: 1 }); });
+  stepNBtn.addEventListener("click", () => { view = -1; session.send({ type: "step", n: Math.max(1, Number(stepN.value) || 1) }); });
+  reset.addEventListener("click", () => { view = -1; session.send({ type: "reset", seed: Math.max(0, Number(seed.value) || 0) }); });
+  fps.addEventListener("change", () => session.send({ type: "fps", fps: Math.max(0, Number(fps.value) || 0) }));
+  det.addEventListener("change", () => session.send({ type: "mode", deterministic: det.checked }));
+
+  return () => {
+    session.close();
+    value.destroy();
+    reward.destroy();
+    grid.destroy();
+    newEpisode();
+    if (info) info = null;
+  };
+}
