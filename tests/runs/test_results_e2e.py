@@ -276,3 +276,11 @@ def test_reports_sync_is_create_only_by_content_hash_with_a_cas_index(cohort: Co
     out = cli(["reports", "sync", "--store", (tmp_path / "store").as_uri(), "--json"], cohort.env)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["build"] == first["build"]
+
+
+def test_sweep_refuses_an_unknown_deployment_and_a_bad_seed_count(cohort: Cohort) -> None:
+    out = run_gradlab(["sweep", f"{GOAL}/{RECIPE}", "--seeds", "2", "--deployment", "training-run/nope"], cohort.env)
+    assert out.returncode == 1 and "--deployment training-run/nope: no such deployment" in out.stderr
+    assert "cohort-" not in out.stderr  # refused before a cohort was started
+    bad = cli(["sweep", f"{GOAL}/{RECIPE}", "--seeds", "0"], cohort.env)
+    assert bad.returncode == 2 and "--seeds: expected at least 1, found 0" in bad.stderr
