@@ -34,7 +34,8 @@ def _tracked_files() -> list[Path]:
         skip = {".venv", ".git", "test-artifacts", "__pycache__"}
         names = [str(p.relative_to(ROOT)) for p in ROOT.rglob("*") if p.is_file() and not skip & set(p.parts)]
     files = [ROOT / n for n in names]
-    return [p for p in files if p.is_file() and p.suffix in _TEXT_SUFFIXES and p.name != "uv.lock"]
+    this = Path(__file__).resolve()  # names the missing documents on purpose
+    return [p for p in files if p.is_file() and p.suffix in _TEXT_SUFFIXES and p.name != "uv.lock" and p.resolve() != this]
 
 
 def _citations() -> list[tuple[Path, int, str]]:

@@ -22,7 +22,9 @@ def test_wheel_installs_and_validates_outside_the_checkout(tmp_path: Path) -> No
     subprocess.run([uv, "build", "--wheel", "--out-dir", str(dist)], cwd=REPO, check=True, capture_output=True, timeout=300)
     wheel = next(dist.glob("gradlab-*.whl"))
     requirements = tmp_path / "requirements.txt"
-    exported = subprocess.run([uv, "export", "--frozen", "--no-hashes", "--no-dev", "--no-emit-project"], cwd=REPO,
+    # The box2d extra: `validate` checks that every checked-in goal can run here, LunarLander-v3 included.
+    exported = subprocess.run([uv, "export", "--frozen", "--no-hashes", "--no-dev", "--extra", "box2d",
+                               "--no-emit-project"], cwd=REPO,
                               check=True, capture_output=True, text=True, timeout=120)
     requirements.write_text(exported.stdout)
     venv = tmp_path / "venv"

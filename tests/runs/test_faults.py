@@ -223,3 +223,38 @@ def test_s3_down_during_publication_is_retried(prefect_api: str, gradlab_home: P
         assert pub.sha256 == c["sha256"]
         manifest = json.loads(stores.model.get(f"runs/{run_id}/checkpoints/{c['uri'].rstrip('/').rsplit('/', 1)[-1]}/manifest.json"))
         assert manifest["sha256"] == c["sha256"]
+
+
+@pytest.mark.slow
+def test_an_s3_outage_longer_than_the_retries_fails_the_task_with_its_cause_and_writes_nothing(
+        prefect_api: str, s3_server) -> None:  # noqa: F811
+    """A task facing an outage that outlasts its retries: every try is made (the retry policy's
+    count), the final state is Failed with the transient cause naming the endpoint, nothing is
+    written; once the store is back the same call succeeds. The delays are shortened here (the
+    policy's are 1, 2, 4, 8 s)."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW, temporary_settings
+
+    from gradlab.errors import StoreUnavailable
+    from gradlab.stores import Stores, open_store
+    from tasks import run_tasks
+    from tasks._policy import RETRIES
+
+    stores = Stores(*(open_store(s3_server.url(name)) for name in ("control", "eval", "model")))
+    run_id = "gradlab-20260102T030405-0123abcd"
+    task = run_tasks.request_stop.with_options(retry_delay_seconds=[0.1] * RETRIES)
+    s3_server.stop()
+    # A task called outside a flow run (its logs have no flow run to go to: kept local).
+    with temporary_settings(updates={PREFECT_API_URL: prefect_api, PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW: "ignore"}):
+        state = task(stores, run_id, "attempt-001", "accepted:2048", return_state=True)
+        assert state.is_failed(), state
+        with pytest.raises(StoreUnavailable, match=f"cannot reach {s3_server.endpoint_url}"):
+            state.result()
+        with get_client(sync_client=True) as client:
+            task_run = client.read_task_run(state.state_details.task_run_id)
+        assert task_run.run_count == RETRIES + 1  # the first try and every retry
+        s3_server.restart()
+        assert rules.read_stop_request(stores, run_id) is None  # nothing was written during the outage
+        again = task(stores, run_id, "attempt-001", "accepted:2048", return_state=True)
+    assert again.is_completed(), again
+    assert rules.read_stop_request(stores, run_id).reason == "accepted:2048"
