@@ -7,7 +7,8 @@
 (:mod:`gradlab.cli.prefect_runs`) plus our receipts: Prefect says where a flow run is (Scheduled,
 Running, Cancelling, Completed...), the stores say what it proved (checkpoints, evaluations,
 promotion, terminal outcome). ``--run`` takes a gradlab run id or a Prefect flow run id. They need
-a Prefect server (``PREFECT_API_URL`` / ``[prefect] api_url``, or ``gradlab server start``).
+a Prefect server: ``PREFECT_API_URL`` / ``[prefect] api_url``, else the local one kept in the
+background, which the first of them starts (``gradlab.runs.server``; not with ``GRADLAB_DAEMON=0``).
 """
 
 from __future__ import annotations

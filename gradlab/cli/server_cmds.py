@@ -143,7 +143,7 @@ def status(json_out: Annotated[bool, typer.Option("--json")] = False) -> None:
         if state is not None:
             timeout = f"stops after {describe_s(state.idle_s)} without use" if state.idle_s else "no idle timeout"
             use = (f"in use by {len(clients)} command(s)" if clients else
-                   f"idle for {idle_for:.0f} s" if idle_for is not None else "in use by a run")
+                   f"idle for {idle_for:.0f} s" if idle_for is not None else "in use by a flow run")
             console.print(f"up at {state.url} (pid {state.pid}, Prefect server pid {state.server_pid}); "
                           f"{timeout}; {use}")
         elif starting:

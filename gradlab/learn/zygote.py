@@ -16,9 +16,10 @@ environment and working directory, default signal handlers. Its parent is the zy
 supervisor, so the supervisor passes ``--parent-pid`` and the learner watches that process
 (``gradlab.learn.watch``); the zygote reaps its children.
 
-Lifetime: ``gradlab server start`` starts one beside the Prefect server, with the server as its
-keeper; it exits when the keeper is gone, on SIGTERM (``gradlab server stop``), or when retired
-because gradlab's code or the Python environment changed since it started (a requester compares
+Lifetime: the local Prefect server's daemon (``gradlab.runs.daemon``, started by the first command
+that needs Prefect or by ``gradlab server start``) starts one once the server answers, with itself
+as keeper; it exits when the keeper is gone (``gradlab server stop``, the idle timeout), on
+SIGTERM, or when retired because gradlab's code or the Python environment changed since it started (a requester compares
 :func:`fingerprint` and retires a stale zygote instead of using it).
 
 Files in the zygote folder (``$GRADLAB_HOME/zygote``)::
