@@ -220,3 +220,15 @@ def test_runs_sync_rebuilds_one_history_from_the_surviving_lineage(tmp_path: Pat
     assert [r["train/global_step"] for r in rows] == [2048, 4096, 6144, 8192, 10240]
     assert [r["train/episode/return/shaped/mean"] for r in rows] == [1.0, 2.0, 11.0, 12.0, 13.0]
     assert [r["_step"] for r in rows] == [1, 2, 3, 4, 5]
+
+
+def test_lines_without_an_attempt_never_start_a_lineage(tmp_path: Path) -> None:
+    """A drained backlog line without an attempt (an older journal, an unstamped first rollout) does
+    not make the lines before it look abandoned."""
+    path = tmp_path / "journal.jsonl"
+    Journal(path, outbox="a" * 16, attempt="attempt-001").write_many([(n, _train(2048 * n, 1.0)) for n in (1, 2, 3)])
+    Journal(path, outbox="a" * 16).write_many([(4, _train(2048, 9.0))], attempts={4: None})
+    Journal(path, outbox="b" * 16, attempt="attempt-002").write_many([(1, _train(6144, 2.0))])
+    lines = Journal(path).read()
+    assert [(e.attempt, e.metrics["train/global_step"]) for e in lines] == [
+        ("attempt-001", 2048), ("attempt-001", 4096), (None, 2048), ("attempt-002", 6144)]
