@@ -251,8 +251,7 @@ class AttemptDriver:
         local = self.outbox.high_water("journal")
         if wandb_hw is not None and not self.wandb.complete(local):
             pending.append("wandb")  # behind, failed, or split over several offline segments
-        metrics = TerminalMetrics(local_high_water=local, sinks={"journal": local, "wandb": wandb_hw}, pending=pending,
-                                  outbox=self.outbox.identity())
+        metrics = TerminalMetrics(local_high_water=local, sinks={"journal": local, "wandb": wandb_hw}, pending=pending)
         receipt = self.seal({"outcome": outcome, "reason": reason, "final_step": final_step, "metrics": metrics,
                              "drained": drained, "learner": learner})
         try:
