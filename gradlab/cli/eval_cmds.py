@@ -114,9 +114,18 @@ def _materialize(stores: Stores, settings: Settings, run_id: str, step: int, sha
     name = keys.checkpoint_name(step, sha256)
     local = settings.run_dir(run_id) / "checkpoints" / name
     if local.is_dir():
-        # The run directory's copy must be the published bytes: a difference is refused, not
-        # papered over (the file and both hashes are named).
-        return _verified(local, step=step, sha256=sha256, what=what, publication=publication), "local"
+        from gradlab.checkpoints import verify_checkpoint
+
+        try:
+            verify_checkpoint(local)
+        except (IntegrityError, NotFound) as e:  # damaged (fails its own manifest): the published copy
+            if publication is None:
+                raise
+            err_console.print(f"local copy fails verification ({e}); using the published copy", highlight=False)
+        else:
+            # Intact by its own manifest, so it must be the published bytes: a copy whose manifest
+            # was rewritten with its files is refused, naming the file and both hashes.
+            return _verified(local, step=step, sha256=sha256, what=what, publication=publication), "local"
     if publication is None:
         raise NotFound(f"run {run_id}: {what} (step {step}, sha256 {sha256[:16]}) is neither published "
                        f"({stores.control.url(keys.publication(run_id, step, sha256))} missing) nor under "

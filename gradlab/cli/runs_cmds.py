@@ -39,7 +39,10 @@ def run_view(stores, run_id: str) -> dict:
     for attempt in rules.list_attempts(stores, run_id):
         terminal = rules.read_terminal(stores, run_id, attempt.attempt_id)
         attempts.append({"attempt_id": attempt.attempt_id, "mode": attempt.mode, "started_at": attempt.started_at.isoformat(),
-                         "outcome": terminal.outcome if terminal else None})
+                         "outcome": terminal.outcome if terminal else None,
+                         # What integrity checks found when the attempt opened (docs/SECURITY.md).
+                         "skipped_checkpoints": list(attempt.skipped_checkpoints),
+                         "outbox_replaced": attempt.outbox_replaced})
         if terminal is not None:
             receipt = terminal.model_dump(mode="json")
     from gradlab.runs.operations import inventory
@@ -129,6 +132,8 @@ def show(run_id: Annotated[str, typer.Argument(help="The run id.")], json_out: J
     console.print(f"[bold]{run['run_id']}[/] {escape(run['display_name'])}")
     for a in view["attempts"]:
         console.print(f"  {a['attempt_id']} ({a['mode']}): {a['outcome'] or 'no receipt yet'}")
+        for note in [*a.get("skipped_checkpoints", []), *([a["outbox_replaced"]] if a.get("outbox_replaced") else [])]:
+            console.print(f"    [yellow]{escape(note)}[/]", highlight=False)
     if view["receipt"]:
         console.print(f"  outcome: {view['receipt']['outcome']}: {escape(view['receipt']['reason'])}")
     if view.get("init_from"):

@@ -28,6 +28,7 @@ schedules, optimizer and RNG streams still continue).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import types
@@ -56,13 +57,7 @@ def _static(value: Any) -> bool:
 
     return isinstance(value, (types.FunctionType, types.BuiltinFunctionType, types.MethodType, type,
                               types.ModuleType, np.dtype, BaseModel, property, staticmethod, classmethod,
-                              functools_partial_type()))
-
-
-def functools_partial_type() -> type:
-    import functools
-
-    return functools.partial
+                              functools.partial))
 
 
 class _Encoder:

@@ -69,17 +69,19 @@ def surviving_lineage(entries: list[JournalEntry]) -> list[JournalEntry]:
     When an attempt's first line with ``train/global_step`` = x arrives, earlier attempts' lines
     with ``train/global_step >= x`` are dropped: that attempt resumed from a checkpoint below x,
     so what they logged from x on was never continued. Lines without a training step (evaluation
-    and orchestration metrics) are always kept.
+    and orchestration metrics) are always kept, and a line without an attempt (written before
+    lines recorded one) never starts a lineage of its own.
     """
     kept: list[JournalEntry] = []
     seen: set[str | None] = set()
     current: str | None = None
     for entry in entries:
         step = entry.metrics.get(STEP_AXIS)
-        if entry.attempt != current and isinstance(step, int | float) and entry.attempt not in seen:
+        if (entry.attempt is not None and entry.attempt != current and isinstance(step, int | float)
+                and entry.attempt not in seen):
             if current is not None or kept:
                 kept = [e for e in kept if not (isinstance(s := e.metrics.get(STEP_AXIS), int | float) and s >= step
-                                                and e.attempt != entry.attempt)]
+                                                and e.attempt not in (entry.attempt, None))]
             current = entry.attempt
             seen.add(entry.attempt)
         kept.append(entry)

@@ -313,8 +313,6 @@ class TerminalPromotion(Contract):
 
 class TerminalMetrics(Contract):
     local_high_water: int = Field(ge=0, description="Last outbox event_seq delivered to the local journal.")
-    outbox: str | None = Field(default=None, description="Identity of the outbox the event_seq marks count in "
-                               "(journal lines carry it too).")
     sinks: dict[str, int | None] = Field(description="Per sink high-water event_seq; None: sink disabled.")
     pending: list[str] = Field(
         default_factory=list,

@@ -287,12 +287,7 @@ class AttemptDriver:
             local = 0
         if wandb_hw is not None and not self.wandb.complete(local):
             pending.append("wandb")  # behind, failed, or split over several offline segments
-        try:
-            identity = self.outbox.identity()
-        except OSError:
-            identity = None
-        metrics = TerminalMetrics(local_high_water=local, sinks={"journal": local, "wandb": wandb_hw}, pending=pending,
-                                  outbox=identity)
+        metrics = TerminalMetrics(local_high_water=local, sinks={"journal": local, "wandb": wandb_hw}, pending=pending)
         try:
             receipt = self.seal({"outcome": outcome, "reason": reason, "final_step": final_step, "metrics": metrics,
                                  "drained": drained, "learner": learner})

@@ -224,7 +224,8 @@ class Supervisor:
                 existing.path = Path(p["path"])
         elif event.kind in METRIC_KINDS:
             metrics = event.payload.get("metrics", {})
-            if event.attempt is not None:
+            if event.attempt is not None or event.event_seq < self.opened_seq:
+                # An earlier attempt's unstamped event keeps no attempt rather than taking this one's.
                 for sink in self.sinks:
                     if isinstance(sink, JournalSink):
                         sink.attempts[event.event_seq] = event.attempt

@@ -96,3 +96,37 @@ def test_no_gradlab_module_unpickles_but_the_trusted_sb3_loader() -> None:
             if pattern.search(line) and path.relative_to(REPO).as_posix() != "gradlab/checkpoints/trust.py":
                 offenders.append(f"{path.relative_to(REPO)}:{n}: {line.strip()}")
     assert offenders == []
+
+
+def test_lane_state_round_trips_mid_episode_without_pickle(tmp_path: Path) -> None:
+    """CartPole lanes saved mid-episode continue exactly in a freshly built env (same spec)."""
+    import threading
+
+    import numpy as np
+
+    from gradlab.contracts.environment import EnvironmentSpec
+    from gradlab.envs import make_vector_env
+    from gradlab.envs.sb3 import SB3VecEnv
+    from gradlab.learn import lane_state
+    from tests.learn.conftest import CARTPOLE
+
+    spec = EnvironmentSpec.model_validate(CARTPOLE)
+    a, b = SB3VecEnv(make_vector_env(spec, seed=1)), SB3VecEnv(make_vector_env(spec, seed=1))
+    a.reset()
+    rng = np.random.default_rng(0)
+    for _ in range(15):
+        a.step_async(rng.integers(0, 2, 8))
+        a.step_wait()
+    a.pop_episodes()
+    assert lane_state.save(tmp_path, a)
+    lane_state.restore(tmp_path, b)
+    for _ in range(60):
+        actions = rng.integers(0, 2, 8)
+        a.step_async(actions)
+        b.step_async(actions)
+        (oa, ra, da, _), (ob, rb, db, _) = a.step_wait(), b.step_wait()
+        assert (oa == ob).all() and (ra == rb).all() and (da == db).all()
+    # State that is not plain data (a lock, an emulator handle) makes the env unsupported: lanes reset.
+    a.venv.backend.envs[0].unwrapped.handle = threading.Lock()
+    assert lane_state.capture(a) is None
+    assert "is not plain data" in lane_state.unsupported_reason(a)

@@ -188,19 +188,20 @@ def test_wandb_starting_in_the_background_loses_no_event(tmp_path: Path) -> None
 def test_wandb_offline_segments_of_several_attempts_are_reported_pending(tmp_path: Path) -> None:
     """Each attempt's wandb.init writes its own offline folder; syncing them as they are keeps only the
     last one, so the receipt may not call W&B complete (issue: run integrity)."""
+    run_id = "gradlab-20260102T030405-5e65e575"  # its own W&B run id: no other test's run is in use
     wandb_dir = tmp_path / "run"
-    first = WandbSink(RUN, "offline", wandb_dir, "gradlab-tests")
+    first = WandbSink(run_id, "offline", wandb_dir, "gradlab-tests")
     assert [first.log(seq, _train(128 * seq, 1.0)) for seq in (1, 2)] == [True, True]
     first.finish()
     assert len(first.segments) == 1 and first.complete(2)  # one attempt: one history
     assert not first.complete(3)  # behind the journal
-    second = WandbSink(RUN, "offline", wandb_dir, "gradlab-tests", high_water=2)
+    second = WandbSink(run_id, "offline", wandb_dir, "gradlab-tests", high_water=2)
     assert second.log(3, _train(384, 2.0))
     second.finish()
     assert second.status == "ok", second.error
     assert len(second.segments) == 2
     assert not second.complete(3)  # every point is on disk, but as two segments: pending
-    rows = read_offline_history(wandb_dir, RUN)
+    rows = read_offline_history(wandb_dir, run_id)
     assert [r["orchestration/event_seq"] for r in rows] == [1, 2, 3]
 
 
@@ -209,14 +210,27 @@ def test_runs_sync_rebuilds_one_history_from_the_surviving_lineage(tmp_path: Pat
     offline W&B run whose rows are the surviving lineage in order (the upload itself needs W&B cloud)."""
     from gradlab.metrics.wandb_sync import rebuild_history
 
-    run_dir = tmp_path / RUN
+    run_id = "gradlab-20260102T030405-5c0c0a11"  # its own W&B run id: no other test's run is in use
+    run_dir = tmp_path / run_id
     first = Journal(run_dir / "journal.jsonl", outbox="a" * 16, attempt="attempt-001")
     first.write_many([(n, _train(2048 * n, float(n))) for n in (1, 2, 3, 4)])
     second = Journal(run_dir / "journal.jsonl", outbox="b" * 16, attempt="attempt-002")
     second.write_many([(n, _train(2048 * (n + 2), 10.0 + n)) for n in (1, 2, 3)])  # resumed from 4096
-    folder, points = rebuild_history(run_dir, RUN, "gradlab-tests")
+    folder, points = rebuild_history(run_dir, run_id, "gradlab-tests")
     assert points == 5 and folder.is_dir()
-    rows = read_offline_history(run_dir / "wandb-sync", RUN)
+    rows = read_offline_history(run_dir / "wandb-sync", run_id)
     assert [r["train/global_step"] for r in rows] == [2048, 4096, 6144, 8192, 10240]
     assert [r["train/episode/return/shaped/mean"] for r in rows] == [1.0, 2.0, 11.0, 12.0, 13.0]
     assert [r["_step"] for r in rows] == [1, 2, 3, 4, 5]
+
+
+def test_lines_without_an_attempt_never_start_a_lineage(tmp_path: Path) -> None:
+    """A drained backlog line without an attempt (an older journal, an unstamped first rollout) does
+    not make the lines before it look abandoned."""
+    path = tmp_path / "journal.jsonl"
+    Journal(path, outbox="a" * 16, attempt="attempt-001").write_many([(n, _train(2048 * n, 1.0)) for n in (1, 2, 3)])
+    Journal(path, outbox="a" * 16).write_many([(4, _train(2048, 9.0))], attempts={4: None})
+    Journal(path, outbox="b" * 16, attempt="attempt-002").write_many([(1, _train(6144, 2.0))])
+    lines = Journal(path).read()
+    assert [(e.attempt, e.metrics["train/global_step"]) for e in lines] == [
+        ("attempt-001", 2048), ("attempt-001", 4096), (None, 2048), ("attempt-002", 6144)]
