@@ -19,6 +19,7 @@ parser.add_argument("--steps", type=int, default=32, help="steps per lane per up
 parser.add_argument("--updates", type=int, default=60)
 args = parser.parse_args()
 
+torch.set_num_threads(1)  # a 64-unit network: more threads only contend
 envs = gradlab.make_vector_env(args.goal, args.lanes, seed=0)
 assert envs.metadata["autoreset_mode"].value == "SameStep"  # obs is already the next episode's first
 n_obs, n_actions = int(np.prod(envs.single_observation_space.shape)), int(envs.single_action_space.n)
