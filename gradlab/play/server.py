@@ -237,6 +237,10 @@ async def _play_session(ws: Any, config: PlayConfig) -> None:
     if not secrets.compare_digest(hello.token.encode(), config.token.encode()):
         await _close(ws, CLOSE_REFUSED, "wrong token")
         return
+    hello = hello.model_copy(update={
+        "seed": config.seed if hello.seed is None else hello.seed,
+        "deterministic": config.deterministic if hello.deterministic is None else hello.deterministic,
+        "fps": config.fps if hello.fps is None else hello.fps})
     if hello.protocol != PROTOCOL_VERSION:
         await ws.send_text(ErrorMessage(message=f"protocol {hello.protocol} is not the server's "
                                                 f"{PROTOCOL_VERSION}: reload the page").model_dump_json())

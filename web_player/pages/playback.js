@@ -39,12 +39,13 @@ export async function playbackView(run, step) {
   const step1 = el("button", { id: "step1" }, "Step");
   const stepN = el("input", { id: "step-n", type: "number", min: "1", value: "5", "aria-label": "steps" });
   const stepNBtn = el("button", { id: "stepN" }, "Step N");
-  const seed = el("input", { id: "seed", type: "number", min: "0", value: params.get("seed") || "0", "aria-label": "seed" });
+  const seed = el("input", { id: "seed", type: "number", min: "0", value: params.get("seed") || "", "aria-label": "seed" });
   const reset = el("button", { id: "reset" }, "Reset");
-  const fps = el("input", { id: "fps", type: "number", min: "0", max: "1000", value: params.get("fps") || "30", "aria-label": "fps" });
+  const fps = el("input", { id: "fps", type: "number", min: "0", max: "1000", value: params.get("fps") || "", "aria-label": "fps" });
   const detLabel = el("label");
   const det = el("input", { id: "deterministic", type: "checkbox" });
   det.checked = params.get("mode") !== "stochastic";
+  const num = (input) => (input.value === "" ? null : Number(input.value));
   detLabel.append(det, document.createTextNode(" deterministic"));
   const status = el("span", { id: "status", class: "muted" });
   bar.append(play, step1, stepN, stepNBtn, el("span", {}, "seed"), seed, reset, el("span", {}, "fps"), fps, detLabel);
@@ -103,7 +104,7 @@ export async function playbackView(run, step) {
   }
 
   const session = openPlayback({
-    runId: run, step, seed: Number(seed.value), deterministic: det.checked, fps: Number(fps.value),
+    runId: run, step, seed: num(seed), deterministic: params.has("mode") ? det.checked : null, fps: num(fps),
   }, {
     message(msg) {
       if (msg.type === "ready") {
@@ -112,6 +113,9 @@ export async function playbackView(run, step) {
         state.workerPid = msg.worker_pid;
         actions = actionsPanel(b.actions, msg.action_meanings);
         events = eventsPanel(b.events, msg.signals);
+        seed.value = String(msg.seed);
+        fps.value = String(msg.fps);
+        det.checked = msg.deterministic;
         status.textContent = `${msg.env_id} · sha256 ${msg.checkpoint_sha256.slice(0, 12)} · γ ${msg.gamma} · worker pid ${msg.worker_pid}`;
       } else if (msg.type === "step") {
         const last = steps[steps.length - 1];
