@@ -1,5 +1,5 @@
 // The playback page: controls, the WebSocket session and every panel.
-import { getJson } from "../net/api.js";
+import { getJson, token } from "../net/api.js";
 import { openPlayback } from "../net/socket.js";
 import { crumbs, link, showError } from "../nav.js";
 import { panelGrid } from "../layout.js";
@@ -47,11 +47,12 @@ export async function playbackView(run, step) {
   det.checked = params.get("mode") !== "stochastic";
   const num = (input) => (input.value === "" ? null : Number(input.value));
   detLabel.append(det, document.createTextNode(" deterministic"));
+  const video = el("button", { id: "video", title: "Record one episode from this seed as MP4" }, "Record MP4");
   const status = el("span", { id: "status", class: "muted" });
   bar.append(play, step1, stepN, stepNBtn, el("span", {}, "seed"), seed, reset, el("span", {}, "fps"), fps, detLabel);
   if (page.previous_step != null) bar.append(link(`◀ step ${page.previous_step}`, `/runs/${enc(run)}/checkpoints/${page.previous_step}`));
   if (page.next_step != null) bar.append(link(`step ${page.next_step} ▶`, `/runs/${enc(run)}/checkpoints/${page.next_step}`));
-  bar.append(status);
+  bar.append(video, status);
   main.append(bar);
 
   const grid = panelGrid(main);
@@ -150,6 +151,26 @@ export async function playbackView(run, step) {
     },
   });
 
+  video.addEventListener("click", async () => {
+    video.disabled = true;
+    video.textContent = "Recording…";
+    try {
+      const q = new URLSearchParams({ episodes: "1", seed: seed.value || "0", deterministic: String(det.checked) });
+      const res = await fetch(`/api/runs/${enc(run)}/checkpoints/${step}/video?${q}`, { headers: { "X-Gradlab-Token": token() } });
+      if (!res.ok) throw new Error((await res.json()).detail || res.statusText);
+      const a = document.createElement("a");
+      a.href = URL.createObjectURL(await res.blob());
+      a.download = `${run}-${step}-seed${q.get("seed")}.mp4`;
+      document.body.append(a);
+      a.click();
+      a.remove();
+    } catch (e) {
+      showError(`recording failed: ${e.message}`);
+    } finally {
+      video.disabled = false;
+      video.textContent = "Record MP4";
+    }
+  });
   play.addEventListener("click", () => { view = -1; session.send({ type: playing ? "pause" : "play" }); });
   step1.addEventListener("click", () => { view = -1; session.send({ type: "step", n: 1 }); });
   stepNBtn.addEventListener("click", () => { view = -1; session.send({ type: "step", n: Math.max(1, Number(stepN.value) || 1) }); });
