@@ -13,6 +13,9 @@ import { scrubberPanel } from "../panels/scrubber.js";
 
 const enc = encodeURIComponent;
 const MAX_RETAINED = 5000;
+// Charts, the events list and the scrubber redraw at most this often while playing (the game frame
+// and the action bars follow every animation frame); paused or scrubbing, every change redraws.
+const CHART_INTERVAL_MS = 100;
 
 function el(tag, attrs = {}, text = "") {
   const e = document.createElement(tag);
@@ -89,6 +92,9 @@ export async function playbackView(run, step) {
     requestAnimationFrame(draw);
   }
 
+  let chartsAt = 0;
+  let chartTimer = null;
+
   function draw() {
     dirty = false;
     if (!steps.length) return;
@@ -97,10 +103,16 @@ export async function playbackView(run, step) {
     const s = steps[idx];
     game.show(s);
     if (actions) actions.show(s);
+    episode.live(s);
+    const now = performance.now();
+    if (playing && view < 0 && now - chartsAt < CHART_INTERVAL_MS) {
+      if (!chartTimer) chartTimer = setTimeout(() => { chartTimer = null; schedule(); }, CHART_INTERVAL_MS);
+      return;
+    }
+    chartsAt = now;
     if (events) events.show(steps, idx);
     value.show(steps, idx);
     reward.show(steps, idx);
-    episode.live(s);
     scrub.show(steps, idx, view < 0);
   }
 
