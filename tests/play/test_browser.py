@@ -81,6 +81,7 @@ def test_catalog_to_playback_controls_scrub_and_a_killed_worker(file_player: Run
         # Pause: nothing advances.
         page.click("#play")
         _wait(page, "() => document.querySelector('#panel-game')?.dataset.playing === 'false'")
+        _wait(page, "() => window.gradlab.state.lastSeq === Number(document.querySelector('#panel-game').dataset.seq)")
         paused = _seq(page)
         time.sleep(0.5)
         assert _seq(page) == paused
