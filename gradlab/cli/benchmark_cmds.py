@@ -92,3 +92,19 @@ def reports(
     from gradlab.benchmarks.reports import main
 
     main(runs=runs, rounds=rounds, as_json=as_json)
+
+
+@benchmark_app.command("play")
+def play_benchmark(
+    case: list[str] = typer.Option(["cartpole", "breakout"], help="Cases to run: cartpole, breakout."),
+    seconds: float = typer.Option(5.0, min=1.0, help="Timed seconds per measurement."),
+    settle_s: float = typer.Option(20.0, min=0.0, help="Wait before the warm page open (the reserve worker's imports)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the rows as one JSON document."),
+) -> None:
+    """The web player in headless chromium: first frame, steps/s at fps 0 with every panel, CPU at fps 30."""
+    from gradlab.benchmarks.play import CASES, main
+
+    unknown = [c for c in case if c not in CASES]
+    if unknown:
+        raise typer.BadParameter(f"unknown case(s) {', '.join(unknown)}; expected {', '.join(CASES)}")
+    main(cases=tuple(case), seconds=seconds, settle_s=settle_s, as_json=as_json)

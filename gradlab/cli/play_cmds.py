@@ -105,39 +105,21 @@ def play_command(
 
 
 def _record(resolved: Any, out: Path, *, episodes: int, fps: float, seed: int, deterministic: bool) -> None:
-    """Play ``episodes`` episodes headless and write them as one MP4 (frame t = the state acted on at t)."""
+    """Play ``episodes`` episodes headless and write them as one MP4 (:mod:`gradlab.play.record`)."""
     from rich.progress import Progress
 
+    from gradlab.play.record import record_episodes
     from gradlab.play.session import PlaybackSession
-    from gradlab.video import write_mp4
 
     if not out.parent.is_dir():
         fail(f"--record {out}: folder {out.parent} does not exist")
     session = PlaybackSession(resolved.path, resolved.spec, deterministic=deterministic, seed=seed)
-    frames: list[Any] = []
-    returns: list[float] = []
     try:
         with Progress(console=err_console, transient=True) as progress:
             task = progress.add_task("recording", total=episodes)
-            first = session.reset(seed)
-            frames.append(first.frame)
-            while len(returns) < episodes:
-                report = session.step()
-                if report.episode is not None:
-                    returns.append(float(report.episode["return"]))
-                    progress.advance(task)
-                    if len(returns) < episodes:
-                        frames.append(report.frame)  # the next episode's first frame
-                else:
-                    frames.append(report.frame)
+            count, returns = record_episodes(session, out, episodes=episodes, fps=fps, seed=seed,
+                                             on_episode=lambda _: progress.advance(task))
     finally:
         session.close()
-    spec = resolved.spec
-    count = write_mp4(out, frames, fps=fps, metadata={
-        "checkpoint_sha256": session.manifest.sha256, "checkpoint_step": session.manifest.step,
-        "run_id": spec["run_id"], "goal": spec["goal_id"], "recipe": spec["recipe_id"], "seed": seed,
-        "episodes": episodes, "policy": "deterministic" if deterministic else "stochastic",
-        "return": ",".join(f"{r:g}" for r in returns),
-    })
     console.print(f"{out}: {count} frames, {episodes} episode(s), return {', '.join(f'{r:g}' for r in returns)}",
                   highlight=False)

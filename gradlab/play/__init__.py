@@ -1,4 +1,18 @@
-"""The web player's server side (``gradlab play``): not built yet.
+"""The web player's server side (``gradlab play``; docs/ARCHITECTURE.md section 12).
 
-docs/ARCHITECTURE.md section 12 describes it; no issue has asked for it so far.
+Modules and their public names:
+    session: ``PlaybackSession`` (a checkpoint's weights-only policy on one lane of its goal's
+        evaluation environment; per-step telemetry, episode reports), ``returns_to_go``,
+        ``StepReport``.
+    worker: ``PlaybackWorker`` (a warm process that owns one session; the server never steps an
+        environment itself), ``WorkerFailed``.
+    catalog: ``Catalog`` (projects → goals → runs → checkpoints from the experiments tree and the
+        configured stores; resolution and verification of checkpoints to play).
+    protocol: every API payload and WebSocket message (pydantic), ``PROTOCOL_VERSION``, the binary
+        frame header.
+    server: ``PlayConfig``, ``create_app`` (FastAPI), ``make_server`` / ``serve`` (uvicorn on
+        127.0.0.1), ``bind_loopback``, ``web_player_root`` (the checkout's ``web_player/``, else the
+        copy bundled in the wheel).
+
+The browser code is ``web_player/`` (plain ES modules; GridStack and uPlot vendored).
 """

@@ -131,9 +131,9 @@ class Hello(BaseModel):
     token: str
     run_id: str
     step: int
-    seed: int = 0
-    deterministic: bool = True
-    fps: float = Field(default=30.0, ge=0.0, le=1000.0)
+    seed: int | None = Field(default=None, ge=0, description="None: the launch's --seed.")
+    deterministic: bool | None = Field(default=None, description="None: the launch's mode.")
+    fps: float | None = Field(default=None, ge=0.0, le=1000.0, description="None: the launch's --fps.")
 
 
 class Command(BaseModel):

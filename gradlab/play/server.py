@@ -15,7 +15,8 @@ Security (docs/ARCHITECTURE.md section 12):
 
 Pages (``/``, ``/projects/{p}``, ``/projects/{p}/goals/{g}``, ``/runs/{run}``,
 ``/runs/{run}/checkpoints/{step}``) all serve ``index.html``; the page reads its route from the URL
-and the data from the mirroring ``/api/...`` routes. ``/api/play`` is the playback WebSocket: one
+and the data from the mirroring ``/api/...`` routes; ``/api/runs/{run}/checkpoints/{step}/video``
+records episodes as MP4 in a worker of its own (the page's video button). ``/api/play`` is the playback WebSocket: one
 playback worker process per connection (:mod:`gradlab.play.worker`).
 """
 
@@ -184,6 +185,34 @@ def create_app(config: PlayConfig) -> Any:
     def api_playback(run_id: str, step: int) -> Any:
         return page(cat.playback_page, run_id, step)
 
+    @app.get("/api/runs/{run_id}/checkpoints/{step}/video", dependencies=auth)
+    def api_video(run_id: str, step: int, episodes: int = 1, seed: int | None = None,
+                  deterministic: bool | None = None) -> Any:
+        """Record ``episodes`` episodes in a playback worker of their own; the MP4 as a download."""
+        import tempfile
+
+        from gradlab.play.worker import WorkerFailed
+
+        if not 1 <= episodes <= 100:
+            raise HTTPException(status_code=422, detail=f"episodes: expected 1..100, found {episodes}")
+        resolved = page(cat.resolve, run_id, step)
+        seed = config.seed if seed is None else seed
+        worker = config.take_worker()
+        try:
+            worker.load(resolved.path, resolved.spec, deterministic=config.deterministic if deterministic is None
+                        else deterministic, seed=seed)
+            with tempfile.TemporaryDirectory(prefix="gradlab-play-video-") as tmp:
+                out = Path(tmp) / "episodes.mp4"
+                worker.request("record", (str(out), episodes, config.fps or 30.0, seed), timeout_s=1800)
+                data = out.read_bytes()
+        except WorkerFailed as e:
+            raise HTTPException(status_code=500, detail=str(e)) from None
+        finally:
+            config.workers.discard(worker)
+            worker.close()
+        name = f"{run_id}-{step}-seed{seed}.mp4"
+        return Response(data, media_type="video/mp4", headers={"Content-Disposition": f'attachment; filename="{name}"'})
+
     @app.get("/api/{rest:path}", dependencies=auth)
     def api_unknown(rest: str) -> Any:
         raise HTTPException(status_code=404, detail=f"no API route /api/{rest}")
@@ -237,6 +266,10 @@ async def _play_session(ws: Any, config: PlayConfig) -> None:
     if not secrets.compare_digest(hello.token.encode(), config.token.encode()):
         await _close(ws, CLOSE_REFUSED, "wrong token")
         return
+    hello = hello.model_copy(update={
+        "seed": config.seed if hello.seed is None else hello.seed,
+        "deterministic": config.deterministic if hello.deterministic is None else hello.deterministic,
+        "fps": config.fps if hello.fps is None else hello.fps})
     if hello.protocol != PROTOCOL_VERSION:
         await ws.send_text(ErrorMessage(message=f"protocol {hello.protocol} is not the server's "
                                                 f"{PROTOCOL_VERSION}: reload the page").model_dump_json())

@@ -7,7 +7,7 @@ processes; nothing read from a store goes through it). Frames are JPEG-encoded i
 the server only forwards bytes.
 
 Commands (parent → worker): ``("load", (checkpoint_dir, spec, deterministic, seed))`` once,
-then ``("reset", seed | None)``, ``("step", n)``, ``("mode", deterministic)``,
+then ``("reset", seed | None)``, ``("step", n)``, ``("mode", deterministic)``, ``("record", (out, episodes, fps, seed))``,
 ``("close", None)``. Answers: ``("steps", [(telemetry dict, jpeg bytes), ...])``, ``("ok", None)``
 or ``("error", message)``. The worker's first message is ``("warm", None)`` (imports done); a
 load is answered ``("ready", info)`` or ``("error", message)``.
@@ -92,6 +92,13 @@ def _main(conn: Any) -> None:
                     conn.send(("steps", [pack(session.reset(arg))]))
                 elif cmd == "step":
                     conn.send(("steps", [pack(session.step()) for _ in range(max(1, int(arg)))]))
+                elif cmd == "record":
+                    from gradlab.play.record import record_episodes
+
+                    out, episodes, fps, seed = arg
+                    count, returns = record_episodes(session, Path(out), episodes=int(episodes), fps=float(fps),
+                                                     seed=int(seed))
+                    conn.send(("recorded", {"frames": count, "returns": returns}))
                 elif cmd == "mode":
                     session.deterministic = bool(arg)
                     conn.send(("ok", None))

@@ -163,3 +163,21 @@ def test_s3_stores_list_and_play_their_runs(trained_runs: TrainedRuns, monkeypat
             assert ready["checkpoint_sha256"] == receipt["promotion"]["sha256"]
             msg, frame = _next_step(ws)
             assert msg["t"] == 0 and frame[:2] == b"\xff\xd8"
+
+
+def test_video_route_records_episodes_as_mp4(file_player: RunningPlayer, trained_runs: TrainedRuns,
+                                             tmp_path) -> None:
+    from gradlab.video import count_frames, read_mp4_metadata
+
+    receipt = trained_runs.bandit
+    step = receipt["promotion"]["checkpoint_step"]
+    res = file_player.api(f"/api/runs/{receipt['run_id']}/checkpoints/{step}/video?episodes=3&seed=5")
+    assert res.status_code == 200, res.text
+    assert res.headers["content-type"] == "video/mp4" and "attachment" in res.headers["content-disposition"]
+    out = tmp_path / "v.mp4"
+    out.write_bytes(res.content)
+    assert count_frames(out) == 3  # bandit episodes are one step: one frame each
+    meta = read_mp4_metadata(out)
+    assert meta["checkpoint_sha256"] == receipt["promotion"]["sha256"] and meta["seed"] == "5"
+    assert len(meta["return"].split(",")) == 3
+    assert file_player.api(f"/api/runs/{receipt['run_id']}/checkpoints/{step}/video", token=None).status_code == 401

@@ -75,12 +75,13 @@ def test_catalog_to_playback_controls_scrub_and_a_killed_worker(file_player: Run
         seq = _seq(page)
         _wait_seq(page, seq + 5)
         assert _attr(page, "#panel-actions", "data-probs") != probs_before
-        assert page.get_by_text("push left").count() == 1
+        assert page.locator("#panel-actions .label", has_text="push left").count() == 1
         screenshot(page, "play-5-playback")
 
         # Pause: nothing advances.
         page.click("#play")
         _wait(page, "() => document.querySelector('#panel-game')?.dataset.playing === 'false'")
+        _wait(page, "() => window.gradlab.state.lastSeq === Number(document.querySelector('#panel-game').dataset.seq)")
         paused = _seq(page)
         time.sleep(0.5)
         assert _seq(page) == paused
@@ -107,7 +108,7 @@ def test_catalog_to_playback_controls_scrub_and_a_killed_worker(file_player: Run
 
         # Scrub back to step 2 of the episode: its frame and numbers are shown.
         page.locator("#panel-scrubber input[type=range]").evaluate(
-            "(el) => { el.value = '1'; el.dispatchEvent(new Event('input')); }")
+            "(el) => { el.value = '2'; el.dispatchEvent(new Event('input')); }")
         _wait(page, "() => document.querySelector('#panel-game')?.dataset.t === '2'")
         page.get_by_text("(scrubbed)").wait_for()
         screenshot(page, "play-6-scrubbed")

@@ -1,5 +1,5 @@
 // The playback page: controls, the WebSocket session and every panel.
-import { getJson } from "../net/api.js";
+import { getJson, token } from "../net/api.js";
 import { openPlayback } from "../net/socket.js";
 import { crumbs, link, showError } from "../nav.js";
 import { panelGrid } from "../layout.js";
@@ -13,6 +13,9 @@ import { scrubberPanel } from "../panels/scrubber.js";
 
 const enc = encodeURIComponent;
 const MAX_RETAINED = 5000;
+// Charts, the events list and the scrubber redraw at most this often while playing (the game frame
+// and the action bars follow every animation frame); paused or scrubbing, every change redraws.
+const CHART_INTERVAL_MS = 100;
 
 function el(tag, attrs = {}, text = "") {
   const e = document.createElement(tag);
@@ -39,18 +42,20 @@ export async function playbackView(run, step) {
   const step1 = el("button", { id: "step1" }, "Step");
   const stepN = el("input", { id: "step-n", type: "number", min: "1", value: "5", "aria-label": "steps" });
   const stepNBtn = el("button", { id: "stepN" }, "Step N");
-  const seed = el("input", { id: "seed", type: "number", min: "0", value: params.get("seed") || "0", "aria-label": "seed" });
+  const seed = el("input", { id: "seed", type: "number", min: "0", value: params.get("seed") || "", "aria-label": "seed" });
   const reset = el("button", { id: "reset" }, "Reset");
-  const fps = el("input", { id: "fps", type: "number", min: "0", max: "1000", value: params.get("fps") || "30", "aria-label": "fps" });
+  const fps = el("input", { id: "fps", type: "number", min: "0", max: "1000", value: params.get("fps") || "", "aria-label": "fps" });
   const detLabel = el("label");
   const det = el("input", { id: "deterministic", type: "checkbox" });
   det.checked = params.get("mode") !== "stochastic";
+  const num = (input) => (input.value === "" ? null : Number(input.value));
   detLabel.append(det, document.createTextNode(" deterministic"));
+  const video = el("button", { id: "video", title: "Record one episode from this seed as MP4" }, "Record MP4");
   const status = el("span", { id: "status", class: "muted" });
   bar.append(play, step1, stepN, stepNBtn, el("span", {}, "seed"), seed, reset, el("span", {}, "fps"), fps, detLabel);
   if (page.previous_step != null) bar.append(link(`◀ step ${page.previous_step}`, `/runs/${enc(run)}/checkpoints/${page.previous_step}`));
   if (page.next_step != null) bar.append(link(`step ${page.next_step} ▶`, `/runs/${enc(run)}/checkpoints/${page.next_step}`));
-  bar.append(status);
+  bar.append(video, status);
   main.append(bar);
 
   const grid = panelGrid(main);
@@ -87,6 +92,9 @@ export async function playbackView(run, step) {
     requestAnimationFrame(draw);
   }
 
+  let chartsAt = 0;
+  let chartTimer = null;
+
   function draw() {
     dirty = false;
     if (!steps.length) return;
@@ -95,15 +103,21 @@ export async function playbackView(run, step) {
     const s = steps[idx];
     game.show(s);
     if (actions) actions.show(s);
+    episode.live(s);
+    const now = performance.now();
+    if (playing && view < 0 && now - chartsAt < CHART_INTERVAL_MS) {
+      if (!chartTimer) chartTimer = setTimeout(() => { chartTimer = null; schedule(); }, CHART_INTERVAL_MS);
+      return;
+    }
+    chartsAt = now;
     if (events) events.show(steps, idx);
     value.show(steps, idx);
     reward.show(steps, idx);
-    episode.live(s);
     scrub.show(steps, idx, view < 0);
   }
 
   const session = openPlayback({
-    runId: run, step, seed: Number(seed.value), deterministic: det.checked, fps: Number(fps.value),
+    runId: run, step, seed: num(seed), deterministic: params.has("mode") ? det.checked : null, fps: num(fps),
   }, {
     message(msg) {
       if (msg.type === "ready") {
@@ -112,6 +126,9 @@ export async function playbackView(run, step) {
         state.workerPid = msg.worker_pid;
         actions = actionsPanel(b.actions, msg.action_meanings);
         events = eventsPanel(b.events, msg.signals);
+        seed.value = String(msg.seed);
+        fps.value = String(msg.fps);
+        det.checked = msg.deterministic;
         status.textContent = `${msg.env_id} · sha256 ${msg.checkpoint_sha256.slice(0, 12)} · γ ${msg.gamma} · worker pid ${msg.worker_pid}`;
       } else if (msg.type === "step") {
         const last = steps[steps.length - 1];
@@ -146,6 +163,26 @@ export async function playbackView(run, step) {
     },
   });
 
+  video.addEventListener("click", async () => {
+    video.disabled = true;
+    video.textContent = "Recording…";
+    try {
+      const q = new URLSearchParams({ episodes: "1", seed: seed.value || "0", deterministic: String(det.checked) });
+      const res = await fetch(`/api/runs/${enc(run)}/checkpoints/${step}/video?${q}`, { headers: { "X-Gradlab-Token": token() } });
+      if (!res.ok) throw new Error((await res.json()).detail || res.statusText);
+      const a = document.createElement("a");
+      a.href = URL.createObjectURL(await res.blob());
+      a.download = `${run}-${step}-seed${q.get("seed")}.mp4`;
+      document.body.append(a);
+      a.click();
+      a.remove();
+    } catch (e) {
+      showError(`recording failed: ${e.message}`);
+    } finally {
+      video.disabled = false;
+      video.textContent = "Record MP4";
+    }
+  });
   play.addEventListener("click", () => { view = -1; session.send({ type: playing ? "pause" : "play" }); });
   step1.addEventListener("click", () => { view = -1; session.send({ type: "step", n: 1 }); });
   stepNBtn.addEventListener("click", () => { view = -1; session.send({ type: "step", n: Math.max(1, Number(stepN.value) || 1) }); });

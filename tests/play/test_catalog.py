@@ -1,0 +1,45 @@
+"""The catalog's answers for what cannot be played or loaded: contract errors are shown, not raised."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gradlab.cli.eval_cmds import ResolvedCheckpoint
+from gradlab.errors import NotFound
+from gradlab.play.catalog import Catalog
+from gradlab.settings import load_settings
+from gradlab.stores import open_stores
+
+
+def _catalog(**kwargs) -> Catalog:
+    settings = load_settings()
+    return Catalog(stores=open_stores(settings), settings=settings, **kwargs)
+
+
+def test_a_checkpoint_whose_spec_no_longer_validates_names_the_contract_error(
+        cartpole_checkpoint: tuple[Path, Path]) -> None:
+    run_dir, ckpt = cartpole_checkpoint
+    spec = json.loads((run_dir / "spec.json").read_text())
+    spec["goal"]["eval"]["episodes"] = -1
+    catalog = _catalog()
+    run_id, step = catalog.pin(ResolvedCheckpoint(path=ckpt, spec=spec, spec_source="test", origin="directory"))
+    page = catalog.playback_page(run_id, step)
+    assert page.error is not None and "goal.eval.episodes" in page.error
+    run = catalog.run_page(run_id)  # a pinned run outside any store is listed from its folder
+    assert [c.step for c in run.checkpoints] == [64] and run.project == "classic-control"
+    with pytest.raises(NotFound, match="no checkpoint at step 65"):
+        catalog.playback_page(run_id, 65)
+
+
+def test_a_goal_that_no_longer_validates_is_a_row_with_its_error(experiments_copy: Path) -> None:
+    from gradlab.contracts import Experiments
+
+    goal = experiments_copy / "goals" / "MountainCar-v0" / "_goal.yaml"
+    goal.write_text(goal.read_text().replace("eval:", "eval:\n  episodez: 3", 1))
+    page = _catalog(experiments=Experiments(experiments_copy)).project_page("classic-control")
+    rows = {r.goal_id: r for r in page.goals}
+    assert rows["MountainCar-v0"].error is not None and "episodez" in rows["MountainCar-v0"].error
+    assert rows["CartPole-v1"].error is None and rows["CartPole-v1"].title
