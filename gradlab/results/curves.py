@@ -347,9 +347,16 @@ def plot_curves(curves: Sequence[Curve], out: Path | str | None = None, *, title
     rows = math.ceil(len(metrics) / cols)
     fig = Figure(figsize=(5.2 * cols, 3.4 * rows), layout="constrained")
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    runs = list(dict.fromkeys(c.run_id for c in curves))
+    handles: dict[str, object] = {}
     for ax, metric in zip(axes, metrics, strict=False):
         for c in (c for c in curves if c.metric == metric):
-            (line,) = ax.plot(c.x, c.y, marker="o" if len(c.x) < 30 else None, markersize=3, label=c.run_id[-8:])
+            i = runs.index(c.run_id)  # one colour and marker per run across panels
+            # hollow markers shrinking run by run and distinct dashes: coinciding runs stay visible
+            (line,) = ax.plot(c.x, c.y, marker="osD^v"[i % 5] if len(c.x) < 30 else None,
+                              markersize=max(3.0, 8.0 - 1.5 * i), markerfacecolor="none",
+                              linestyle=("-", "--", "-.", ":")[i % 4], color=f"C{i % 10}", label=c.run_id[-8:])
+            handles.setdefault(c.run_id[-8:], line)
             if c.low is not None and c.high is not None:
                 if len(c.x) < 3:  # a band needs a width: show the interval as error bars
                     ax.errorbar(c.x, c.y, yerr=[np.subtract(c.y, c.low), np.subtract(c.high, c.y)],
@@ -360,10 +367,11 @@ def plot_curves(curves: Sequence[Curve], out: Path | str | None = None, *, title
         ax.set_xlabel({"seconds": "learner seconds"}.get(c.x_axis, c.x_axis), fontsize=8)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
-        if len({c.run_id for c in curves}) > 1:
-            ax.legend(fontsize=7)
     for ax in axes[len(metrics):]:
         ax.set_visible(False)
+    if len(runs) > 1:  # below the panels, never over a curve
+        fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncols=min(6, len(handles)),
+                   fontsize=8, frameon=False)
     if title:
         fig.suptitle(title, fontsize=10)
     if out is not None:

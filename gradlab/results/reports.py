@@ -105,7 +105,7 @@ def _curves_figure(goal_id: str, groups: dict[str, list]):
                 continue
             drawn = True
             (line,) = ax.plot(x, med, marker=_MARKERS[i % len(_MARKERS)], markevery=max(1, x.size // 12),
-                              markersize=max(3.0, 9.0 - 1.5 * i), markerfacecolor="none", markeredgewidth=1.2,
+                              markersize=max(4.0, 9.0 - 1.5 * i), markerfacecolor="none", markeredgewidth=1.2,
                               linestyle=_DASHES[i % len(_DASHES)], linewidth=1.4, color=f"C{i % 10}",
                               label=f"{label} (n={len(mine)})")
             handles.setdefault(line.get_label(), line)
