@@ -23,11 +23,13 @@ RECIPES = ("ppo", "a2c", "ppo-small", "ppo-large", "ppo-long")
 BUDGET_S = {"reports build": 10.0, "leaders runs": 1.0}
 
 
-def synthesize(home: Path, runs: int = 100, rollouts: int = 200, checkpoints: int = 3, seed: int = 0) -> list[str]:
+def synthesize(home: Path, runs: int = 100, rollouts: int = 200, checkpoints: int = 3, seed: int = 0,
+               overrides: dict[int, list[str]] | None = None) -> list[str]:
     """Write ``runs`` sealed synthetic runs under ``home``; returns their run ids.
 
     Scores are drawn from a fixed ``numpy.random.Generator(seed)``; run i is goal ``GOALS[i % 2]``,
-    recipe ``RECIPES[(i // 2) % 5]``, seed ``i // 10``.
+    recipe ``RECIPES[(i // 2) % 5]``, seed ``i // 10``, with the ``--set`` overrides
+    ``overrides[i]`` (default none).
     """
     import numpy as np
 
@@ -64,11 +66,14 @@ def synthesize(home: Path, runs: int = 100, rollouts: int = 200, checkpoints: in
         created = start + timedelta(seconds=i)
         stores.control.put_create_only(keys.run_record(run_id), dump_model(RunRecord(
             run_id=run_id, goal_id=goal, recipe_id=recipe, seed=run_seed, display_name=f"{goal}__{recipe}__s{run_seed}",
+            overrides=list((overrides or {}).get(i, [])),
             goal_contract_sha256="0" * 64, recipe_sha256="0" * 64, environment_sha256="0" * 64, spec_sha256="0" * 64,
             created_at=created)))
+        outbox = f"outbox-{i:08x}"  # the attempt records its outbox's identity; the journal's lines carry it
         stores.control.put_create_only(keys.attempt(run_id, "attempt-001"), dump_model(Attempt(
-            run_id=run_id, attempt_id="attempt-001", number=1, mode="fresh", host="bench", pid=1, started_at=created)))
-        journal = Journal(RunPaths(settings.run_dir(run_id)).journal)
+            run_id=run_id, attempt_id="attempt-001", number=1, mode="fresh", host="bench", pid=1, started_at=created,
+            outbox=outbox)))
+        journal = Journal(RunPaths(settings.run_dir(run_id)).journal, outbox=outbox, attempt="attempt-001")
         events, seq = [], 0
         for r in range(1, rollouts + 1):
             seq += 1

@@ -31,12 +31,17 @@ def _stores():
         fail(f"cannot open the stores: {e}")
 
 
+def plural(n: int, word: str) -> str:
+    """``1 seed``, ``3 seeds``."""
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
 def fmt_estimate(e, digits: int = 3) -> str:
     """``value [low, high]``, or the value with why its interval is undefined."""
     if e.value is None:
         return f"- ({e.note})" if e.note else "-"
     if e.low is None:
-        return f"{e.value:.{digits}f} (interval undefined: {e.n} seed{'s' if e.n != 1 else ''})"
+        return f"{e.value:.{digits}f} (interval undefined: {plural(e.n, 'seed')})"
     return f"{e.value:.{digits}f} [{e.low:.{digits}f}, {e.high:.{digits}f}]"
 
 
@@ -56,24 +61,31 @@ def curves(
     metric: Annotated[list[str] | None, typer.Option("--metric", help="A registered metric name or template (repeatable; "
                                                       "default: returns, evaluation, success, losses, steps/s).")] = None,
     x: Annotated[str, typer.Option("--x", help="x axis: steps or seconds (learner wall time).")] = "steps",
-    out: Annotated[Path | None, typer.Option("--out", help="The figure to write (.png or .svg; default curves.png).")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="The figure to write (.png or .svg; default "
+                                             "<GRADLAB_HOME>/curves/<RUN_ID>.png, never the current folder).")] = None,
     json_out: JsonOption = False,
 ) -> None:
-    """Draw training and evaluation curves of runs from their local metric journals."""
+    """Draw training and evaluation curves of runs from their local metric journals (read only: the
+    journals are never modified). Says where the figure was written."""
     from gradlab.results.curves import DEFAULT_METRICS, X_AXES, plot_curves, run_curves
     from gradlab.settings import load_settings
 
     if x not in X_AXES:
         fail(f"--x: expected one of {', '.join(X_AXES)}, found {x!r}", code=2)
-    target = out or Path("curves.png")
+    settings = load_settings()
+    if out is None:
+        name = run_ids[0] + (f"+{len(run_ids) - 1}" if len(run_ids) > 1 else "")
+        out = settings.home / "curves" / f"{name}.png"
+    target = out.absolute()
     if target.suffix.lower() not in (".png", ".svg"):
-        fail(f"--out {target}: expected a .png or .svg file", code=2)
-    found = _domain(lambda: run_curves(load_settings(), _stores(), run_ids, metric or DEFAULT_METRICS, x))
+        fail(f"--out {out}: expected a .png or .svg file", code=2)
+    found = _domain(lambda: run_curves(settings, _stores(), run_ids, metric or DEFAULT_METRICS, x))
     _domain(lambda: plot_curves(found, target, title=", ".join(run_ids)))
     if json_out:
         print_json({"out": str(target), "curves": [c.as_json() for c in found]})
         return
-    err_console.print(f"wrote {escape(str(target))} ({len(found)} curves, {sum(len(c.x) for c in found)} points)")
+    err_console.print(f"wrote {escape(str(target))} ({len(found)} curves, {sum(len(c.x) for c in found)} points)",
+                      highlight=False)
 
 
 # -- sweep -----------------------------------------------------------------------------------------
@@ -115,7 +127,7 @@ def sweep(
     _cancel_on_ctrl_c()  # Ctrl-C: every local seed stops its learner and seals `cancelled`
     if deployment:
         _require_deployment(deployment, api)
-    err_console.print(f"cohort [bold]{cohort_id}[/]: {seeds} seeds of {escape(ref)} "
+    err_console.print(f"cohort [bold]{cohort_id}[/]: {plural(seeds, 'seed')} of {escape(ref)} "
                       f"({'queued on ' + escape(deployment) if deployment else 'trained here'}); Prefect API: {escape(api)}",
                       highlight=False)
     stop = threading.Event()
@@ -235,12 +247,20 @@ def compare(
     a = _domain(lambda: find_cohort(stores, ref_a, set_a))
     b = _domain(lambda: find_cohort(stores, ref_b, set_b))
     p = _domain(lambda: compare_cohorts(a, b))
+    same = sorted(s.run_id for s in a.seeds) == sorted(s.run_id for s in b.seeds)
+    note = (f"A and B are the same cohort ({a.goal_id}/{a.label}, the same {plural(len(a.seeds), 'run')}): "
+            "the probability of improvement is 0.5 by construction; "
+            "name another recipe, or a variant with --set-a/--set-b") if same else None
     if json_out:
-        print_json({"a": a.as_json(), "b": b.as_json(), "probability_of_improvement": p.as_json()})
+        print_json({"a": a.as_json(), "b": b.as_json(), "probability_of_improvement": p.as_json(), "same_cohort": same,
+                    "note": note})
         return
+    if same:
+        err_console.print(f"note: {escape(note)}", highlight=False)
     _print_cohort(a, "A")
     _print_cohort(b, "B")
-    console.print(f"P({escape(a.label)} > {escape(b.label)}) on {a.objective}: {fmt_estimate(p)}")
+    console.print(f"P({escape(a.label)} > {escape(b.label)}) on {a.objective}: {fmt_estimate(p)}"
+                  + (" (same cohort)" if same else ""))
 
 
 # -- leaders ---------------------------------------------------------------------------------------
@@ -258,7 +278,7 @@ def leaders_runs(
         print_json([c.as_json() for c in found])
         return
     if not found:
-        err_console.print(f"goal {goal}: no cohort with at least {min_seeds} evaluated seeds")
+        err_console.print(f"goal {goal}: no cohort with at least {plural(min_seeds, 'evaluated seed')}")
         return
     table = Table("rank", "recipe", "seeds", f"IQM of {found[0].objective} [95% CI]", "median [IQR]",
                   "accepted", "steps to acceptance (median)", title=f"leaders: {escape(goal)}")
@@ -312,10 +332,14 @@ def reports_build(
                   transient=True) as bar:
         bar.add_task("building the reports", total=None)
         site = _domain(lambda: build_site(load_settings(), _stores(), out, goal=goal))
+    for note in site.notes:
+        err_console.print(f"warning: left out: {escape(note)}", highlight=False)
     if json_out:
-        print_json({"out": str(site.root), "pages": list(site.pages), "goals": list(site.goals)})
+        print_json({"out": str(site.root), "pages": list(site.pages), "goals": list(site.goals),
+                    "left_out": list(site.notes)})
         return
-    err_console.print(f"wrote {len(site.pages)} pages to {escape(str(site.root))}; open {escape(str(site.root / 'index.html'))}")
+    err_console.print(f"wrote {len(site.pages)} pages to {escape(str(site.root.absolute()))}; open "
+                      f"{escape(str(site.root.absolute() / 'index.html'))}", highlight=False)
 
 
 @reports_app.command("sync")

@@ -7,7 +7,9 @@ recorded), appended, flushed and fsynced before :meth:`Journal.write` returns, s
 acknowledged to the outbox is on disk. Writes are idempotent by (outbox, ``event_seq``): an event
 at or below that outbox's high-water mark is skipped, so re-delivering after a crash adds
 nothing, while a new outbox (lost or replaced: its ``event_seq`` starts at 1 again) never collides
-with an old one. A torn last line (a crash mid-append) is cut off when the journal is opened.
+with an old one. A torn last line (a crash mid-append) is cut off when a writer opens the
+journal; a read-only open (``readonly=True``: what commands that only read use) never writes,
+creates or cuts anything, and every read leaves an incomplete last line out.
 
 Readers see the surviving lineage (docs/ARCHITECTURE.md section 10): every line is kept in the
 file, but after a resume the lines an earlier attempt logged at or past the first training step
@@ -47,6 +49,11 @@ class JournalEntry:
     metrics: dict[str, Any]
     attempt: str | None = None
     outbox: str | None = None
+
+
+def _complete(data: bytes) -> bytes:
+    """``data`` up to its last newline: a torn last line (no newline: a crash or a writer mid-append) is left out."""
+    return data if not data or data.endswith(b"\n") else data[: data.rfind(b"\n") + 1]
 
 
 def _parse_lines(path: Path, data: bytes) -> list[JournalEntry]:
@@ -96,19 +103,29 @@ class Journal:
         outbox: the identity of the outbox whose events this writer delivers (recorded per line;
             the high-water mark is this outbox's).
         attempt: the attempt recorded on lines written without one of their own.
+        readonly: open for reading only: nothing is created or written (a torn last line is left
+            out of what is read, not cut from the file), and :meth:`write_many` is refused.
 
     Raises:
-        ContractViolation: an existing journal has a malformed line before its last one.
+        ContractViolation: an existing journal has a malformed line before its last one; or
+            ``write`` on a read-only journal.
+        FileNotFoundError: ``readonly`` and there is no such file.
     """
 
-    def __init__(self, path: Path | str, *, outbox: str | None = None, attempt: str | None = None):
+    def __init__(self, path: Path | str, *, outbox: str | None = None, attempt: str | None = None,
+                 readonly: bool = False):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self.outbox = outbox
         self.attempt = attempt
+        self.readonly = readonly
         self._lock = threading.Lock()
         self._high_water = 0
         self._size = -1
+        if readonly:
+            entries = _parse_lines(self.path, _complete(self.path.read_bytes()))
+            self._high_water = max((e.event_seq for e in entries if e.outbox == self.outbox), default=0)
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a+b") as f:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX)
             try:
@@ -165,7 +182,12 @@ class Journal:
 
         Returns:
             The number of events written.
+
+        Raises:
+            ContractViolation: the journal was opened read-only.
         """
+        if self.readonly:
+            raise ContractViolation(f"{self.path}: the journal was opened read-only")
         with self._lock, open(self.path, "a+b") as f:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX)
             try:
@@ -197,8 +219,8 @@ class Journal:
                 fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
     def read_all(self) -> list[JournalEntry]:
-        """Every line, in file order, abandoned lineages included."""
-        return _parse_lines(self.path, self.path.read_bytes()) if self.path.exists() else []
+        """Every complete line, in file order, abandoned lineages included (a torn last line is left out)."""
+        return _parse_lines(self.path, _complete(self.path.read_bytes())) if self.path.exists() else []
 
     def read(self) -> list[JournalEntry]:
         """The surviving lineage's entries, in file order (:func:`surviving_lineage`)."""

@@ -2,7 +2,9 @@
 (docs/ARCHITECTURE.md section 12).
 
 A cohort is the runs of one recipe of one goal with the same overrides, one per seed (the latest
-run of a seed counts). ``gradlab sweep`` trains one and seals a create-only :class:`CohortReceipt`
+run of a seed counts). Overrides are compared in their canonical form (:func:`canonical_overrides`:
+one per key, the last given winning, sorted by key), so ``--set a=1 --set b=2`` and ``--set b=2
+--set a=1`` are one cohort. ``gradlab sweep`` trains one and seals a create-only :class:`CohortReceipt`
 under ``cohorts/<cohort_id>.json`` in the control store; runs trained one by one with ``gradlab
 train --seed`` join the same cohort when recipe and overrides match.
 
@@ -170,6 +172,92 @@ class SeedResult:
                 for k, v in self.__dict__.items()}
 
 
+def canonical_overrides(overrides: Iterable[str] | None) -> tuple[str, ...]:
+    """``--set`` overrides in the one form cohorts are keyed by: ``key=value`` with the key and value
+    stripped, one per key (the last given wins, as when they are applied), sorted by key.
+
+    Examples: ``["b=2", "a = 1", "b=3"]`` → ``("a=1", "b=3")``.
+    """
+    last: dict[str, str] = {}
+    for text in overrides or ():
+        key, sep, value = str(text).partition("=")
+        key = key.strip()
+        last.pop(key, None)
+        last[key] = f"{key}={value.strip()}" if sep else key
+    return tuple(last[k] for k in sorted(last))
+
+
+def require_goal(stores, goal_id: str) -> None:
+    """Refuse a goal id that is neither in the experiments tree nor the goal of any sealed run.
+
+    A goal removed from the tree since its runs were sealed stays readable; the tree is looked at
+    first, so a known goal costs no store listing.
+
+    Raises:
+        NotFound: ``unknown goal 'X'`` with a did-you-mean or the known goals.
+    """
+    from gradlab.contracts.experiments import check_id
+    from gradlab.errors import GradlabError
+    from gradlab.receipts import rules
+
+    try:
+        check_id("goal", goal_id)
+    except GradlabError as e:
+        raise NotFound(f"unknown goal {goal_id!r}: {e}") from None
+    try:
+        experiments = _experiments()
+        known = experiments.goal_ids()
+    except GradlabError:  # no experiments tree here: only sealed runs can name the goal
+        experiments, known = None, []
+    if goal_id in known:
+        return
+    for run_id in rules.list_runs(stores):
+        try:
+            if rules.read_run(stores, run_id).goal_id == goal_id:
+                return
+        except NotFound:
+            continue
+    if experiments is not None:
+        experiments.goal_path(goal_id)  # raises: unknown goal 'X' (did you mean ... / known goals: ...)
+    raise NotFound(f"unknown goal {goal_id!r}: no experiments tree here and no sealed run of it in "
+                   f"{stores.control.base_url}")
+
+
+def require_recipe(stores, ref: str) -> None:
+    """Refuse ``GOAL/RECIPE`` whose goal is unknown (:func:`require_goal`) or whose recipe is neither
+    in the goal's ``recipes/`` nor the recipe of a sealed run of the goal.
+
+    Raises:
+        ContractViolation: ``ref`` is not GOAL/RECIPE. NotFound: unknown goal or recipe (names the
+            goal's recipes).
+    """
+    if ref.count("/") != 1 or not all(ref.split("/")):
+        raise ContractViolation(f"{ref!r}: expected GOAL/RECIPE")
+    goal_id, recipe_id = ref.split("/")
+    require_goal(stores, goal_id)
+    try:
+        known = _experiments().recipe_ids(goal_id)
+    except Exception:  # noqa: BLE001 - an id the tree refuses: only sealed runs can name it
+        known = []
+    if recipe_id in known:
+        return
+    from gradlab.receipts import rules
+
+    for run_id in rules.list_runs(stores):
+        try:
+            record = rules.read_run(stores, run_id)
+        except NotFound:
+            continue
+        if (record.goal_id, record.recipe_id) == (goal_id, recipe_id):
+            return
+    import difflib
+
+    hint = difflib.get_close_matches(recipe_id, known, n=1)
+    raise NotFound(f"unknown recipe {ref!r}: goal {goal_id} has no recipe {recipe_id!r}"
+                   + (f" (did you mean {goal_id}/{hint[0]}?)" if hint else "")
+                   + (f"; its recipes: {', '.join(known)}" if known else ""))
+
+
 def cohort_label(recipe_id: str, overrides: Sequence[str]) -> str:
     """``recipe`` or ``recipe [k=v, ...]``."""
     return recipe_id + (f" [{', '.join(overrides)}]" if overrides else "")
@@ -244,7 +332,8 @@ def seed_result(stores, run_id: str, *, objective: tuple[str, str] | None = None
     if score is None and chosen is not None and metric == "eval/episode/return/mean":
         score = chosen.return_mean
     return SeedResult(
-        run_id=run_id, goal_id=record.goal_id, recipe_id=record.recipe_id, overrides=tuple(record.overrides),
+        run_id=run_id, goal_id=record.goal_id, recipe_id=record.recipe_id,
+        overrides=canonical_overrides(record.overrides),
         seed=record.seed, outcome=receipt.outcome, score=None if score is None else float(score),
         return_mean=chosen.return_mean if chosen is not None else None,
         success_rate=aggregates.get("eval/outcome/success/rate"),
@@ -352,16 +441,16 @@ def cohorts(results: Sequence[SeedResult]) -> list[CohortStats]:
 
 
 def find_cohort(stores, ref: str, overrides: Sequence[str] | None = None) -> CohortStats:
-    """The cohort of ``GOAL/RECIPE``: with exactly ``overrides`` when given; otherwise the recipe's only
-    cohort, or else its cohort without overrides.
+    """The cohort of ``GOAL/RECIPE``: with exactly ``overrides`` (in any order: compared canonically,
+    :func:`canonical_overrides`) when given; otherwise the recipe's only cohort, or else its cohort
+    without overrides.
 
     Raises:
         ContractViolation: ``ref`` is not GOAL/RECIPE, or ``overrides`` is None and the recipe has
             several cohorts, none without overrides (names them).
-        NotFound: no sealed run of it.
+        NotFound: an unknown goal or recipe (:func:`require_recipe`), or no sealed run of it.
     """
-    if ref.count("/") != 1 or not all(ref.split("/")):
-        raise ContractViolation(f"{ref!r}: expected GOAL/RECIPE")
+    require_recipe(stores, ref)
     goal_id, recipe_id = ref.split("/")
     mine = [r for r in goal_results(stores, goal_id) if r.recipe_id == recipe_id]
     if not mine:
@@ -370,9 +459,9 @@ def find_cohort(stores, ref: str, overrides: Sequence[str] | None = None) -> Coh
     for r in mine:
         groups[r.overrides].append(r)
     if overrides is not None:
-        chosen = groups.get(tuple(overrides))
+        chosen = groups.get(canonical_overrides(overrides))
         if not chosen:
-            raise NotFound(f"{ref}: no sealed runs with overrides {list(overrides)} (found: "
+            raise NotFound(f"{ref}: no sealed runs with overrides {list(canonical_overrides(overrides))} (found: "
                            f"{'; '.join(cohort_label(recipe_id, o) for o in groups)})")
     elif len(groups) == 1:
         chosen = next(iter(groups.values()))
@@ -405,8 +494,10 @@ def leaders_runs(stores, goal_id: str, *, min_seeds: int = 1, results: Sequence[
     """Cohorts of ``goal_id`` with at least ``min_seeds`` scored seeds, best IQM first.
 
     Raises:
-        NotFound: the goal has no sealed runs.
+        NotFound: an unknown goal (:func:`require_goal`), or the goal has no sealed runs.
     """
+    if results is None:
+        require_goal(stores, goal_id)
     results = list(results) if results is not None else goal_results(stores, goal_id)
     if not results:
         raise NotFound(f"goal {goal_id}: no sealed runs in {stores.control.base_url}")
@@ -438,10 +529,11 @@ def leaders_checkpoints(stores, goal_id: str, *, limit: int = 10) -> list[Checkp
     """Accepted checkpoints of ``goal_id``'s runs, highest evaluation return mean first.
 
     Raises:
-        NotFound: the goal has no sealed runs.
+        NotFound: an unknown goal (:func:`require_goal`), or the goal has no sealed runs.
     """
     from gradlab.receipts import rules
 
+    require_goal(stores, goal_id)
     found: list[CheckpointLeader] = []
     any_run = False
     for run_id in rules.list_runs(stores):

@@ -99,22 +99,44 @@ def check_metrics(names: Sequence[str]) -> list[str]:
     """The names, each checked against the metric registry (exact or template).
 
     Raises:
-        ContractViolation: a name is not registered (names it, points at METRICS.md).
+        ContractViolation: a name is not registered (names it and the closest registered names).
     """
-    from gradlab.metrics.registry import REGISTRY, check_name
+    import difflib
+
+    from gradlab.metrics.registry import REGISTRY, lookup
 
     templates = {m.name for m in REGISTRY if m.is_template}
     for name in names:
-        if name not in templates:
-            check_name(name)
+        if name not in templates and lookup(name) is None:
+            known = sorted(m.name for m in REGISTRY)
+            close = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
+            family = sorted({k for k in known if k.split("/")[0] == name.split("/")[0]})
+            hint = (f"did you mean {' or '.join(close)}?" if close else
+                    f"registered {name.split('/')[0]}/ names: {', '.join(family)}" if family else
+                    "`gradlab runs curves --help` and METRICS.md list the registered names")
+            raise ContractViolation(f"metric {name!r} is not registered; {hint}")
     return list(names)
 
 
-def open_journal(settings: Settings, stores: Stores | None, run_id: str):
-    """The run's local journal, checked to be present and complete.
+def journal_label(settings: Settings, run_id: str, path: Path) -> str:
+    """``path`` relative to the run's directory (``journal.jsonl``): what a published report may name."""
+    try:
+        return Path(path).relative_to(settings.run_dir(run_id)).as_posix()
+    except ValueError:
+        return Path(path).name
+
+
+def open_journal(settings: Settings, stores: Stores | None, run_id: str, *, relative: bool = False):
+    """The run's local journal, opened read-only and checked to be present and complete.
 
     Complete means it holds every event the run's latest terminal receipt says was delivered to
-    the journal (``metrics.sinks.journal``); a run still in progress has no receipt to check.
+    the journal: ``metrics.sinks.journal`` is the high-water mark of the outbox that attempt
+    recorded (``Attempt.outbox``; lines carry it), so it is compared with that outbox's highest
+    ``event_seq`` in the journal, as the supervisor's writer counts it. A run still in progress
+    has no receipt to check. The file is never modified (a torn last line is left out of the read).
+
+    Args:
+        relative: name the journal relative to the run's directory in errors (published reports).
 
     Raises:
         NotFound: no run ``run_id`` in the control store, or its journal file is missing.
@@ -124,7 +146,7 @@ def open_journal(settings: Settings, stores: Stores | None, run_id: str):
     from gradlab.metrics.journal import Journal
     from gradlab.runs.paths import RunPaths
 
-    receipt = None
+    receipt = attempt = None
     if stores is not None:
         from gradlab.receipts import rules
 
@@ -132,20 +154,28 @@ def open_journal(settings: Settings, stores: Stores | None, run_id: str):
             rules.read_run(stores, run_id)
         except NotFound:
             raise NotFound(f"no run {run_id} in {stores.control.base_url}; `gradlab runs list` lists the runs there") from None
-        attempts = rules.list_attempts(stores, run_id)
-        receipt = next((r for a in reversed(attempts) if (r := rules.read_terminal(stores, run_id, a.attempt_id))), None)
+        for candidate in reversed(rules.list_attempts(stores, run_id)):
+            receipt = rules.read_terminal(stores, run_id, candidate.attempt_id)
+            if receipt is not None:
+                attempt = candidate
+                break
     path = RunPaths(settings.run_dir(run_id)).journal
+    shown = journal_label(settings, run_id, path) if relative else str(path)
     if not path.is_file():
-        raise NotFound(f"run {run_id}: metric journal {path} is missing (curves are drawn from the journal of the "
+        raise NotFound(f"run {run_id}: metric journal {shown} is missing (curves are drawn from the journal of the "
                        "machine that ran it)")
     try:
-        journal = Journal(path)
+        journal = Journal(path, outbox=attempt.outbox if attempt is not None else None, readonly=True)
     except ContractViolation as e:
-        raise ContractViolation(f"run {run_id}: unreadable metric journal: {e}") from None
+        raise ContractViolation(f"run {run_id}: unreadable metric journal: {str(e).replace(str(path), shown)}") from None
+    except OSError as e:
+        raise ContractViolation(f"run {run_id}: cannot read metric journal {shown}: {e.strerror or e}") from None
     expected = receipt.metrics.sinks.get("journal") if receipt is not None else None
     if expected is not None and journal.high_water < expected:
-        raise ContractViolation(f"run {run_id}: metric journal {path} is truncated: it holds events up to "
-                                f"{journal.high_water}, the terminal receipt says {expected} were delivered")
+        held = (f"events up to {journal.high_water}" if journal.high_water else "no events")
+        raise ContractViolation(f"run {run_id}: metric journal {shown} is truncated: it holds {held} of outbox "
+                                f"{attempt.outbox or '(unrecorded)'}, the terminal receipt of {attempt.attempt_id} says "
+                                f"events up to {expected} were delivered")
     return journal
 
 
@@ -244,8 +274,10 @@ def metric_curve(journal, run_id: str, metric: str, x: str = "steps", *, seconds
 
 
 def run_curves(settings: Settings, stores: Stores | None, run_ids: Sequence[str],
-               metrics: Sequence[str] = DEFAULT_METRICS, x: str = "steps") -> list[Curve]:
+               metrics: Sequence[str] = DEFAULT_METRICS, x: str = "steps", *, relative: bool = False) -> list[Curve]:
     """Every requested curve of every run (templates expanded per journal; empty curves dropped).
+
+    ``stores`` None skips the check against the terminal receipt; ``relative``: see :func:`open_journal`.
 
     Raises:
         ContractViolation: an unregistered metric name, a bad ``x``, a truncated or malformed journal.
@@ -256,7 +288,7 @@ def run_curves(settings: Settings, stores: Stores | None, run_ids: Sequence[str]
         raise ContractViolation(f"--x: expected one of {', '.join(X_AXES)}, found {x!r}")
     curves = []
     for run_id in run_ids:
-        journal = JournalSnapshot(open_journal(settings, stores, run_id))
+        journal = JournalSnapshot(open_journal(settings, stores, run_id, relative=relative))
         seconds = _learner_seconds(journal) if x == "seconds" else None
         for name in metrics:
             for concrete in expand_metric(journal, name):
@@ -302,6 +334,7 @@ def plot_curves(curves: Sequence[Curve], out: Path | str | None = None, *, title
 
     Raises:
         ContractViolation: ``out`` has another suffix, or there is nothing to draw.
+        PermanentError: ``out`` cannot be written (names it and the OS's reason).
     """
     from matplotlib.figure import Figure
 
@@ -314,9 +347,16 @@ def plot_curves(curves: Sequence[Curve], out: Path | str | None = None, *, title
     rows = math.ceil(len(metrics) / cols)
     fig = Figure(figsize=(5.2 * cols, 3.4 * rows), layout="constrained")
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    runs = list(dict.fromkeys(c.run_id for c in curves))
+    handles: dict[str, object] = {}
     for ax, metric in zip(axes, metrics, strict=False):
         for c in (c for c in curves if c.metric == metric):
-            (line,) = ax.plot(c.x, c.y, marker="o" if len(c.x) < 30 else None, markersize=3, label=c.run_id[-8:])
+            i = runs.index(c.run_id)  # one colour and marker per run across panels
+            # hollow markers shrinking run by run and distinct dashes: coinciding runs stay visible
+            (line,) = ax.plot(c.x, c.y, marker="osD^v"[i % 5] if len(c.x) < 30 else None,
+                              markersize=max(3.0, 8.0 - 1.5 * i), markerfacecolor="none",
+                              linestyle=("-", "--", "-.", ":")[i % 4], color=f"C{i % 10}", label=c.run_id[-8:])
+            handles.setdefault(c.run_id[-8:], line)
             if c.low is not None and c.high is not None:
                 if len(c.x) < 3:  # a band needs a width: show the interval as error bars
                     ax.errorbar(c.x, c.y, yerr=[np.subtract(c.y, c.low), np.subtract(c.high, c.y)],
@@ -327,13 +367,19 @@ def plot_curves(curves: Sequence[Curve], out: Path | str | None = None, *, title
         ax.set_xlabel({"seconds": "learner seconds"}.get(c.x_axis, c.x_axis), fontsize=8)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
-        if len({c.run_id for c in curves}) > 1:
-            ax.legend(fontsize=7)
     for ax in axes[len(metrics):]:
         ax.set_visible(False)
+    if len(runs) > 1:  # below the panels, never over a curve
+        fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncols=min(6, len(handles)),
+                   fontsize=8, frameon=False)
     if title:
         fig.suptitle(title, fontsize=10)
     if out is not None:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(out)
+        try:
+            Path(out).parent.mkdir(parents=True, exist_ok=True)
+            fig.savefig(out)
+        except OSError as e:
+            from gradlab.errors import PermanentError
+
+            raise PermanentError(f"--out {out}: cannot write the figure: {e.strerror or e}") from None
     return fig

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gradlab.errors import Conflict, ContractViolation, GradlabError, NotFound
+from gradlab.errors import Conflict, ContractViolation, GradlabError, NotFound, PermanentError
 from gradlab.results import cohorts as cohorts_mod
 
 log = logging.getLogger(__name__)
@@ -39,16 +39,19 @@ INDEX_KEY = "reports/index.json"
 CURVE_METRICS = ("train/episode/return/shaped/mean", "eval/episode/return/mean")
 _STYLE = """body{font-family:system-ui,sans-serif;margin:2rem;max-width:1200px;color:#222}
 table{border-collapse:collapse;margin:.5rem 0 1.5rem}td,th{border:1px solid #ccc;padding:.25rem .5rem;text-align:left}
-th{background:#f3f3f3}code{background:#f6f6f6;padding:0 .2rem}img{max-width:100%}.note{color:#666}"""
+th{background:#f3f3f3}code{background:#f6f6f6;padding:0 .2rem}img{max-width:100%}img.curves{width:100%;height:auto}
+.note{color:#666}.warning{color:#a40}"""
 
 
 @dataclass(frozen=True)
 class BuiltSite:
-    """What :func:`build_site` wrote: the folder and its pages (relative paths)."""
+    """What :func:`build_site` wrote: the folder, its pages (relative paths), and what each page
+    left out (a run whose journal is missing, truncated or unreadable), as the pages say it."""
 
     root: Path
     pages: tuple[str, ...]
     goals: tuple[str, ...]
+    notes: tuple[str, ...] = ()
 
 
 def _e(value: object) -> str:
@@ -70,35 +73,51 @@ def _page(title: str, body: str) -> str:
 
 def _png(fig) -> str:
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=80, metadata={"Software": None})
+    fig.savefig(buf, format="png", dpi=100, metadata={"Software": None})
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
-def _curves_figure(goal_id: str, groups: dict[str, list], notes: list[str]):
-    """Median and IQR band across seeds, one line per cohort, one panel per metric; None if no points."""
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+_DASHES = ("-", "--", "-.", ":")
+
+
+def _curves_figure(goal_id: str, groups: dict[str, list]):
+    """Median and IQR band across seeds, one line per cohort, one panel per metric; None if no points.
+
+    Cohorts that coincide stay distinguishable: each has its own hollow marker (of decreasing size,
+    so a point drawn over another leaves a ring visible) and line style. The legend sits below the
+    panels, never over a curve; the figure is wide enough to fill the page (the image is scaled to
+    the page's width).
+    """
     from matplotlib.figure import Figure
 
     from gradlab.results.curves import median_band
 
-    fig = Figure(figsize=(10, 3.4), layout="constrained")
+    fig = Figure(figsize=(13, 4.2), layout="constrained")
     axes = fig.subplots(1, len(CURVE_METRICS), squeeze=False).ravel()
     drawn = False
+    handles: dict[str, object] = {}
     for ax, metric in zip(axes, CURVE_METRICS, strict=True):
-        for label, curves in groups.items():
+        for i, (label, curves) in enumerate(groups.items()):
             mine = [c for c in curves if c.metric == metric]
             x, med, q25, q75 = median_band(mine)
             if not x.size:
                 continue
             drawn = True
-            (line,) = ax.plot(x, med, marker="o" if x.size < 3 else None, label=f"{label} (n={len(mine)})")
+            (line,) = ax.plot(x, med, marker=_MARKERS[i % len(_MARKERS)], markevery=max(1, x.size // 12),
+                              markersize=max(4.0, 9.0 - 1.5 * i), markerfacecolor="none", markeredgewidth=1.2,
+                              linestyle=_DASHES[i % len(_DASHES)], linewidth=1.4, color=f"C{i % 10}",
+                              label=f"{label} (n={len(mine)})")
+            handles.setdefault(line.get_label(), line)
             if x.size > 1:
-                ax.fill_between(x, q25, q75, color=line.get_color(), alpha=0.2, linewidth=0)
-        ax.set_title(f"{metric} (median, IQR)", fontsize=9)
-        ax.set_xlabel("env steps", fontsize=8)
+                ax.fill_between(x, q25, q75, color=line.get_color(), alpha=0.15, linewidth=0)
+        ax.set_title(f"{metric} (median, IQR)", fontsize=10)
+        ax.set_xlabel("env steps", fontsize=9)
         ax.grid(alpha=0.3)
-        if ax.lines:
-            ax.legend(fontsize=7)
-    fig.suptitle(goal_id, fontsize=10)
+    if handles:
+        fig.legend(list(handles.values()), list(handles), loc="outside lower center",
+                   ncols=min(4, len(handles)), fontsize=9, frameon=False)
+    fig.suptitle(goal_id, fontsize=11)
     return fig if drawn else None
 
 
@@ -117,8 +136,11 @@ def _contract_html(goal_id: str) -> str:
     return f"<p>{_e(goal.description)}</p><table class='contract'>{body}</table>"
 
 
-def goal_page(settings, stores, goal_id: str, results: Sequence[cohorts_mod.SeedResult]) -> str:
-    """The HTML of one goal's page."""
+def goal_page(settings, stores, goal_id: str, results: Sequence[cohorts_mod.SeedResult],
+              notes: list[str] | None = None) -> str:
+    """The HTML of one goal's page; what it leaves out (journals missing, truncated against their
+    terminal receipt, or unreadable) is said on the page, naming the run and the file relative to the
+    run's directory (pages are published: no local path), and appended to ``notes``."""
     from gradlab.results.curves import run_curves
 
     ranked = cohorts_mod.leaders_runs(stores, goal_id, results=results)
@@ -135,18 +157,20 @@ def goal_page(settings, stores, goal_id: str, results: Sequence[cohorts_mod.Seed
     else:
         parts.append("<p class='note'>no evaluated runs</p>")
     groups: dict[str, list] = defaultdict(list)
-    notes: list[str] = []
+    left_out: list[str] = []
     for r in results:
         try:
-            groups[cohorts_mod.cohort_label(r.recipe_id, r.overrides)] += run_curves(settings, None, [r.run_id],
-                                                                                     CURVE_METRICS)
+            groups[cohorts_mod.cohort_label(r.recipe_id, r.overrides)] += run_curves(
+                settings, stores, [r.run_id], CURVE_METRICS, relative=True)
         except GradlabError as e:
-            notes.append(str(e))
+            left_out.append(str(e))
+    if notes is not None:
+        notes += left_out
     parts.append("<h2>Learning curves across seeds</h2>")
-    fig = _curves_figure(goal_id, groups, notes)
+    fig = _curves_figure(goal_id, groups)
     parts.append(f"<img class='curves' alt='learning curves of {_e(goal_id)}' src='{_png(fig)}'>" if fig is not None
                  else "<p class='note'>no curves: no journal on this machine holds these runs</p>")
-    parts += [f"<p class='note'>left out: {_e(n)}</p>" for n in notes]
+    parts += [f"<p class='note warning'>left out: {_e(n)}</p>" for n in left_out]
     parts.append("<h2>Seeds: steps and time to acceptance</h2><table id='seeds'><tr><th>recipe</th><th>seed</th>"
                  "<th>run</th><th>outcome</th><th>score</th><th>steps to acceptance</th><th>seconds to acceptance</th></tr>")
     for r in results:
@@ -175,9 +199,16 @@ def build_site(settings, stores, out: Path | str, *, goal: str | None = None) ->
         goal: only this goal's page (and the index listing it).
 
     Raises:
-        NotFound: ``goal`` (or, without it, any goal) has no sealed runs.
+        NotFound: ``goal`` (or, without it, any goal) has no sealed runs, or is not a goal of the
+            experiments tree and has none.
+        ContractViolation: ``out`` exists and is not a folder.
+        PermanentError: the site cannot be written (names the path and the OS's reason).
     """
     root = Path(out)
+    if root.exists() and not root.is_dir():
+        raise ContractViolation(f"--out {root}: expected a folder for the site, found a file")
+    if goal is not None:
+        cohorts_mod.require_goal(stores, goal)
     results = cohorts_mod.goal_results(stores, goal)
     if not results:
         raise NotFound(f"{'goal ' + goal if goal else 'the stores'}: no sealed runs in {stores.control.base_url}")
@@ -191,13 +222,12 @@ def build_site(settings, stores, out: Path | str, *, goal: str | None = None) ->
 
         catalog = Catalog()
     pages = []
+    notes: list[str] = []
     listing: dict[str, list[str]] = defaultdict(list)
     for goal_id in sorted(by_goal):
         project = catalog.project_of(goal_id) or "other"
         rel = f"{project}/{goal_id}.html"
-        target = root / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(goal_page(settings, stores, goal_id, by_goal[goal_id]))
+        _write(root / rel, goal_page(settings, stores, goal_id, by_goal[goal_id], notes))
         pages.append(rel)
         listing[project].append(goal_id)
     body = ["<h1>gradlab results</h1>"]
@@ -206,8 +236,17 @@ def build_site(settings, stores, out: Path | str, *, goal: str | None = None) ->
         body.append(f"<h2>{_e(title)}</h2><ul>")
         body += [f"<li><a href='{_e(project)}/{_e(g)}.html'>{_e(g)}</a> ({len(by_goal[g])} runs)</li>" for g in listing[project]]
         body.append("</ul>")
-    (root / "index.html").write_text(_page("gradlab results", "".join(body)))
-    return BuiltSite(root=root, pages=("index.html", *pages), goals=tuple(sorted(by_goal)))
+    _write(root / "index.html", _page("gradlab results", "".join(body)))
+    return BuiltSite(root=root, pages=("index.html", *pages), goals=tuple(sorted(by_goal)), notes=tuple(notes))
+
+
+def _write(target: Path, text: str) -> None:
+    """Write one page (its folder created); an OS error becomes one error naming the path."""
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+    except OSError as e:
+        raise PermanentError(f"cannot write the report page {e.filename or target}: {e.strerror or e}") from None
 
 
 def site_manifest(root: Path | str) -> dict[str, str]:
@@ -232,10 +271,22 @@ def sync_site(root: Path | str, store, *, attempts: int = 8) -> dict:
         ContractViolation: ``root`` holds no ``index.html``.
         Conflict: the index kept changing under us for ``attempts`` tries.
         IntegrityError: a file read back differs from the bytes written.
+        PermanentError: the store cannot be written (an OS error: names the store, the path and why).
     """
     root = Path(root)
     if not (root / "index.html").is_file():
         raise ContractViolation(f"{root}: not a built report site (no index.html); run `gradlab reports build` first")
+    try:
+        return _sync(root, store, attempts)
+    except GradlabError:
+        raise
+    except OSError as e:
+        where = e.filename or store.base_url
+        raise PermanentError(f"reports sync: cannot write to the store {store.base_url} ({where}): "
+                             f"{e.strerror or e}") from None
+
+
+def _sync(root: Path, store, attempts: int) -> dict:
     manifest = site_manifest(root)
     digest = build_hash(manifest)
     prefix = f"{REPORTS_PREFIX}builds/{digest}/"

@@ -50,7 +50,9 @@ def test_compare_refuses_two_goals_and_unknown_recipes(stores) -> None:
     p = compare(find_cohort(stores, "gradlab__bandit/ppo-long"), a)
     assert p.value in (0.0, 0.5, 1.0) and p.low is None and "undefined" in p.note
     out = CliRunner().invoke(app, ["compare", "gradlab__bandit/ppo", "gradlab__bandit/nope"])
-    assert out.exit_code == 1 and "gradlab__bandit/nope: no sealed runs" in out.stderr
+    assert out.exit_code == 1 and "unknown recipe 'gradlab__bandit/nope': goal gradlab__bandit has no recipe 'nope'" in (
+        out.stderr.replace("\n", ""))
+    assert "gradlab sweep" not in out.stderr  # no advice to sweep a recipe that would be refused
     out = CliRunner().invoke(app, ["compare", "gradlab__bandit", "gradlab__bandit/ppo"])
     assert out.exit_code == 2 and "expected GOAL/RECIPE" in out.stderr
 
@@ -90,3 +92,58 @@ def test_reports_sync_keeps_every_build_and_moves_the_index(stores, gradlab_home
         sync_site(tmp_path, store)
     with pytest.raises(NotFound, match="goal Acrobot-v1: no sealed runs"):
         build_site(load_settings(), stores, tmp_path / "none", goal="Acrobot-v1")
+
+
+def test_unknown_goals_are_named_unknown_before_any_run_is_looked_for(stores, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from gradlab.cli.app import app
+
+    for args in (["leaders", "runs", "--goal", "NoSuchGoal"], ["leaders", "checkpoints", "--goal", "NoSuchGoal"],
+                 ["reports", "build", "--goal", "NoSuchGoal", "--out", str(tmp_path / "site")],
+                 ["compare", "NoSuchGoal/ppo", "NoSuchGoal/a2c"]):
+        out = CliRunner().invoke(app, args)
+        assert out.exit_code == 1 and "unknown goal 'NoSuchGoal'" in out.stderr, (args, out.stderr)
+    assert not (tmp_path / "site").exists()
+    near = CliRunner().invoke(app, ["leaders", "runs", "--goal", "gradlab__bandt"])
+    assert near.exit_code == 1 and "did you mean gradlab__bandit?" in near.stderr
+
+
+def test_cohorts_match_overrides_in_any_order(gradlab_home: Path) -> None:
+    from typer.testing import CliRunner
+
+    from gradlab.cli.app import app
+    from gradlab.results.cohorts import canonical_overrides, find_cohort, goal_results
+    from gradlab.stores import open_stores
+
+    # Runs 0 and 10 are seeds 0 and 1 of gradlab__bandit/ppo, given the same overrides in two orders.
+    synthesize(gradlab_home, runs=11, rollouts=3, overrides={0: ["train.timesteps=4096", "algorithm.gamma=0.9"],
+                                                           10: ["algorithm.gamma = 0.9", "train.timesteps=4096"]})
+    stores = open_stores()
+    assert canonical_overrides(["b=2", "a = 1", "b=3"]) == ("a=1", "b=3")
+    cohort = find_cohort(stores, "gradlab__bandit/ppo", ["train.timesteps=4096", "algorithm.gamma=0.9"])
+    assert [s.seed for s in cohort.seeds] == [0, 1]
+    assert cohort.overrides == ("algorithm.gamma=0.9", "train.timesteps=4096")
+    assert len({r.cohort for r in goal_results(stores, "gradlab__bandit") if r.recipe_id == "ppo"}) == 1
+    out = CliRunner().invoke(app, ["compare", "gradlab__bandit/ppo", "gradlab__bandit/a2c", "--set-a",
+                                   "train.timesteps=4096", "--set-a", "algorithm.gamma=0.9", "--json"])
+    assert out.exit_code == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["a"]["n_seeds"] == 2 and doc["same_cohort"] is False
+
+
+def test_compare_of_a_cohort_with_itself_is_labelled(stores) -> None:
+    from typer.testing import CliRunner
+
+    from gradlab.cli.app import app
+    from gradlab.cli.results_cmds import plural
+
+    out = CliRunner().invoke(app, ["compare", "gradlab__bandit/ppo", "gradlab__bandit/ppo"])
+    assert out.exit_code == 0, out.stderr
+    assert "note: A and B are the same cohort (gradlab__bandit/ppo, the same 1 run)" in out.stderr.replace("\n", " ")
+    assert "(same cohort)" in out.stdout
+    doc = json.loads(CliRunner().invoke(app, ["compare", "gradlab__bandit/ppo", "gradlab__bandit/ppo", "--json"]).stdout)
+    assert doc["same_cohort"] is True and doc["probability_of_improvement"]["value"] == 0.5
+    assert (plural(1, "seed"), plural(3, "seed")) == ("1 seed", "3 seeds")
+    none = CliRunner().invoke(app, ["leaders", "runs", "--goal", "gradlab__bandit", "--min-seeds", "2"])
+    assert none.exit_code == 0 and "no cohort with at least 2 evaluated seeds" in none.stderr
