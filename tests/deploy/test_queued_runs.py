@@ -356,6 +356,20 @@ def _worker_logs(queue: Queue) -> dict[Path, int]:
     return {p: p.stat().st_size for p in queue.home.glob("worker-*.log")}
 
 
+def _flow_run_processes(flow_run_id: str) -> list[int]:
+    """Live processes started for a flow run (the worker gives each ``PREFECT__FLOW_RUN_ID``)."""
+    marker = f"PREFECT__FLOW_RUN_ID={flow_run_id}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and marker in (entry / "environ").read_bytes().split(b"\0") \
+                    and pid_alive(int(entry.name)):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
 def _logged_since(sizes: dict[Path, int], queue: Queue) -> str:
     text = ""
     for path in queue.home.glob("worker-*.log"):
@@ -385,6 +399,8 @@ def test_a_rejected_run_ends_failed_in_prefect_with_no_traceback_in_the_worker_l
     assert terminal.outcome == "failed" and "no checkpoint met the acceptance rule" in terminal.reason, terminal.reason
     assert flow_run.state.type.value == "FAILED"
     assert flow_run.state.message == f"failed: {terminal.reason}"
+    # The engine writes its last lines after the final state: read the logs once its process is gone.
+    wait_for(lambda: not _flow_run_processes(entry["flow_run_id"]), 60, "the flow run's process gone")
     logged = _logged_since(fault_runs["logs_before"], queue)
     assert "Traceback" not in logged and "Unexpected result" not in logged, logged[-4000:]
     # `experiment status` names the last evaluation; `experiment logs` names the task of every line.
