@@ -68,6 +68,19 @@ class _ThreadTimeoutNotice(logging.Filter):
 
 logging.getLogger("prefect.task_runs").addFilter(_ThreadTimeoutNotice())
 
+
+class _ReportedOutcome(logging.Filter):
+    """Drops the engine's "exited with unexpected exception" traceback when the exception is our
+    :class:`RunNotSucceeded`: under a worker the engine re-raises a Failed state's data at the end
+    of every failed flow run, but a rejected or cancelled run is a reported outcome (the state
+    message and the receipt say why), not an engine error."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], RunNotSucceeded))
+
+
+logging.getLogger("prefect.flow_runs").addFilter(_ReportedOutcome())
+
 #: A gradlab run id (``gradlab.contracts.run_spec.new_run_id``) used as a flow-run tag.
 _RUN_ID_TAG = re.compile(r"^gradlab-\d{8}T\d{6}-[0-9a-f]{8}$")
 

@@ -435,8 +435,10 @@ def logs(
         rows = flow_run_logs(client, flow_runs[0].id, tail) if flow_runs else []
     if flow_runs:
         print(f"== prefect logs of flow run {flow_runs[0].id} ({flow_runs[0].name})")
-    for r in rows:  # every line names its task (or the flow itself)
-        print(f"{r['timestamp']} {logging.getLevelName(r['level']):<8} [{r['task']}] {r['name']}: {r['message']}")
+    for r in rows:  # every line names its task (or the flow itself), each line of a multi-line message too
+        prefix = f"{r['timestamp']} {logging.getLevelName(r['level']):<8} [{r['task']}] {r['name']}:"
+        for part in str(r["message"]).splitlines() or [""]:
+            print(f"{prefix} {part}")
     learner_log = load_settings().run_dir(run_id) / "learner.log" if run_id else None
     if learner_log is not None and learner_log.is_file():
         lines = learner_log.read_text(errors="replace").splitlines()

@@ -85,6 +85,23 @@ def test_status_says_where_the_run_is_and_what_it_proved(capsys: pytest.CaptureF
         "  attempt-002 (resume): running (no receipt yet)",
         "  checkpoints: 2 published (steps 2048, 4096)",
         "  evaluations: 1 accepted, 1 rejected",
+        "  last evaluation: step 4096 rejected (return mean 0.40)",
         "  promotion: step 2048",
         "  outcome: succeeded: done (final step 4096)",
     ]
+
+
+def test_status_of_a_running_run_shows_its_step_rate_and_last_evaluation(capsys: pytest.CaptureFixture[str]) -> None:
+    from gradlab.cli.experiment_cmds import _render_status
+
+    status = _status("Running", checkpoints=[2048], evaluations=[(2048, "rejected", 0.25)])
+    status["stores"] |= {"goal_id": "gradlab__bandit", "recipe_id": "ppo", "seed": 0, "final_step": None,
+                         "live": {"step": 3072, "timesteps": 16384, "steps_per_s": 1234.5, "learner_done": False,
+                                  "checkpoints": 1, "evaluations_left": 0}}
+    status["prefect"] |= {"deployment": "training-run/local", "ui_url": "u"}
+    _render_status({"run_id": RUN, "prefect": status["prefect"], "flow_runs": [status["prefect"]],
+                    "stores": status["stores"]})
+    lines = [line.rstrip() for line in capsys.readouterr().out.splitlines()]
+    assert "  attempt-001 (fresh): running (no receipt yet)" in lines
+    assert "  training: step 3,072/16,384 (1,234 steps/s)" in lines
+    assert "  last evaluation: step 2048 rejected (return mean 0.25)" in lines

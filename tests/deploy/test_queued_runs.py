@@ -390,6 +390,20 @@ def _worker_logs(queue: Queue) -> dict[Path, int]:
     return {p: p.stat().st_size for p in queue.home.glob("worker-*.log")}
 
 
+def _flow_run_processes(flow_run_id: str) -> list[int]:
+    """Live processes started for a flow run (the worker gives each ``PREFECT__FLOW_RUN_ID``)."""
+    marker = f"PREFECT__FLOW_RUN_ID={flow_run_id}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and marker in (entry / "environ").read_bytes().split(b"\0") \
+                    and pid_alive(int(entry.name)):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
 def _logged_since(sizes: dict[Path, int], queue: Queue) -> str:
     text = ""
     for path in queue.home.glob("worker-*.log"):
@@ -399,17 +413,29 @@ def _logged_since(sizes: dict[Path, int], queue: Queue) -> str:
     return text
 
 
-def test_a_rejected_run_ends_failed_in_prefect_with_no_traceback_in_the_worker_log(queue: Queue, stores_of) -> None:
-    before = _worker_logs(queue)
-    # A policy that never learns (learning rate 0) picks arms at random: every evaluation is rejected.
-    entry = _launch(queue, "gradlab__bandit/ppo", "--set", "train.timesteps=4096",
-                    "--set", "train.backend.config.learning_rate=0.0")
+@pytest.fixture(scope="module")
+def fault_runs(queue: Queue) -> dict[str, dict]:
+    """Two runs launched at once (one per worker when both are up): ``rejected``, whose policy never
+    learns (learning rate 0: random arms, every evaluation rejected), and ``crash``, a long bandit
+    run whose flow process the crash-hook test SIGKILLs. ``logs_before``: the worker logs' sizes."""
+    logs_before = _worker_logs(queue)
+    return {"logs_before": logs_before,
+            "rejected": _launch(queue, "gradlab__bandit/ppo", "--set", "train.timesteps=4096",
+                                "--set", "train.backend.config.learning_rate=0.0"),
+            "crash": _launch(queue, "gradlab__bandit/ppo", "--no-eval", "--set", "train.timesteps=1048576")}
+
+
+def test_a_rejected_run_ends_failed_in_prefect_with_no_traceback_in_the_worker_log(queue: Queue, stores_of,
+                                                                                    fault_runs) -> None:
+    entry = fault_runs["rejected"]
     flow_run = _final_flow_run(queue, entry["flow_run_id"], 180)
     terminal = rules.read_terminal(stores_of, entry["run_id"], "attempt-001")
     assert terminal.outcome == "failed" and "no checkpoint met the acceptance rule" in terminal.reason, terminal.reason
     assert flow_run.state.type.value == "FAILED"
     assert flow_run.state.message == f"failed: {terminal.reason}"
-    logged = _logged_since(before, queue)
+    # The engine writes its last lines after the final state: read the logs once its process is gone.
+    wait_for(lambda: not _flow_run_processes(entry["flow_run_id"]), 60, "the flow run's process gone")
+    logged = _logged_since(fault_runs["logs_before"], queue)
     assert "Traceback" not in logged and "Unexpected result" not in logged, logged[-4000:]
     # `experiment status` names the last evaluation; `experiment logs` names the task of every line.
     shown = queue.gradlab("experiment", "status", "--run", entry["run_id"])
@@ -418,24 +444,25 @@ def test_a_rejected_run_ends_failed_in_prefect_with_no_traceback_in_the_worker_l
     logs = queue.gradlab("experiment", "logs", "--run", entry["run_id"])
     assert logs.returncode == 0, logs.stderr
     prefect_lines = logs.stdout.split("== learner log")[0].splitlines()[1:]
-    assert prefect_lines and all(re.match(r"^\S+ \S+\s+\[[^\]]+\] ", line) for line in prefect_lines
-                                 if line and not line.startswith(" ")), prefect_lines
+    assert prefect_lines and all(re.match(r"^\S+ \S+\s+\[[^\]]+\] ", line) for line in prefect_lines if line), [
+        line for line in prefect_lines if line and not re.match(r"^\S+ \S+\s+\[[^\]]+\] ", line)]
     assert any(f"[evaluate-{entry['run_id']}-step" in line for line in prefect_lines), prefect_lines
 
 
-def test_a_sigkilled_flow_run_is_sealed_by_its_crash_hook_with_its_own_inventory(queue: Queue, stores_of) -> None:
+def test_a_sigkilled_flow_run_is_sealed_by_its_crash_hook_with_its_own_inventory(queue: Queue, stores_of,
+                                                                                  fault_runs) -> None:
     from gradlab.receipts.lease import read_lease
 
-    entry = _launch(queue, "gradlab__bandit/ppo", "--no-eval", "--set", "train.timesteps=262144")
+    entry = fault_runs["crash"]
     run_id = entry["run_id"]
     learner = _learner_pid(queue, run_id)
     wait_for(lambda: len(_publications(stores_of, run_id)) >= 1, 120, "a published checkpoint")
     # A running run's status shows where its learner is, and how fast.
     status = json.loads(queue.gradlab("experiment", "status", "--run", run_id, "--json").stdout)
     live = status["stores"]["live"]
-    assert live["timesteps"] == 262144 and 0 < live["step"] < 262144 and live["steps_per_s"] > 0, live
+    assert live["timesteps"] == 1048576 and 0 < live["step"] < 1048576 and live["steps_per_s"] > 0, live
     shown = queue.gradlab("experiment", "status", "--run", run_id).stdout
-    assert re.search(r"training: step [\d,]+/262,144 \([\d,]+ steps/s\)", shown), shown
+    assert re.search(r"training: step [\d,]+/1,048,576 \([\d,]+ steps/s\)", shown), shown
     flow_pid = int(read_lease(stores_of.control, run_id).lease.owner.rpartition(":")[2])
     os.kill(flow_pid, signal.SIGKILL)
 

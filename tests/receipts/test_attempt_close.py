@@ -81,3 +81,52 @@ def test_opening_a_new_attempt_reconciles_the_unsealed_one(stores: Stores, tmp_p
     assert plan.attempt.attempt_id == "attempt-002" and plan.reconciled == ("attempt-001",)
     closed = read_terminal(stores, RUN, "attempt-001")
     assert closed.outcome == "failed" and closed.reason.startswith("reconciled: ")
+
+
+def _local_checkpoint(run_dir: Path, step: int, policy: bytes) -> tuple[Path, str]:
+    from gradlab.checkpoints import write_checkpoint
+
+    def files(folder: Path) -> None:
+        (folder / "policy.zip").write_bytes(policy)
+        (folder / "resume").mkdir()
+        (folder / "resume" / "state.json").write_text(f'{{"num_timesteps": {step}}}')
+
+    folder, manifest = write_checkpoint(
+        run_dir / "checkpoints", step=step, write_files=files,
+        manifest_fields={"run_id": RUN, "purpose": "final", "goal_contract_sha256": "g" * 64,
+                         "recipe_sha256": "r" * 64, "environment_sha256": "e" * 64, "backend_id": "sb3.ppo",
+                         "backend_config_sha256": "b" * 64, "versions": {}})
+    return folder, manifest.sha256
+
+
+def test_a_retry_resumes_from_the_newest_verified_local_checkpoint_and_drops_the_stale_stop(
+        stores: Stores, tmp_path: Path) -> None:
+    from gradlab.outbox import Outbox
+    from gradlab.runs import operations
+    from gradlab.runs.paths import RunPaths
+
+    spec = _spec()
+    paths = RunPaths(tmp_path / "run").ensure()
+    open_run(stores, spec, now=T0)
+    begin_attempt(stores, RUN, mode="fresh", ttl_s=1, now=T0)
+    # attempt-001 was cancelled before publishing anything; its learner wrote two final checkpoints
+    # (the newer one corrupted afterwards) and the stop request is still in the outbox.
+    good, good_sha = _local_checkpoint(paths.root, 256, b"policy-256")
+    bad, bad_sha = _local_checkpoint(paths.root, 512, b"policy-512")
+    (bad / "policy.zip").write_bytes(b"flipped")
+    outbox = Outbox(paths.outbox)
+    for step, folder, sha in ((256, good, good_sha), (512, bad, bad_sha)):
+        outbox.append("checkpoint_ready", step, {"step": step, "sha256": sha, "path": str(folder), "purpose": "final"})
+    outbox.request_stop("cancelled")
+    seal_terminal(stores, TerminalReceipt(
+        run_id=RUN, attempt_id="attempt-001", goal_id="gradlab__bandit", recipe_id="ppo", seed=0,
+        outcome="cancelled", reason="cancelled", final_step=512, checkpoints=[], evaluations=[], promotion=None,
+        metrics=TerminalMetrics(local_high_water=0, sinks={}), drained=False,
+        learner=LearnerExit(exit_code=0, stop_reason="stop_requested"), sealed_at=T0))
+
+    plan = operations.open_attempt(stores, spec, paths)
+    assert plan.attempt.mode == "resume" and plan.resume_dir == good
+    assert (plan.attempt.resume_from.step, plan.attempt.resume_from.sha256) == (256, good_sha)
+    assert [(c.step, c.sha256) for c in plan.unpublished] == [(256, good_sha)]  # to be published by the retry
+    assert outbox.stop_requested() is None  # the new learner does not stop at once
+    assert plan.first_seq == outbox.max_seq() + 1  # the old lineage's events are not published from the outbox
