@@ -560,28 +560,25 @@ def close_abandoned_attempt(stores: Stores, paths: RunPaths | None, run_id: str,
     """Seal the run's open attempt after its flow ended without sealing it (Prefect's state hooks:
     a crash, a cancellation or a failure; docs/ARCHITECTURE.md section 8).
 
-    The attempt is the lease holder's, closed only once its flow process is gone (or is this
-    process, whose flow body has ended): its learner is stopped first, the receipt lists what that
+    The attempt is the lease holder's, closed only once its flow process is known to be gone
+    (owner identity: boot id + pid + start time, :mod:`gradlab.receipts.owner`) or is this process,
+    whose flow body has ended: its learner is stopped first, the receipt lists what that
     attempt did itself (:func:`gradlab.receipts.rules.close_attempt`), and the lease is released
     so a retry may start at once. An attempt held from another host is left to the reconciler.
 
     Returns:
         The receipt sealed now, or None (nothing open, sealed already, or not ours to close).
     """
-    import os
-    import socket
-
-    from gradlab.learn.watch import pid_alive
     from gradlab.receipts.lease import LeaseLost, read_lease, release_lease
 
     held = read_lease(stores.control, run_id)
     if held is None or held.lease.released:
         return None
-    host, _, pid = held.lease.owner.rpartition(":")
-    if host != socket.gethostname() or not pid.isdigit():
-        return None
-    if int(pid) != os.getpid() and pid_alive(int(pid)):
-        return None  # the flow process still runs: it seals by itself
+    from gradlab.receipts.owner import current_owner
+
+    me = current_owner()
+    if (held.lease.owner_pid, held.lease.owner_start) != (me.pid, me.start) and held.lease.owner_state() != "dead":
+        return None  # the flow process still runs (it seals by itself), or runs on another host
     attempt_id = held.lease.holder
     learner = LearnerExit(exit_code=None, stop_reason=None)
     final_step = None
