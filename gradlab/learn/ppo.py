@@ -477,7 +477,13 @@ class PPOBackend:
             raise ConfigError("train.device: cuda asked for, but torch sees no CUDA device")
         self.device = torch.device(device)
         if self.device.type == "cpu":
-            torch.set_num_threads(default_threads() if cfg.threads == "auto" else int(cfg.threads))
+            if cfg.threads != "auto":
+                threads = int(cfg.threads)
+            elif "torch_threads" in train.model_fields_set:  # the recipe said how many: both backends honour it
+                threads = train.torch_threads
+            else:
+                threads = default_threads()
+            torch.set_num_threads(threads)
         if cfg.precision == "fp16-amp" and self.device.type == "cpu":
             raise ConfigError("train.backend.config.precision: fp16-amp needs device cuda; use bf16 on CPU")
         random.seed(spec.seed)
