@@ -3,7 +3,7 @@
 Packages and what each ships by default:
     contracts    goal/recipe models, YAML composition, identity hashes (no torch)
     envs         providers (gradlab, gymnasium, ale, vizdoom, retro), vector envs, the task program
-    learn        training backends (sb3.ppo, sb3.a2c) and the learner process
+    learn        training backends (sb3.ppo, sb3.a2c, gradlab.ppo) and the learner process
     checkpoints  bundle format, manifest, verification, trusted loading
     evaluation   episode manifests, the runner, acceptance and statistics
     outbox       the SQLite WAL outbox between learner and supervisor

@@ -49,8 +49,8 @@ class Case:
 
 
 CASES: dict[str, Case] = {
-    "cartpole": Case("CartPole-v1/ppo", 1, "sb3.ppo CartPole-v1 (8 lanes, MLP, 1 thread)"),
-    "breakout": Case("Breakout-Atari2600-v0/ppo", 2, "sb3.ppo Breakout (8 lanes, Nature CNN, 2 threads)"),
+    "cartpole": Case("CartPole-v1/ppo-sb3", 1, "sb3.ppo CartPole-v1 (8 lanes, MLP, 1 thread)"),
+    "breakout": Case("Breakout-Atari2600-v0/ppo-sb3", 2, "sb3.ppo Breakout (8 lanes, Nature CNN, 2 threads)"),
 }
 
 

@@ -61,7 +61,8 @@ class GradlabPPOConfig(PPOConfig):
         default="fp32", description="Autocast dtype of the forward passes (fp16-amp: CUDA only, with a gradient scaler).")
     compile: bool = Field(default=False, description="torch.compile the policy network.")
     threads: int | Literal["auto"] = Field(
-        default="auto", description="torch threads on CPU; auto: the usable CPUs less one (room for evaluation), at most 8.")
+        default="auto", description="torch threads on CPU; auto: train.torch_threads when the recipe sets it, else the usable "
+                    "CPUs less one (room for evaluation), at most 8.")
 
     @model_validator(mode="after")
     def _check_threads(self) -> GradlabPPOConfig:

@@ -29,7 +29,7 @@ def test_validate_json_counts_everything() -> None:
     out = gradlab("validate", "--json")
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
-    assert doc == {"goals": 10, "recipes": 11, "presets": 2, "errors": []}
+    assert doc == {"goals": 10, "recipes": 14, "presets": 2, "errors": []}
 
 
 def test_validate_lists_every_problem_and_exits_1(experiments_copy: Path) -> None:
@@ -55,7 +55,7 @@ def test_goals_list_json_has_the_documented_keys() -> None:
     assert out.returncode == 0, out.stderr
     rows = {r["goal_id"]: r for r in json.loads(out.stdout)}
     assert set(rows["CartPole-v1"]) == {"goal_id", "title", "project", "provider", "env_id", "evaluation_mode", "recipes"}
-    assert rows["CartPole-v1"]["recipes"] == ["a2c", "ppo"]
+    assert rows["CartPole-v1"]["recipes"] == ["a2c", "ppo", "ppo-sb3"]
     assert rows["CartPole-v1"]["project"] == "classic-control"
     assert rows["Breakout-Atari2600-v0"]["provider"] == "ale"
     assert rows["gradlab__bandit"]["project"] == "smoke"

@@ -14,20 +14,21 @@ def test_checked_in_experiments_are_valid() -> None:
     report = Experiments().validate_all()
     assert [p.render() for p in report.problems] == []
     assert report.goals == 10
-    assert report.recipes == 11
+    assert report.recipes == 14
     assert report.presets == 2
 
 
 def test_preset_and_fragment_are_merged_with_lists_replaced() -> None:
     resolved = Experiments().resolve("Breakout-Atari2600-v0/ppo")
     config = resolved.recipe.train.backend.config
-    assert resolved.recipe.train.backend.id == "sb3.ppo"
+    assert resolved.recipe.train.backend.id == "gradlab.ppo"  # the recipe's own key over the preset's
     assert config["n_steps"] == 128 and config["batch_size"] == 256  # from the preset
     assert resolved.recipe.train.timesteps == 10_000_000  # from the recipe itself
     assert resolved.recipe.train.policy_model.net_arch == []  # list replaced, not merged with [64, 64]
     assert resolved.environment.preprocessing["frame_skip"] == 4  # from the shared _atari.yaml fragment
     assert resolved.environment.env_id == "Breakout"
-    assert resolved.recipe.description == "rl-zoo3's Atari PPO on Breakout."  # {{ env_id }} rendered
+    assert resolved.recipe.description.startswith("rl-zoo3's Atari PPO on Breakout,")  # {{ env_id }} rendered
+    assert Experiments().resolve("Breakout-Atari2600-v0/ppo-sb3").recipe.train.backend.id == "sb3.ppo"
 
 
 def test_self_position_decides_who_wins(experiments_copy: Path) -> None:

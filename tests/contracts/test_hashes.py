@@ -6,7 +6,7 @@ from pathlib import Path
 
 from gradlab.contracts import Experiments, canonical_json, sha256_json
 
-REF = "CartPole-v1/ppo"
+REF = "CartPole-v1/ppo-sb3"
 
 
 def _hashes(overrides: tuple[str, ...] = ()) -> dict[str, str]:
@@ -20,7 +20,7 @@ def test_canonical_json_sorts_keys_and_is_compact() -> None:
 
 def test_reordering_whitespace_and_anchors_do_not_change_hashes(experiments_copy: Path) -> None:
     before = _hashes()
-    recipe = experiments_copy / "goals" / "CartPole-v1" / "recipes" / "ppo.yaml"
+    recipe = experiments_copy / "goals" / "CartPole-v1" / "recipes" / "ppo-sb3.yaml"
     recipe.write_text(
         "# rewritten with another key order, other spacing, an anchor and aliases\n"
         "description:   rl-zoo3's PPO for CartPole-v1.\n"
@@ -45,7 +45,7 @@ def test_reordering_whitespace_and_anchors_do_not_change_hashes(experiments_copy
 
 def test_spelling_out_a_default_does_not_change_hashes(experiments_copy: Path) -> None:
     before = _hashes()
-    recipe = experiments_copy / "goals" / "CartPole-v1" / "recipes" / "ppo.yaml"
+    recipe = experiments_copy / "goals" / "CartPole-v1" / "recipes" / "ppo-sb3.yaml"
     recipe.write_text(recipe.read_text().replace("      ent_coef: 0.0\n", "      ent_coef: 0.0\n      vf_coef: 0.5\n"))
     assert _hashes() == before
 
@@ -56,7 +56,7 @@ def test_cosmetic_fields_do_not_change_hashes(experiments_copy: Path) -> None:
     text = goal.read_text().replace("title: CartPole balance", "title: Something else").replace(
         "tags: [classic-control, gymnasium]", "tags: [other]")
     goal.write_text(text)
-    recipe = experiments_copy / "goals" / "CartPole-v1" / "recipes" / "ppo.yaml"
+    recipe = experiments_copy / "goals" / "CartPole-v1" / "recipes" / "ppo-sb3.yaml"
     recipe.write_text(recipe.read_text().replace("description: rl-zoo3's PPO for CartPole-v1.", "description: changed"))
     assert _hashes() == before
 

@@ -1,0 +1,17 @@
+"""`gradlab benchmark learning` finds the first accepted checkpoint with the goal's own evaluation."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from gradlab.benchmarks.learning import steps_to_acceptance
+
+
+def test_gradlab_ppo_reaches_the_bandit_goals_acceptance(tmp_path: Path) -> None:
+    # The bandit recipe (sb3.ppo's hyperparameters) switched to gradlab.ppo; checkpoints every 2048 steps.
+    row = steps_to_acceptance("gradlab__bandit/ppo", "gradlab.ppo", seed=0, checkpoint_freq=2048, work=tmp_path)
+    assert row.backend == "gradlab.ppo" and math.isfinite(row.steps_to_accept)
+    assert row.steps_to_accept % 2048 == 0 and row.steps_to_accept <= 16384
+    assert row.evaluated == row.steps_to_accept // 2048  # every earlier checkpoint was evaluated and rejected
+    assert row.best_return > 0
