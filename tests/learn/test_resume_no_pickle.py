@@ -88,7 +88,7 @@ def test_forged_lane_state_is_refused_naming_the_file(checkpoint: Path, tmp_path
 
 def test_no_gradlab_module_unpickles_but_the_trusted_sb3_loader() -> None:
     """The only pickle left is a foreign SB3 zip the user trusts (checkpoints/trust.py)."""
-    pattern = re.compile(r"pickle\.loads?\(|cloudpickle|torch\.load\((?![^)]*weights_only=True)|allow_pickle=True|"
+    pattern = re.compile(r"pickle\.loads?\(|cloudpickle\.loads?\(|torch\.load\((?![^)]*weights_only=True)|allow_pickle=True|"
                          r"\b(PPO|A2C|cls)\.load\(")
     offenders = []
     for path in sorted((REPO / "gradlab").rglob("*.py")):

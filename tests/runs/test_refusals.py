@@ -23,14 +23,15 @@ from gradlab.stores import open_stores
 
 REPO = Path(__file__).resolve().parents[2]
 
-#: Opens a run's first attempt (writer lease + attempt.json) in a process that then exits: the
-#: lease stays live with an owner that no longer runs.
+#: Opens a run's first attempt (writer lease + attempt.json) in another process, which then stays
+#: alive (the lease's owner still runs) until its standard input is closed.
 _OPEN_IN_ANOTHER_PROCESS = """
 import sys
 from gradlab.receipts import rules
-from gradlab.receipts.lease import acquire_lease, read_lease
 from gradlab.stores import open_stores
 rules.begin_attempt(open_stores(), sys.argv[1], mode="fresh")
+print("opened", flush=True)
+sys.stdin.read()
 """
 
 
@@ -60,16 +61,20 @@ def test_retry_and_reconcile_refuse_while_the_owner_runs_here_even_with_an_expir
 def test_retry_refuses_a_live_lease_and_reconcile_closes_the_attempt_once_it_expires(gradlab_home: Path) -> None:
     stores = open_stores()
     run_id = _opened_run(stores)
-    opened = subprocess.run([sys.executable, "-c", _OPEN_IN_ANOTHER_PROCESS, run_id], capture_output=True, text=True,
-                            cwd=REPO, timeout=120)
-    assert opened.returncode == 0, opened.stderr
-    out = _gradlab("runs", "retry", run_id)
-    assert out.exit_code == 1 and "attempt attempt-001 still holds the lease until" in out.output, out.output
-    assert "retry after it ends or expires" in out.output
-    live = _gradlab("runs", "reconcile", run_id, "--json")
-    assert live.exit_code == 0 and json.loads(live.stdout) == []  # a live lease is not a dead attempt
+    owner = subprocess.Popen([sys.executable, "-c", _OPEN_IN_ANOTHER_PROCESS, run_id], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        assert owner.stdout.readline().strip() == "opened", owner.stderr.read()  # blocks until it opened
+        out = _gradlab("runs", "retry", run_id)
+        assert out.exit_code == 1 and "attempt attempt-001 still holds the lease until" in out.output, out.output
+        assert "retry after it ends or expires" in out.output
+        live = _gradlab("runs", "reconcile", run_id, "--json")
+        assert live.exit_code == 0 and json.loads(live.stdout) == []  # a live lease is not a dead attempt
+    finally:
+        owner.stdin.close()
+        owner.wait(timeout=120)
 
-    # The lease expires (as after the owner's SIGKILL): reconcile seals the attempt `failed`, once.
+    # The owner is gone and its lease expired (as after a SIGKILL): reconcile seals it `failed`, once.
     held = read_lease(stores.control, run_id)
     acquire_lease(stores.control, run_id, held.lease.holder, ttl_s=1, owner=held.lease.owner,
                         now=utcnow() - timedelta(minutes=10))
