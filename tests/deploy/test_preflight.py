@@ -74,6 +74,7 @@ def test_preflight_and_pools_create_against_a_real_prefect_server(prefect_server
     assert statuses(before) == {
         "config": "ok", "prefect": "ok", "pool:gradlab-local": "fail", "pool:gradlab-gpu": "warn",
         "deployment:training-run/local": "warn", "deployment:training-run/gpu": "warn",
+        "deployment:reports-sync/reports-sync": "warn",
         "store:control": "ok", "store:eval": "ok", "store:model": "ok", "wandb": "ok",
     }
     assert not before.ok and [c.name for c in before.missing] == ["pool:gradlab-local"]
@@ -119,6 +120,7 @@ def test_preflight_says_which_store_is_down(prefect_server: ServerState, s3_serv
     monkeypatch.setenv("PREFECT_API_URL", prefect_server.api_url)
     monkeypatch.setenv("GRADLAB_EVAL_STORE_URL", s3_server.url("eval"))
     monkeypatch.setenv("GRADLAB_MODEL_STORE_URL", s3_server.url("model"))
+    assert gradlab("pools", "create").returncode == 0  # idempotent: this test needs no other test's pools
     up = run_preflight(root=REPO, timeout_s=LOADED_HTTP_TIMEOUT_S)
     stores = {c.name: c for c in up.checks if c.name.startswith("store:")}
     assert {k: c.status for k, c in stores.items()} == {"store:control": "ok", "store:eval": "ok", "store:model": "ok"}

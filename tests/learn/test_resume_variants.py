@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 
 from gradlab.checkpoints import list_checkpoints, verify_checkpoint
 from gradlab.learn import run_learner
+from gradlab.learn.sb3 import LANES_SAVED
 from gradlab.outbox import Outbox
 from tests.learn.conftest import CARTPOLE, make_spec
 
@@ -38,7 +39,7 @@ def _straight_and_resumed(spec, tmp_path: Path, stop_at: int) -> tuple[Path, Pat
     assert (stopped.final_step, stopped.stop_reason) == (stop_at, "stop_requested")
     checkpoint = list_checkpoints(broken)[-1]
     assert verify_checkpoint(checkpoint).step == stop_at
-    saved = json.loads((checkpoint / "resume" / "state.json").read_text())["env_state"] == "saved"
+    saved = json.loads((checkpoint / "resume" / "state.json").read_text())["env_state"] == LANES_SAVED
     resumed = run_learner(spec, broken, resume_from=checkpoint, watch_parent=False)
     assert (resumed.final_step, resumed.stop_reason) == (spec.recipe.train.timesteps, "budget")
     return straight, broken, saved
