@@ -125,9 +125,12 @@ def publish_command(
                       + ("" if index["accepted"] else " (not accepted: the card says so)"), highlight=False)
     url = None
     if repo is not None:
-        token = hf_token()
+        try:
+            token = hf_token()
+        except GradlabError as e:
+            fail(f"{e}; nothing uploaded; the repository folder is kept at {folder}")
         if not token:
-            fail(f"no Hugging Face token (set HF_TOKEN, or run `hf auth login`): nothing uploaded; the repository "
+            fail(f"no Hugging Face token (set HF_TOKEN, [hub] token_ref in the config file, or run `hf auth login`): nothing uploaded; the repository "
                  f"folder is kept at {folder}; upload it with `hf upload {repo} {folder} .` or run this command again "
                  "with a token")
         try:

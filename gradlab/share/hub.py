@@ -52,9 +52,22 @@ def parse_hf_ref(ref: str) -> str:
     return repo
 
 
-def hf_token() -> str | None:
-    """The Hugging Face token: ``HF_TOKEN``, else the one ``hf auth login`` stored; None without one."""
+def hf_token(settings: Any | None = None) -> str | None:
+    """The Hugging Face token: ``HF_TOKEN``, else the config file's ``[hub] token_ref`` secret
+    reference (``env:NAME`` or ``keyring:SERVICE/USER``; docs/ARCHITECTURE.md section 13), else the
+    one ``hf auth login`` stored; None without one.
+
+    Raises:
+        ConfigError: ``[hub] token_ref`` names an unset variable or keyring entry (never its value).
+    """
     token = os.environ.get("HF_TOKEN")
+    if token:
+        return token
+    if settings is None:
+        from gradlab.settings import load_settings
+
+        settings = load_settings()
+    token = settings.secret("hub.token_ref")
     if token:
         return token
     from huggingface_hub import get_token

@@ -259,3 +259,24 @@ def test_warm_start_from_a_published_repository(home_run: Path, tmp_path: Path) 
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads(out.stdout.strip().splitlines()[-1]) == {"source": "hf://alice/bandit-ppo",
                                                                "parent": result.checkpoint_sha256}
+
+
+def test_the_upload_token_comes_from_a_secret_reference(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``[hub] token_ref`` resolves where the token is used; HF_TOKEN wins; an unset one is named."""
+    from gradlab.errors import ConfigError
+    from gradlab.settings import load_settings
+    from gradlab.share.hub import hf_token
+
+    config = tmp_path / "config.toml"
+    config.write_text('[hub]\ntoken_ref = "env:GRADLAB_TEST_HF_TOKEN"\n')
+    config.chmod(0o600)  # a config naming secret references must be private
+    monkeypatch.setenv("GRADLAB_CONFIG", str(config))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setenv("GRADLAB_TEST_HF_TOKEN", "hf_from_ref")
+    assert hf_token(load_settings()) == "hf_from_ref"
+    monkeypatch.setenv("HF_TOKEN", "hf_from_env")
+    assert hf_token(load_settings()) == "hf_from_env"
+    monkeypatch.delenv("HF_TOKEN")
+    monkeypatch.delenv("GRADLAB_TEST_HF_TOKEN")
+    with pytest.raises(ConfigError, match="hub.token_ref: secret reference env:GRADLAB_TEST_HF_TOKEN is not set"):
+        hf_token(load_settings())
