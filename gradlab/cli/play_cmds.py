@@ -36,8 +36,14 @@ def _newest_promoted(stores: Any, recipe: str) -> str:
 
 
 def _resolve(source: str, settings: Any, stores: Any) -> Any:
-    from gradlab.cli.eval_cmds import resolve_checkpoint
+    from gradlab.cli.eval_cmds import ResolvedCheckpoint, resolve_checkpoint
 
+    if source.startswith("hf://"):  # a published repository: every file checked against gradlab.json
+        from gradlab.share.hub import load_repo
+
+        hub = load_repo(source)
+        return ResolvedCheckpoint(path=hub.checkpoint, spec=hub.spec, spec_source=f"{source} run_spec.json",
+                                  origin="hub")
     if source.startswith("s3://"):
         m = _S3_CHECKPOINT.search(source)
         if m is None:
@@ -47,7 +53,7 @@ def _resolve(source: str, settings: Any, stores: Any) -> Any:
 
 
 def play_command(
-    source: Annotated[str | None, typer.Argument(help="RUN_ID[:STEP], a checkpoint folder or URI; none: the catalog.")] = None,
+    source: Annotated[str | None, typer.Argument(help="RUN_ID[:STEP], a checkpoint folder or URI, or hf://OWNER/NAME; none: the catalog.")] = None,
     recipe: Annotated[str | None, typer.Option("--recipe", help="GOAL/RECIPE: its newest promoted checkpoint.")] = None,
     port: Annotated[int, typer.Option("--port", min=0, max=65535, help="Loopback port (0: a free one).")] = 0,
     no_open: Annotated[bool, typer.Option("--no-open", help="Do not open a browser.")] = False,
@@ -109,11 +115,12 @@ def _record(resolved: Any, out: Path, *, episodes: int, fps: float, seed: int, d
     from rich.progress import Progress
 
     from gradlab.play.record import record_episodes
-    from gradlab.play.session import PlaybackSession
+    from gradlab.play.session import PlaybackSession, verify_mode
 
     if not out.parent.is_dir():
         fail(f"--record {out}: folder {out.parent} does not exist")
-    session = PlaybackSession(resolved.path, resolved.spec, deterministic=deterministic, seed=seed)
+    session = PlaybackSession(resolved.path, resolved.spec, deterministic=deterministic, seed=seed,
+                              verify=verify_mode(resolved))
     try:
         with Progress(console=err_console, transient=True) as progress:
             task = progress.add_task("recording", total=episodes)

@@ -210,10 +210,10 @@ def evaluate_policy(
     return result
 
 
-def _verify_weights_only(path: Path) -> Any:
+def verify_weights_only(path: Path) -> Any:
     """Check the manifest and the files evaluation loads (policy weights and spec) only.
 
-    Used where only those files were shipped (the Modal backend).
+    Used where only those files were shipped (the Modal backend, a published repository).
 
     Raises:
         NotFound: no manifest. IntegrityError: a loaded file is missing or differs from the manifest.
@@ -277,7 +277,7 @@ def run_evaluation(request: EvalRequest | Mapping[str, Any]) -> EvalResult:
 
         manifest = verify_checkpoint(path)
     else:
-        manifest = _verify_weights_only(path)
+        manifest = verify_weights_only(path)
     where = f"checkpoint {path}"
     if manifest.sha256 != req.checkpoint_sha256:
         raise IntegrityError(f"{where}: sha256 expected {req.checkpoint_sha256}, found {manifest.sha256}")

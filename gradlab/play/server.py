@@ -44,6 +44,7 @@ from gradlab.play.protocol import (
     StepMessage,
     frame_message,
 )
+from gradlab.play.session import verify_mode
 
 logger = logging.getLogger(__name__)
 
@@ -200,7 +201,7 @@ def create_app(config: PlayConfig) -> Any:
         worker = config.take_worker()
         try:
             worker.load(resolved.path, resolved.spec, deterministic=config.deterministic if deterministic is None
-                        else deterministic, seed=seed)
+                        else deterministic, seed=seed, verify=verify_mode(resolved))
             with tempfile.TemporaryDirectory(prefix="gradlab-play-video-") as tmp:
                 out = Path(tmp) / "episodes.mp4"
                 worker.request("record", (str(out), episodes, config.fps or 30.0, seed), timeout_s=1800)
@@ -281,7 +282,8 @@ async def _play_session(ws: Any, config: PlayConfig) -> None:
     try:
         resolved = await asyncio.to_thread(config.catalog.resolve, hello.run_id, hello.step)
         worker = config.take_worker()
-        info = await asyncio.to_thread(worker.load, resolved.path, resolved.spec, deterministic=hello.deterministic,
+        info = await asyncio.to_thread(worker.load, resolved.path, resolved.spec, verify=verify_mode(resolved),
+                                       deterministic=hello.deterministic,
                                        seed=hello.seed)
         await ws.send_text(Ready(run_id=hello.run_id, step=info["checkpoint_step"], goal_id=resolved.spec["goal_id"],
                                  env_id=info["env_id"], checkpoint_sha256=info["checkpoint_sha256"],

@@ -110,6 +110,13 @@ class StepReport:
         }
 
 
+def verify_mode(resolved: Any) -> str:
+    """How a resolved checkpoint is verified before playback: ``weights_only`` for a published
+    repository (``origin == "hub"``: its policy files were checked against ``gradlab.json`` when it
+    was loaded, and it ships no resume files), ``full`` for everything else."""
+    return "weights_only" if getattr(resolved, "origin", None) == "hub" else "full"
+
+
 class PlaybackSession:
     """A checkpoint's policy acting on one lane of its goal's evaluation environment.
 
@@ -125,14 +132,20 @@ class PlaybackSession:
             checkpoint's goal/environment hashes differ from the spec's.
     """
 
-    def __init__(self, checkpoint_dir: Path, spec: dict[str, Any], *, deterministic: bool = True, seed: int = 0):
+    def __init__(self, checkpoint_dir: Path, spec: dict[str, Any], *, deterministic: bool = True, seed: int = 0,
+                 verify: str = "full"):
         from gradlab.checkpoints import load_policy, verify_checkpoint
         from gradlab.envs import make_vector_env
         from gradlab.errors import ContractViolation
         from gradlab.evaluation.runner import parse_spec
 
         self.run_spec = parse_spec(spec, source=f"run spec of {checkpoint_dir}")
-        manifest = verify_checkpoint(Path(checkpoint_dir))
+        if verify == "weights_only":  # a published repository ships the policy files only, each
+            from gradlab.evaluation.runner import verify_weights_only  # checked against gradlab.json
+
+            manifest = verify_weights_only(Path(checkpoint_dir))
+        else:
+            manifest = verify_checkpoint(Path(checkpoint_dir))
         for key in ("goal_contract_sha256", "environment_sha256"):
             if getattr(manifest, key) != getattr(self.run_spec, key):
                 raise ContractViolation(f"{checkpoint_dir}: {key} is {getattr(manifest, key)}, "

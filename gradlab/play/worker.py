@@ -6,7 +6,7 @@ emulator that segfaults) stops only its worker, and the server keeps answering. 
 processes; nothing read from a store goes through it). Frames are JPEG-encoded in the worker, so
 the server only forwards bytes.
 
-Commands (parent → worker): ``("load", (checkpoint_dir, spec, deterministic, seed))`` once,
+Commands (parent → worker): ``("load", (checkpoint_dir, spec, deterministic, seed, verify))`` once,
 then ``("reset", seed | None)``, ``("step", n)``, ``("mode", deterministic)``, ``("record", (out, episodes, fps, seed))``,
 ``("close", None)``. Answers: ``("steps", [(telemetry dict, jpeg bytes), ...])``, ``("ok", None)``
 or ``("error", message)``. The worker's first message is ``("warm", None)`` (imports done); a
@@ -68,11 +68,12 @@ def _main(conn: Any) -> None:
             if cmd != "load":
                 conn.send(("error", f"expected load, found {cmd!r}"))
                 continue
-            checkpoint_dir, spec, deterministic, seed = arg
+            checkpoint_dir, spec, deterministic, seed, verify = arg
             try:
                 from gradlab.play.session import PlaybackSession
 
-                session = PlaybackSession(Path(checkpoint_dir), spec, deterministic=deterministic, seed=seed)
+                session = PlaybackSession(Path(checkpoint_dir), spec, deterministic=deterministic, seed=seed,
+                                          verify=verify)
             except Exception as e:  # noqa: BLE001 - reported to the parent as one line
                 conn.send(("error", f"{type(e).__name__}: {e}"))
         conn.send(("ready", {
@@ -166,12 +167,14 @@ class PlaybackWorker:
             self._warm = True
 
     def load(self, checkpoint_dir: Path, spec: dict[str, Any], *, deterministic: bool = True, seed: int = 0,
-             timeout_s: float = 180.0) -> dict[str, Any]:
+             verify: str = "full", timeout_s: float = 180.0) -> dict[str, Any]:
         """Build the session (the worker verifies the checkpoint before loading it); returns its info.
 
         Args:
             checkpoint_dir: the checkpoint folder. spec: the run spec JSON.
             deterministic, seed: the initial action mode and first episode seed.
+            verify: ``full`` (every manifest file) or ``weights_only`` (a published repository's
+                policy files, already checked against its ``gradlab.json``).
 
         Raises:
             WorkerFailed: the session could not be built (the worker's one-line reason; the worker
@@ -179,7 +182,7 @@ class PlaybackWorker:
         """
         self.wait_warm(timeout_s)
         with self._lock:
-            self._conn.send(("load", (str(checkpoint_dir), spec, deterministic, seed)))
+            self._conn.send(("load", (str(checkpoint_dir), spec, deterministic, seed, verify)))
             kind, payload = self._recv(timeout_s)
         if kind == "error":
             raise WorkerFailed(str(payload))

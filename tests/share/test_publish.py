@@ -196,12 +196,23 @@ def test_eval_hf_reads_the_repository_from_the_hub_cache_and_reproduces_the_resu
     again = json.loads(out.stdout)
     assert again["episodes"] == result.as_json()["episodes"] and again["aggregates"] == result.aggregates
     assert again["verdict"] == "accepted"
+    # The player takes the same source (headless: --record), verified the same way.
+    from gradlab.video import count_frames, read_mp4_metadata
+
+    video = tmp_path / "hf.mp4"
+    played = gradlab("play", "hf://alice/bandit-ppo", "--record", str(video), "--episodes", "2", env=env)
+    assert played.returncode == 0, played.stderr
+    assert count_frames(video) > 0
+    assert read_mp4_metadata(video)["checkpoint_sha256"] == result.checkpoint_sha256
     # A file changed in the downloaded copy: refused, naming it.
     spec_file = snapshot / "checkpoint" / "policy_spec.json"
     spec_file.write_text(spec_file.read_text().replace('"tanh"', '"relu"'))
     bad = gradlab("eval", "hf://alice/bandit-ppo", env=env)
     assert bad.returncode == 1
     assert f"{spec_file}: sha256 expected" in bad.stderr.replace("\n", "")
+    refused = gradlab("play", "hf://alice/bandit-ppo", "--record", str(tmp_path / "bad.mp4"), env=env)
+    assert refused.returncode == 1 and f"{spec_file}: sha256 expected" in refused.stderr.replace("\n", "")
+    assert not (tmp_path / "bad.mp4").exists()
     missing = gradlab("eval", "hf://alice/other", env=env)
     assert missing.returncode == 1 and "not in the local hub cache" in missing.stderr
 
