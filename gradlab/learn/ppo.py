@@ -724,7 +724,9 @@ class PPOBackend:
         model = self._sb3_model
         model.policy.load_state_dict(tensors, strict=True)
         model.num_timesteps = self.num_timesteps
-        model.save(str(path), exclude=["env", "_last_obs", "_last_episode_starts", "ep_info_buffer", "ep_success_buffer"])
+        from gradlab.checkpoints import write_sb3_zip
+
+        write_sb3_zip(model, path)  # deterministic, nothing of gradlab pickled (docs/ARCHITECTURE.md section 6)
 
     def restore(self, checkpoint: Path, *, allow_env_pickle: bool = False) -> bool:
         """Load parameters, optimizer, counters, RNG streams and episode windows from a checkpoint.
