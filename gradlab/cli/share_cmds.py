@@ -138,5 +138,8 @@ def publish_command(
         except GradlabError as e:
             fail(f"{e}; the repository folder is kept at {folder}")
         err_console.print(f"uploaded to hf://{repo}: {escape(url)}", highlight=False)
+    else:
+        err_console.print(f"not uploaded (no --repo): to upload, run this command again with --repo OWNER/NAME and "
+                          f"a token, or `hf upload OWNER/NAME {escape(str(folder))} .`", highlight=False)
     if json_out:
         print_json({**index, "folder": str(folder), "commit_url": url})

@@ -98,7 +98,7 @@ def _model_card(spec: Any, result: Any, *, accepted: bool, algo: str, repo_id: s
     repo = repo_id or "OWNER/NAME"
     body = f"""# {name}: gradlab goal `{spec.goal_id}`, recipe `{spec.recipe_id}`, seed {spec.seed}
 
-A {algo.upper()} policy for `{env_id}` trained by [gradlab](https://github.com/) (run `{spec.run_id}`,
+A {algo.upper()} policy for `{env_id}` trained by gradlab (run `{spec.run_id}`,
 checkpoint at step {result.checkpoint_step}, policy sha256 `{result.checkpoint_sha256}`).
 
 {verdict}
