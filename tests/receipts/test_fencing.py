@@ -56,10 +56,7 @@ class _Never:
 
 
 @pytest.mark.slow
-def test_a_paused_learner_is_fenced_out_when_a_new_attempt_opens(tmp_path: Path) -> None:
-    from gradlab.stores import open_stores
-
-    stores = open_stores()
+def test_a_paused_learner_is_fenced_out_when_a_new_attempt_opens(stores: Stores, tmp_path: Path) -> None:
     spec = _spec()
     paths = RunPaths(tmp_path / RUN).ensure()
     operations.write_local_spec(paths, spec)
