@@ -191,7 +191,11 @@ def resolve_checkpoint(ref: str, *, settings: Settings | None = None, stores: St
     if ref.startswith("file://"):  # the URIs receipts print for file stores
         ref = ref.removeprefix("file://")
     path = Path(ref).expanduser()
-    if path.is_dir():
+    try:
+        is_dir = path.is_dir()
+    except OSError:  # a name the OS refuses (too long): not a folder; the run-id checks name it below
+        is_dir = False
+    if is_dir:
         if not (path / "manifest.json").is_file():
             raise NotFound(f"{path}: not a checkpoint directory (no manifest.json)")
         path = path.resolve()
