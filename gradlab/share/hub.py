@@ -141,6 +141,8 @@ def build_repo_folder(checkpoint: Path, spec: Any, result: Any, out: Path, *, ac
         raise ContractViolation(f"{checkpoint}: the evaluation result is for {result.checkpoint_sha256[:16]}, "
                                 f"the checkpoint is {manifest.sha256[:16]}")
     out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ContractViolation(f"{out}: expected a new or empty folder, found a file; choose a new --out folder")
     if out.exists() and any(out.iterdir()):
         raise ContractViolation(f"{out}: not empty; choose a new --out folder")
     (out / CHECKPOINT_DIR).mkdir(parents=True, exist_ok=True)
