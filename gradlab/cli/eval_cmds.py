@@ -354,6 +354,8 @@ def eval_command(
     video_episodes: Annotated[int, typer.Option("--video-episodes", min=1, help="How many manifest episodes --video records (the first K).")] = 1,
 ) -> None:
     """Evaluate a checkpoint (or a --baseline policy) on its goal's fixed episode manifest and print the verdict."""
+    if video is not None and video.exists() and not video.is_dir():  # before the evaluation, not after it
+        fail(f"--video {video}: expected a folder, found a file")
     if baseline is not None:
         _baseline_command(checkpoint, baseline, episodes=episodes, json_out=json_out, video=video,
                           video_episodes=video_episodes)
@@ -425,6 +427,8 @@ def _record_videos(make_policy: Any, *, result: Any, goal: Any, environment: Any
                                             metadata=metadata or {}, prefix=prefix)
     except GradlabError as e:
         fail(str(e))
+    except OSError as e:  # the folder cannot be created or written
+        fail(f"--video {out_dir}: cannot write {e.filename or out_dir} ({e.strerror})")
     for rec in recorded:
         note = "" if rec.matches_evaluation in (None, True) else " (differs from the evaluated episode: stochastic policy)"
         err_console.print(f"video {rec.path}: {rec.frames} frames, return {rec.return_:.3f}{note}", highlight=False)

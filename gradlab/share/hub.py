@@ -49,6 +49,13 @@ def parse_hf_ref(ref: str) -> str:
     parts = repo.split("/")
     if not ref.startswith("hf://") or len(parts) != 2 or not all(parts):
         raise ConfigError(f"{ref}: expected hf://OWNER/NAME")
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(repo)
+    except HFValidationError as e:
+        raise ConfigError(f"{ref}: expected hf://OWNER/NAME ({str(e).splitlines()[0]})") from None
     return repo
 
 

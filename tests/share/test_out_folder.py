@@ -20,3 +20,23 @@ def test_an_out_that_is_a_file_is_one_error_line_and_the_file_is_kept(tmp_path: 
         lines = out.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0] == f"error: {expected}", (args, out.stderr)
         assert target.read_text() == "mine"
+
+
+def test_eval_video_that_is_a_file_is_refused_before_evaluating(tmp_path: Path) -> None:
+    target = tmp_path / "notes.txt"
+    target.write_text("mine")
+    out = gradlab("eval", "any-run", "--video", str(target))
+    assert out.returncode == 1 and out.stderr.strip() == f"error: --video {target}: expected a folder, found a file"
+    assert target.read_text() == "mine"
+
+
+def test_a_malformed_hub_repository_id_is_a_config_error_naming_it() -> None:
+    import pytest
+
+    from gradlab.errors import ConfigError
+    from gradlab.share.hub import parse_hf_ref
+
+    assert parse_hf_ref("hf://alice/bandit-ppo") == "alice/bandit-ppo"
+    for ref in ("hf://../x", "hf://alice/-x", "hf://al ice/x", "hf://alice/" + "n" * 97):
+        with pytest.raises(ConfigError, match="expected hf://OWNER/NAME"):
+            parse_hf_ref(ref)
