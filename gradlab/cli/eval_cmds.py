@@ -191,7 +191,11 @@ def resolve_checkpoint(ref: str, *, settings: Settings | None = None, stores: St
     if ref.startswith("file://"):  # the URIs receipts print for file stores
         ref = ref.removeprefix("file://")
     path = Path(ref).expanduser()
-    if path.is_dir():
+    try:
+        is_dir = path.is_dir()
+    except OSError:  # a name the OS refuses (too long): not a folder; the run-id checks name it below
+        is_dir = False
+    if is_dir:
         if not (path / "manifest.json").is_file():
             raise NotFound(f"{path}: not a checkpoint directory (no manifest.json)")
         path = path.resolve()
@@ -350,6 +354,8 @@ def eval_command(
     video_episodes: Annotated[int, typer.Option("--video-episodes", min=1, help="How many manifest episodes --video records (the first K).")] = 1,
 ) -> None:
     """Evaluate a checkpoint (or a --baseline policy) on its goal's fixed episode manifest and print the verdict."""
+    if video is not None and video.exists() and not video.is_dir():  # before the evaluation, not after it
+        fail(f"--video {video}: expected a folder, found a file")
     if baseline is not None:
         _baseline_command(checkpoint, baseline, episodes=episodes, json_out=json_out, video=video,
                           video_episodes=video_episodes)
@@ -421,6 +427,8 @@ def _record_videos(make_policy: Any, *, result: Any, goal: Any, environment: Any
                                             metadata=metadata or {}, prefix=prefix)
     except GradlabError as e:
         fail(str(e))
+    except OSError as e:  # the folder cannot be created or written
+        fail(f"--video {out_dir}: cannot write {e.filename or out_dir} ({e.strerror})")
     for rec in recorded:
         note = "" if rec.matches_evaluation in (None, True) else " (differs from the evaluated episode: stochastic policy)"
         err_console.print(f"video {rec.path}: {rec.frames} frames, return {rec.return_:.3f}{note}", highlight=False)

@@ -44,12 +44,28 @@ def _resolve(source: str, settings: Any, stores: Any) -> Any:
         hub = load_repo(source)
         return ResolvedCheckpoint(path=hub.checkpoint, spec=hub.spec, spec_source=f"{source} run_spec.json",
                                   origin="hub")
-    if source.startswith("s3://"):
-        m = _S3_CHECKPOINT.search(source)
-        if m is None:
-            fail(f"{source}: expected a checkpoint URI .../runs/<run_id>/checkpoints/<step>-<sha16>/")
-        source = f"{m['run']}:{int(m['step'])}"
-    return resolve_checkpoint(source, settings=settings, stores=stores)
+    if not source.startswith("s3://"):
+        return resolve_checkpoint(source, settings=settings, stores=stores)
+    from gradlab.checkpoints import read_manifest
+    from gradlab.errors import ConfigError, NotFound
+
+    m = _S3_CHECKPOINT.search(source)
+    if m is None:
+        fail(f"{source}: expected a checkpoint URI .../runs/<run_id>/checkpoints/<step>-<sha16>/")
+    # The URI is looked up in the configured stores (their publication receipts are the authority), so
+    # it must name the configured model store and the exact checkpoint, not just a run and a step.
+    store = source[:m.start()]
+    if store != stores.model.base_url.rstrip("/"):
+        raise ConfigError(f"{source}: names the model store {store}, but the configured model store is "
+                          f"{stores.model.base_url} (set GRADLAB_MODEL_STORE_URL and GRADLAB_CONTROL_STORE_URL "
+                          "to play from another store)")
+    resolved = resolve_checkpoint(f"{m['run']}:{int(m['step'])}", settings=settings, stores=stores)
+    sha16 = source.rstrip("/").rsplit("-", 1)[1]
+    found = read_manifest(resolved.path).sha256
+    if not found.startswith(sha16):
+        raise NotFound(f"{source}: run {m['run']} has no checkpoint {sha16} at step {int(m['step'])} "
+                       f"(its checkpoint there is {found[:16]})")
+    return resolved
 
 
 def play_command(

@@ -77,13 +77,19 @@ def stop(
     Refused (exit 1) while the server is up and any run of this GRADLAB_HOME's stores is training
     (see :func:`gradlab.cli.runs_cmds.live_attempts`), unless ``--force``.
     """
-    from gradlab.runs.server import running_server, stop_server
+    from gradlab.errors import GradlabError
+    from gradlab.runs.server import daemon_alive, stop_server
     from gradlab.settings import load_settings
 
     settings = load_settings()
-    if not force and running_server(settings) is not None:  # with no server up, no run depends on it
+    # A live daemon (even one whose server.json is unreadable) may serve runs; with none, no run depends on it.
+    if not force and daemon_alive(settings):
         refuse_while_training(settings)
-    console.print("stopped" if stop_server(settings) else "no server was running")
+    try:
+        stopped = stop_server(settings)
+    except GradlabError as e:
+        fail(str(e))
+    console.print("stopped" if stopped else "no server was running")
 
 
 def refuse_while_training(settings) -> None:

@@ -38,6 +38,8 @@ def export_command(
         written, files, why = export_checkpoint(resolved.path, spec, out, fmt=fmt)
     except GradlabError as e:
         fail(str(e))
+    except OSError as e:  # the output folder cannot be written (permissions, a full disk)
+        fail(f"--out {out}: cannot write {e.filename or out} ({e.strerror})")
     if why:
         err_console.print(f"rl-zoo3 cannot build {spec.environment.provider}:{spec.environment.env_id} ({why}); "
                           f"exported the SB3 files only", highlight=False)
@@ -82,6 +84,8 @@ def publish_command(
     """Assemble a Hugging Face model repository of a promoted checkpoint (card, evidence, SB3 zip, replay) and upload it."""
     from gradlab.share.hub import parse_hf_ref
 
+    if out is not None and out.exists() and not out.is_dir():
+        fail(f"--out {out}: expected a new or empty folder, found a file")
     if repo is not None:
         try:
             parse_hf_ref(f"hf://{repo}")
@@ -121,6 +125,8 @@ def publish_command(
                                   repo_id=repo)
     except GradlabError as e:
         fail(str(e))
+    except OSError as e:  # the repository folder cannot be written (permissions, a full disk)
+        fail(f"--out {folder}: cannot write {e.filename or folder} ({e.strerror})")
     err_console.print(f"repository folder {escape(str(folder))}: {len(index['files']) + 1} files"
                       + ("" if index["accepted"] else " (not accepted: the card says so)"), highlight=False)
     url = None

@@ -28,12 +28,19 @@ import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, HTTPException, Request, WebSocket
+from fastapi import Depends, FastAPI, HTTPException, Query, Request, WebSocket
 from fastapi.responses import FileResponse, JSONResponse, Response
 
-from gradlab.errors import GradlabError, NotFound
+from gradlab.errors import (
+    ConfigError,
+    ContractViolation,
+    GradlabError,
+    IntegrityError,
+    NotFound,
+    TransientError,
+)
 from gradlab.play.protocol import (
     PROTOCOL_VERSION,
     Command,
@@ -158,10 +165,21 @@ def create_app(config: PlayConfig) -> Any:
             raise HTTPException(status_code=401, detail=f"missing or wrong {TOKEN_HEADER} header")
 
     def page(fn: Any, *args: Any) -> Any:
+        """``fn(*args)`` with gradlab's errors as HTTP answers (their one-line message as the detail):
+        NotFound 404, a malformed name 400, a checkpoint that fails verification 409, a store that
+        cannot be reached 503, any other 500; never a traceback."""
         try:
             return fn(*args)
         except NotFound as e:
             raise HTTPException(status_code=404, detail=str(e)) from None
+        except (ContractViolation, ConfigError) as e:
+            raise HTTPException(status_code=400, detail=str(e)) from None
+        except IntegrityError as e:
+            raise HTTPException(status_code=409, detail=str(e)) from None
+        except TransientError as e:
+            raise HTTPException(status_code=503, detail=str(e)) from None
+        except GradlabError as e:
+            raise HTTPException(status_code=500, detail=str(e)) from None
 
     cat = config.catalog
     auth = [Depends(require_token)]
@@ -187,7 +205,7 @@ def create_app(config: PlayConfig) -> Any:
         return page(cat.playback_page, run_id, step)
 
     @app.get("/api/runs/{run_id}/checkpoints/{step}/video", dependencies=auth)
-    def api_video(run_id: str, step: int, episodes: int = 1, seed: int | None = None,
+    def api_video(run_id: str, step: int, episodes: int = 1, seed: Annotated[int | None, Query(ge=0)] = None,
                   deterministic: bool | None = None) -> Any:
         """Record ``episodes`` episodes in a playback worker of their own; the MP4 as a download."""
         import tempfile

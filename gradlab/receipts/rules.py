@@ -75,8 +75,28 @@ def read_run(stores: Stores, run_id: str) -> RunRecord:
 
 
 def read_run_spec(stores: Stores, run_id: str) -> dict[str, Any]:
-    """The resolved run spec JSON as written by :func:`open_run`. Raises NotFound."""
-    return json.loads(stores.control.get(keys.run_spec(run_id)))
+    """The resolved run spec JSON as written by :func:`open_run`, checked against the run record's
+    ``spec_sha256`` when the record exists.
+
+    Raises:
+        NotFound: no spec. ContractViolation: the object is not a JSON object.
+        IntegrityError: its hash is not the run record's.
+    """
+    url = stores.control.url(keys.run_spec(run_id))
+    try:
+        spec = json.loads(stores.control.get(keys.run_spec(run_id)))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ContractViolation(f"{url}: not JSON ({e})") from None
+    if not isinstance(spec, dict):
+        raise ContractViolation(f"{url}: expected a JSON object, found {type(spec).__name__}")
+    try:
+        record = read_run(stores, run_id)
+    except NotFound:  # opened up to the spec only: nothing to check it against
+        return spec
+    found = sha256_json(spec)
+    if found != record.spec_sha256:
+        raise IntegrityError(f"{url}: sha256 expected {record.spec_sha256} (run record), found {found}")
+    return spec
 
 
 def list_runs(stores: Stores) -> list[str]:

@@ -32,7 +32,15 @@ import time
 import urllib.request
 from pathlib import Path
 
-from gradlab.runs.server import ServerState, clear_stale, client_alive, clients_dir, healthy, write_state
+from gradlab.runs.server import (
+    ServerState,
+    clear_stale,
+    client_alive,
+    clients_dir,
+    healthy,
+    read_state_file,
+    write_state,
+)
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +153,9 @@ class Daemon:
             idle_since = None if last_busy >= now else last_busy
             if (idle_since is None) != (self.state.idle_since is None):
                 self.state = ServerState(**{**self.state.__dict__, "idle_since": idle_since})
+                write_state(self.home, self.state)
+            elif read_state_file(self.home) != self.state:  # removed or damaged while we run: clients need it
+                log.warning("%s was missing or not ours: rewritten", self.home / "server.json")
                 write_state(self.home, self.state)
             if self.idle_s and now - last_busy >= self.idle_s:
                 log.info("nothing used the server for %.0f s (idle timeout %.0f s): stopping", now - last_busy,

@@ -101,12 +101,17 @@ def _state_file(settings: Settings) -> Path:
     return state_file(prefect_home(settings))
 
 
-def read_state(settings: Settings) -> ServerState | None:
-    """The recorded state, whether or not its daemon still runs (None if absent or unreadable)."""
+def read_state_file(home: Path) -> ServerState | None:
+    """``home/server.json`` (None if absent or unreadable: not JSON, not an object, unknown fields)."""
     try:
-        return ServerState(**json.loads(_state_file(settings).read_text()))
+        return ServerState(**json.loads(state_file(home).read_text()))
     except (OSError, ValueError, TypeError):
         return None
+
+
+def read_state(settings: Settings) -> ServerState | None:
+    """The recorded state, whether or not its daemon still runs (None if absent or unreadable)."""
+    return read_state_file(prefect_home(settings))
 
 
 def write_state(home: Path, state: ServerState) -> None:
@@ -399,6 +404,9 @@ def stop_server(settings: Settings, grace_s: float = 30.0) -> bool:
             pass
     while daemon_alive(settings) and time.monotonic() < deadline:
         time.sleep(0.1)
+    if state is None and daemon_alive(settings):  # it rewrites an unreadable server.json within a poll
+        raise TransientError(f"a server daemon holds the lock on {home} but {state_file(home)} stayed unreadable "
+                             f"for {grace_s:.0f} s: nothing stopped (see {home / 'daemon.log'})")
     if daemon_alive(settings) and state is not None:
         log.warning("the server's daemon %d did not stop within %.0f s: killing it", state.pid, grace_s)
         if _is_daemon(state.pid):

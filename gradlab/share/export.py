@@ -92,8 +92,8 @@ def export_checkpoint(checkpoint: Path, spec: Any, out: Path, *, fmt: str) -> tu
         (format written, files written, why rl-zoo3 was not possible or None).
 
     Raises:
-        IntegrityError: the checkpoint fails verification. ContractViolation: an unknown format or
-        a backend without an SB3 zip.
+        IntegrityError: the checkpoint fails verification. ContractViolation: an unknown format,
+        a backend without an SB3 zip, or ``out`` is a file.
     """
     import yaml
 
@@ -101,6 +101,9 @@ def export_checkpoint(checkpoint: Path, spec: Any, out: Path, *, fmt: str) -> tu
 
     if fmt not in ("rl-zoo", "sb3"):
         raise ContractViolation(f"--format: expected rl-zoo or sb3, found {fmt!r}")
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ContractViolation(f"--out {out}: expected a folder, found a file")
     manifest = verify_checkpoint(checkpoint)
     if not manifest.backend_id.startswith("sb3."):
         raise ContractViolation(f"{checkpoint}: backend {manifest.backend_id} has no stable-baselines3 zip to export")

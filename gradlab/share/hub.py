@@ -49,6 +49,13 @@ def parse_hf_ref(ref: str) -> str:
     parts = repo.split("/")
     if not ref.startswith("hf://") or len(parts) != 2 or not all(parts):
         raise ConfigError(f"{ref}: expected hf://OWNER/NAME")
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(repo)
+    except HFValidationError as e:
+        raise ConfigError(f"{ref}: expected hf://OWNER/NAME ({str(e).splitlines()[0]})") from None
     return repo
 
 
@@ -154,6 +161,8 @@ def build_repo_folder(checkpoint: Path, spec: Any, result: Any, out: Path, *, ac
         raise ContractViolation(f"{checkpoint}: the evaluation result is for {result.checkpoint_sha256[:16]}, "
                                 f"the checkpoint is {manifest.sha256[:16]}")
     out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ContractViolation(f"{out}: expected a new or empty folder, found a file; choose a new --out folder")
     if out.exists() and any(out.iterdir()):
         raise ContractViolation(f"{out}: not empty; choose a new --out folder")
     (out / CHECKPOINT_DIR).mkdir(parents=True, exist_ok=True)

@@ -4,10 +4,16 @@ from __future__ import annotations
 
 from gradlab.errors import ContractViolation
 
+#: Longest key segment: a file name's limit on common filesystems (bytes, UTF-8).
+MAX_SEGMENT_BYTES = 255
+
 
 def _seg(value: str, what: str) -> str:
-    if not value or "/" in value or value.startswith("."):
-        raise ContractViolation(f"{what} {value!r}: expected a non-empty name without '/' or leading '.'")
+    if (not value or "/" in value or "\\" in value or value.startswith(".")
+            or any(ord(c) < 32 for c in value) or len(value.encode()) > MAX_SEGMENT_BYTES):
+        shown = value if len(value) <= 80 else value[:80] + f"... ({len(value)} characters)"
+        raise ContractViolation(f"{what} {shown!r}: expected a non-empty name of at most {MAX_SEGMENT_BYTES} "
+                                "bytes without '/', '\\', control characters or a leading '.'")
     return value
 
 

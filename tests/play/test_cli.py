@@ -93,3 +93,14 @@ def test_record_writes_the_episodes_as_mp4_with_provenance(local_run: tuple[Path
     assert [float(x) for x in meta["return"].split(",")] == returns
     bad = CliRunner().invoke(app, ["play", CARTPOLE_RUN_ID, "--record", str(tmp_path / "no" / "x.mp4")])
     assert bad.exit_code == 1 and "does not exist" in bad.output
+
+
+def test_an_s3_uri_of_another_store_is_refused_not_played_from_the_configured_one(
+        local_run: tuple[Path, Path], tmp_path: Path) -> None:
+    out_mp4 = tmp_path / "never.mp4"
+    uri = f"s3://elsewhere/model/runs/{CARTPOLE_RUN_ID}/checkpoints/000000000064-0000000000000000/"
+    out = _gradlab("play", uri, "--record", str(out_mp4))
+    assert out.returncode == 1, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {uri}: names the model store s3://elsewhere/model"), lines
+    assert "GRADLAB_MODEL_STORE_URL" in lines[0] and not out_mp4.exists()
