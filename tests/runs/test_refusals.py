@@ -69,7 +69,8 @@ def test_retry_refuses_a_live_lease_and_reconcile_closes_the_attempt_once_it_exp
         assert out.exit_code == 1, out.output
         assert "attempt attempt-001 is still running here" in out.output and "its lease is live" in out.output
         live = _gradlab("runs", "reconcile", run_id, "--json")
-        assert live.exit_code == 0 and json.loads(live.stdout) == []  # a live lease is not a dead attempt
+        assert live.exit_code == 1 and "is still running here" in live.output  # a live attempt is not a dead one
+        assert rules.read_terminal(stores, run_id, "attempt-001") is None
     finally:
         owner.stdin.close()
         owner.wait(timeout=120)
