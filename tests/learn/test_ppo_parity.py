@@ -64,9 +64,8 @@ def _flat(buf: object, name: str) -> torch.Tensor:
     return torch.as_tensor(arr.swapaxes(0, 1).reshape(arr.shape[0] * arr.shape[1], *arr.shape[2:]).copy())
 
 
-@pytest.mark.parametrize("fast", [True, False], ids=["hand-written-gradients", "autograd"])
-def test_one_update_equals_sb3_train(fast: bool) -> None:
-    model = _sb3_cartpole(seed=5)
+def _sb3_rollout_batch(model: object) -> dict[str, torch.Tensor]:
+    """One rollout collected by SB3 itself, flattened (time-major per lane, as SB3's train reads it)."""
     from stable_baselines3.common.callbacks import BaseCallback
 
     class Nothing(BaseCallback):
@@ -75,12 +74,18 @@ def test_one_update_equals_sb3_train(fast: bool) -> None:
 
     cb = Nothing()
     model._setup_learn(1024, cb)
-    cb.on_training_start(locals(), globals())
+    cb.on_training_start({}, {})
     model.collect_rollouts(model.env, cb, model.rollout_buffer, n_rollout_steps=model.n_steps)
     buf = model.rollout_buffer
-    batch = {"obs": _flat(buf, "observations"), "actions": _flat(buf, "actions").long().flatten(),
-             "old_log_prob": _flat(buf, "log_probs").flatten(), "old_values": _flat(buf, "values").flatten(),
-             "advantages": _flat(buf, "advantages").flatten(), "returns": _flat(buf, "returns").flatten()}
+    return {"obs": _flat(buf, "observations"), "actions": _flat(buf, "actions").long().flatten(),
+            "old_log_prob": _flat(buf, "log_probs").flatten(), "old_values": _flat(buf, "values").flatten(),
+            "advantages": _flat(buf, "advantages").flatten(), "returns": _flat(buf, "returns").flatten()}
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["hand-written-gradients", "autograd"])
+def test_one_update_equals_sb3_train(fast: bool) -> None:
+    model = _sb3_cartpole(seed=5)
+    batch = _sb3_rollout_batch(model)
     n = batch["advantages"].shape[0]
     rng = np.random.RandomState(11)
     perms = [torch.as_tensor(rng.permutation(n)) for _ in range(SB3_KW["n_epochs"])]
@@ -113,20 +118,7 @@ def test_one_update_equals_sb3_train(fast: bool) -> None:
 def test_kl_early_stop_follows_sb3s_rule() -> None:
     """target_kl: an epoch stops before the step of the first minibatch with KL > 1.5 * target_kl."""
     model = _sb3_cartpole(seed=2, target_kl=1e-9, n_epochs=4)
-    from stable_baselines3.common.callbacks import BaseCallback
-
-    class Nothing(BaseCallback):
-        def _on_step(self) -> bool:
-            return True
-
-    cb = Nothing()
-    model._setup_learn(1024, cb)
-    cb.on_training_start(locals(), globals())
-    model.collect_rollouts(model.env, cb, model.rollout_buffer, n_rollout_steps=model.n_steps)
-    buf = model.rollout_buffer
-    batch = {"obs": _flat(buf, "observations"), "actions": _flat(buf, "actions").long().flatten(),
-             "old_log_prob": _flat(buf, "log_probs").flatten(), "old_values": _flat(buf, "values").flatten(),
-             "advantages": _flat(buf, "advantages").flatten(), "returns": _flat(buf, "returns").flatten()}
+    batch = _sb3_rollout_batch(model)
     net = build_network(model.observation_space, model.action_space, PolicyModel(net_arch=[64, 64]))
     net.load_state_dict(model.policy.state_dict(), strict=True)
     opt = torch.optim.Adam(net.parameters(), lr=1e-3, eps=1e-5)
