@@ -728,6 +728,36 @@ class PPOBackend:
 
         write_sb3_zip(model, path)  # deterministic, nothing of gradlab pickled (docs/ARCHITECTURE.md section 6)
 
+    def warm_start(self, init: Any) -> None:
+        """Start from a parent checkpoint's weights (``spec.init_from``); call after :meth:`setup`.
+
+        The parent may be of either PPO backend (the weights-only policy has SB3's tensor names);
+        with ``init.optimizer`` its Adam state is loaded too, which only a ``gradlab.ppo`` parent
+        has in this backend's form. Counters, schedules and RNG streams start fresh.
+
+        Raises:
+            IntegrityError: the parent fails verification or is not the recorded sha256.
+            ContractViolation: the first tensor that is missing, extra or of another shape; an
+                optimizer state asked of a parent that has none in this backend's form.
+        """
+        from safetensors.torch import load_file
+
+        from gradlab.learn.sb3 import check_warm_start_tensors, read_warm_start_parent
+
+        # Every file present is verified; the optimizer file is then required of a gradlab.ppo parent.
+        path, parent = read_warm_start_parent(init, extra=[f"{RESUME_DIR}/{STATE_FILE}"] if init.optimizer else [])
+        check_warm_start_tensors(self.net.state_dict(), parent, source=init.source)
+        self.net.load_state_dict({k: v.to(self.device) for k, v in parent.items()}, strict=True)
+        if init.optimizer:
+            resume = path / RESUME_DIR
+            state = json.loads((resume / STATE_FILE).read_text())
+            if state.get("backend_id") != self.id:
+                raise ContractViolation(f"{resume / STATE_FILE}: --init-optimizer needs a {self.id} parent's optimizer "
+                                        f"state, found backend {state.get('backend_id')}")
+            if not (resume / OPTIMIZER_FILE).is_file():
+                raise ContractViolation(f"{resume / OPTIMIZER_FILE}: --init-optimizer needs the parent's optimizer state, missing")
+            _load_optimizer_state(self.optimizer, load_file(str(resume / OPTIMIZER_FILE)), state["optimizer"])
+
     def restore(self, checkpoint: Path, *, allow_env_pickle: bool = False) -> bool:
         """Load parameters, optimizer, counters, RNG streams and episode windows from a checkpoint.
 

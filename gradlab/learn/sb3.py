@@ -462,28 +462,8 @@ class SB3Backend:
                 parent, has another shape, or is extra in the parent.
         """
         import torch
-        from safetensors.torch import load_file
 
-        from gradlab.checkpoints.bundle import file_sha256, read_manifest
-        from gradlab.checkpoints.manifest import POLICY_SPEC_FILE
-        from gradlab.errors import IntegrityError
-
-        path = Path(init.path)
-        manifest = read_manifest(path)
-        # Every file this reads is checked against the manifest first; a published repository's
-        # checkpoint/ holds only the weights-only files (its other files were verified at download).
-        needed = [WEIGHTS_FILE, POLICY_SPEC_FILE, *([f"{RESUME_DIR}/optimizer.pt"] if init.optimizer else [])]
-        present = [rel for rel in manifest.files if (path / rel).is_file()]
-        for rel in sorted(set(needed) | set(present)):
-            entry = manifest.files.get(rel)
-            if entry is None or not (path / rel).is_file():
-                raise IntegrityError(f"{path / rel}: needed for the warm start but not in the checkpoint")
-            digest = file_sha256(path / rel)
-            if digest != entry.sha256:
-                raise IntegrityError(f"{path / rel}: sha256 expected {entry.sha256}, found {digest}")
-        if manifest.sha256 != init.checkpoint_sha256:
-            raise IntegrityError(f"{path}: --init-from expected policy sha256 {init.checkpoint_sha256}, found {manifest.sha256}")
-        parent = {k: v for k, v in load_file(str(path / WEIGHTS_FILE)).items() if not k.startswith("gradlab.")}
+        path, parent = read_warm_start_parent(init, extra=[f"{RESUME_DIR}/optimizer.pt"] if init.optimizer else [])
         check_warm_start_tensors(self.model.policy.state_dict(), parent, source=init.source)
         self.model.policy.load_state_dict(parent, strict=True)
         if init.optimizer:
@@ -568,6 +548,44 @@ class SB3Backend:
         if self.model is not None and self.model.env is not None:
             self.model.env.close()
 
+
+
+def read_warm_start_parent(init: Any, *, extra: list[str]) -> tuple[Path, dict[str, Any]]:
+    """The verified parent checkpoint folder of a warm start and its policy tensors (SB3's names).
+
+    Every file the warm start reads (the weights-only policy, its spec, ``extra`` resume files) and
+    every other file present is checked against the parent's manifest, and the manifest's policy
+    sha256 against the one recorded in the run spec (``init.checkpoint_sha256``). A published
+    repository's ``checkpoint/`` holds only the weights-only files (the rest was verified against
+    its ``gradlab.json`` at download).
+
+    Returns:
+        (folder, {tensor name: tensor}) without gradlab's own entries.
+
+    Raises:
+        IntegrityError: a needed file is missing, a file differs from the manifest, or the parent is
+            not the recorded sha256.
+    """
+    from safetensors.torch import load_file
+
+    from gradlab.checkpoints.bundle import file_sha256, read_manifest
+    from gradlab.checkpoints.manifest import POLICY_SPEC_FILE
+    from gradlab.errors import IntegrityError
+
+    path = Path(init.path)
+    manifest = read_manifest(path)
+    needed = [WEIGHTS_FILE, POLICY_SPEC_FILE, *extra]
+    present = [rel for rel in manifest.files if (path / rel).is_file()]
+    for rel in sorted(set(needed) | set(present)):
+        entry = manifest.files.get(rel)
+        if entry is None or not (path / rel).is_file():
+            raise IntegrityError(f"{path / rel}: needed for the warm start but not in the checkpoint")
+        digest = file_sha256(path / rel)
+        if digest != entry.sha256:
+            raise IntegrityError(f"{path / rel}: sha256 expected {entry.sha256}, found {digest}")
+    if manifest.sha256 != init.checkpoint_sha256:
+        raise IntegrityError(f"{path}: --init-from expected policy sha256 {init.checkpoint_sha256}, found {manifest.sha256}")
+    return path, {k: v for k, v in load_file(str(path / WEIGHTS_FILE)).items() if not k.startswith("gradlab.")}
 
 def check_warm_start_tensors(own: dict[str, Any], parent: dict[str, Any], *, source: str) -> None:
     """Refuse a parent whose tensors do not fit this policy, naming the first mismatching tensor.

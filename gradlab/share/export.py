@@ -105,9 +105,10 @@ def export_checkpoint(checkpoint: Path, spec: Any, out: Path, *, fmt: str) -> tu
     if out.exists() and not out.is_dir():
         raise ContractViolation(f"--out {out}: expected a folder, found a file")
     manifest = verify_checkpoint(checkpoint)
-    if not manifest.backend_id.startswith("sb3."):
+    # Both PPO backends write an SB3 zip (gradlab.ppo's holds the same policy under SB3's names).
+    algo = {"sb3.ppo": "ppo", "sb3.a2c": "a2c", "gradlab.ppo": "ppo"}.get(manifest.backend_id)
+    if algo is None:
         raise ContractViolation(f"{checkpoint}: backend {manifest.backend_id} has no stable-baselines3 zip to export")
-    algo = manifest.backend_id.split(".", 1)[1]
     env = spec.environment
     train = spec.recipe.train
     stats_file = Path(checkpoint) / "resume" / "vecnormalize.json"
@@ -124,6 +125,8 @@ def export_checkpoint(checkpoint: Path, spec: Any, out: Path, *, fmt: str) -> tu
         zip_path = run_folder / f"{env.env_id}.zip"
         config: dict[str, Any] = {"n_envs": env.n_envs, "n_timesteps": train.timesteps, "policy": "MlpPolicy",
                                   **train.backend.typed_config().model_dump(mode="json")}
+        for key in ("precision", "compile", "threads"):  # gradlab.ppo's own keys: not SB3 hyperparameters
+            config.pop(key, None)
         if stats is not None:
             config["normalize"] = {"norm_obs": bool(stats["norm_obs"]), "norm_reward": bool(stats["norm_reward"])}
         args = {"algo": algo, "env": env.env_id, "seed": spec.seed, "env_kwargs": dict(env.provider_args) or None,
