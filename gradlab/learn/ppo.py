@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from gradlab.checkpoints.manifest import POLICY_FILE, RESUME_DIR, WEIGHTS_FILE
+from gradlab.checkpoints.manifest import POLICY_FILE, RESUME_DIR
 from gradlab.contracts.recipe import GradlabPPOConfig
 from gradlab.contracts.run_spec import RunSpec
 from gradlab.errors import ConfigError, ContractViolation
@@ -772,16 +772,11 @@ class PPOBackend:
         """
         from safetensors.torch import load_file
 
+        from gradlab.learn.sb3 import load_resume_policy
+
         del allow_env_pickle
         resume = Path(checkpoint) / RESUME_DIR
-        state = json.loads((resume / STATE_FILE).read_text())
-        if state.get("backend_id") != self.id:
-            raise ContractViolation(f"{resume / STATE_FILE}: backend expected {self.id}, found {state.get('backend_id')}")
-        tensors = {k: v for k, v in load_file(str(Path(checkpoint) / WEIGHTS_FILE)).items() if not k.startswith("gradlab.")}
-        try:
-            self.net.load_state_dict(tensors, strict=True)
-        except RuntimeError as e:
-            raise ContractViolation(f"{Path(checkpoint) / WEIGHTS_FILE}: does not fit this recipe's policy: {e}") from None
+        state = load_resume_policy(checkpoint, self.id, self.net)
         _load_optimizer_state(self.optimizer, load_file(str(resume / OPTIMIZER_FILE)), state["optimizer"])
         self.num_timesteps = int(state["num_timesteps"])
         self.n_updates = int(state["n_updates"])

@@ -508,18 +508,10 @@ class SB3Backend:
             ContractViolation: the checkpoint is of another backend or its tensors do not fit.
         """
         import torch
-        from safetensors.torch import load_file
 
         m = self.model
         resume = Path(checkpoint) / RESUME_DIR
-        state = json.loads((resume / "state.json").read_text())
-        if state.get("backend_id") != self.id:
-            raise ContractViolation(f"{resume / 'state.json'}: backend expected {self.id}, found {state.get('backend_id')}")
-        tensors = {k: v for k, v in load_file(str(Path(checkpoint) / WEIGHTS_FILE)).items() if not k.startswith("gradlab.")}
-        try:
-            m.policy.load_state_dict(tensors, strict=True)
-        except RuntimeError as e:
-            raise ContractViolation(f"{Path(checkpoint) / WEIGHTS_FILE}: does not fit this recipe's policy: {e}") from None
+        state = load_resume_policy(checkpoint, self.id, m.policy)
         m.policy.optimizer.load_state_dict(torch.load(resume / "optimizer.pt", map_location=m.device, weights_only=True))
         m.num_timesteps = int(state["num_timesteps"])
         m._n_updates = int(state["n_updates"])
@@ -550,6 +542,33 @@ class SB3Backend:
 
 
 
+
+def policy_tensors(checkpoint: Path) -> dict[str, Any]:
+    """A checkpoint folder's weights-only policy tensors (SB3's names), without gradlab's own entries."""
+    from safetensors.torch import load_file
+
+    return {k: v for k, v in load_file(str(Path(checkpoint) / WEIGHTS_FILE)).items() if not k.startswith("gradlab.")}
+
+
+def load_resume_policy(checkpoint: Path, backend_id: str, module: Any) -> dict[str, Any]:
+    """Read ``resume/state.json`` of a ``backend_id`` checkpoint and load its policy into ``module``.
+
+    Returns:
+        The parsed ``state.json``.
+
+    Raises:
+        ContractViolation: the checkpoint is of another backend, or its tensors do not fit ``module``.
+    """
+    state_file = Path(checkpoint) / RESUME_DIR / "state.json"
+    state = json.loads(state_file.read_text())
+    if state.get("backend_id") != backend_id:
+        raise ContractViolation(f"{state_file}: backend expected {backend_id}, found {state.get('backend_id')}")
+    try:
+        module.load_state_dict(policy_tensors(checkpoint), strict=True)
+    except RuntimeError as e:
+        raise ContractViolation(f"{Path(checkpoint) / WEIGHTS_FILE}: does not fit this recipe's policy: {e}") from None
+    return state
+
 def read_warm_start_parent(init: Any, *, extra: list[str]) -> tuple[Path, dict[str, Any]]:
     """The verified parent checkpoint folder of a warm start and its policy tensors (SB3's names).
 
@@ -566,7 +585,6 @@ def read_warm_start_parent(init: Any, *, extra: list[str]) -> tuple[Path, dict[s
         IntegrityError: a needed file is missing, a file differs from the manifest, or the parent is
             not the recorded sha256.
     """
-    from safetensors.torch import load_file
 
     from gradlab.checkpoints.bundle import file_sha256, read_manifest
     from gradlab.checkpoints.manifest import POLICY_SPEC_FILE
@@ -585,7 +603,7 @@ def read_warm_start_parent(init: Any, *, extra: list[str]) -> tuple[Path, dict[s
             raise IntegrityError(f"{path / rel}: sha256 expected {entry.sha256}, found {digest}")
     if manifest.sha256 != init.checkpoint_sha256:
         raise IntegrityError(f"{path}: --init-from expected policy sha256 {init.checkpoint_sha256}, found {manifest.sha256}")
-    return path, {k: v for k, v in load_file(str(path / WEIGHTS_FILE)).items() if not k.startswith("gradlab.")}
+    return path, policy_tensors(path)
 
 def check_warm_start_tensors(own: dict[str, Any], parent: dict[str, Any], *, source: str) -> None:
     """Refuse a parent whose tensors do not fit this policy, naming the first mismatching tensor.
