@@ -116,8 +116,21 @@ def _actor_critic_class() -> type:
             self.linear = nn.Sequential(nn.Linear(n_flatten, features_dim), nn.ReLU())
             self.features_dim = features_dim
 
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.linear(self.cnn(x))
+        def forward(self, x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+            """(B, C, H, W) float32 → (B, features_dim) float32; ``scale`` multiplies the input.
+
+            The scale is applied to the first convolution's weight instead of the input
+            (``conv(s * x, W) = conv(x, s * W)``), which saves a pass over every frame: SB3's 1/255
+            pixel scaling costs one multiplication per weight here, not per pixel.
+            """
+            first = self.cnn[0]
+            if scale != 1.0:
+                x = torch.nn.functional.conv2d(x, first.weight * scale, first.bias, stride=first.stride)
+            else:
+                x = first(x)
+            for layer in self.cnn[1:]:
+                x = layer(x)
+            return self.linear(x)
 
     class MlpExtractor(nn.Module):
         """SB3's ``MlpExtractor``: separate policy and value MLPs (``net_arch`` list or ``{pi, vf}``)."""
@@ -188,12 +201,27 @@ def _actor_critic_class() -> type:
                     module.apply(lambda m, g=gain: _ortho(m, g))
 
         def preprocess(self, obs: torch.Tensor) -> torch.Tensor:
-            """(B, *obs_shape) as stored → float32 network input (SB3's ``preprocess_obs``)."""
+            """(B, *obs_shape) as stored → float32 network input (SB3's ``preprocess_obs``).
+
+            Images for the Nature CNN stay in [0, 255] (in the dtype the first convolution computes
+            in): :meth:`features` folds SB3's 1/255 into that convolution's weight.
+            """
             if self.image:
                 if self.transpose:
                     obs = obs.permute(0, 3, 1, 2)
-                return obs.float() / 255.0
+                if not self.nature_cnn:
+                    return obs.float() / 255.0
+                # Straight to the dtype the convolution computes in (uint8 pixels are exact in bf16 and
+                # fp16): under autocast that saves a float32 copy of every frame.
+                dev = obs.device.type
+                dtype = (torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev)
+                         else self.features_extractor.cnn[0].weight.dtype)
+                return obs.to(dtype)
             return obs.float()
+
+        def features(self, extractor: nn.Module, x: torch.Tensor) -> torch.Tensor:
+            """``extractor`` on :meth:`preprocess`'s output (the 1/255 of images applied in the CNN)."""
+            return extractor(x, 1.0 / 255.0) if self.nature_cnn and self.image else extractor(x)
 
         def _mlp(self, seq: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
             """``seq(x)`` without module-call overhead (Linear layers with the activation after each)."""
@@ -206,21 +234,21 @@ def _actor_critic_class() -> type:
         def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             x = self.preprocess(obs)
             if self.share:
-                fp = fv = self.features_extractor(x)
+                fp = fv = self.features(self.features_extractor, x)
             else:
-                fp, fv = self.pi_features_extractor(x), self.vf_features_extractor(x)
+                fp, fv = self.features(self.pi_features_extractor, x), self.features(self.vf_features_extractor, x)
             head = self.action_net(self._mlp(self.mlp_extractor.policy_net, fp))
             value = self.value_net(self._mlp(self.mlp_extractor.value_net, fv)).squeeze(-1)
             return head, value
 
         def head(self, obs: torch.Tensor) -> torch.Tensor:
             """The action head alone (logits or Gaussian means): the rollout's per-step call for MLPs."""
-            fp = self.pi_features_extractor(self.preprocess(obs))
+            fp = self.features(self.pi_features_extractor, self.preprocess(obs))
             return self.action_net(self._mlp(self.mlp_extractor.policy_net, fp))
 
         def value(self, obs: torch.Tensor) -> torch.Tensor:
             """V(s), (B,) (the bootstrap of truncated lanes)."""
-            fv = self.vf_features_extractor(self.preprocess(obs))
+            fv = self.features(self.vf_features_extractor, self.preprocess(obs))
             return self.value_net(self._mlp(self.mlp_extractor.value_net, fv)).squeeze(-1)
 
     def _ortho(module: nn.Module, gain: float) -> None:
@@ -296,6 +324,20 @@ def compute_gae(rewards: Any, values: Any, dones: Any, last_values: Any, gamma: 
 
 
 # -- one update ---------------------------------------------------------------------------------
+def take_rows(tensor: Any, index: Any) -> Any:
+    """``tensor[index]`` along dim 0, keeping a channels-last image batch channels-last.
+
+    ``index_select`` is a row copy, several times faster than advanced indexing on uint8 frames
+    (Breakout minibatches, measured here); a (B, C, H, W) batch stored channels-last is gathered in
+    its storage order, so the convolutions get it without a layout conversion.
+    """
+    import torch
+
+    if tensor.dim() == 4 and not tensor.is_contiguous() and tensor.is_contiguous(memory_format=torch.channels_last):
+        return tensor.permute(0, 2, 3, 1).index_select(0, index).permute(0, 3, 1, 2)
+    return tensor.index_select(0, index)
+
+
 def ppo_update(net: Any, optimizer: Any, batch: dict[str, Any], cfg: GradlabPPOConfig, *, clip_range: float,
                ent_coef: float, permutations: list[Any] | None = None, autocast: Any = None,
                scaler: Any = None, fast: bool = False, forward: Any = None) -> dict[str, Any]:
@@ -344,8 +386,11 @@ def ppo_update(net: Any, optimizer: Any, batch: dict[str, Any], cfg: GradlabPPOC
             if perm is None and start == 0 and bs >= b:
                 mb = batch
             else:
-                idx = perm[start:start + bs] if perm is not None else slice(start, start + bs)
-                mb = {k: v[idx] for k, v in batch.items()}
+                if perm is not None:
+                    idx = perm[start:start + bs]
+                    mb = {k: take_rows(v, idx) for k, v in batch.items()}
+                else:
+                    mb = {k: v[start:start + bs] for k, v in batch.items()}
             adv = mb["advantages"]
             if cfg.normalize_advantage and adv.shape[0] > 1:
                 adv = (adv - adv.mean()) / (adv.std() + 1e-8)
@@ -484,6 +529,12 @@ class PPOBackend:
             else:
                 threads = default_threads()
             torch.set_num_threads(threads)
+            self.threads = threads
+            # The rollout's forward is one small batch per step (one observation per lane): on one thread
+            # it is as fast (Breakout, 8 lanes: 1.3 ms of CPU per step against 1.5 ms of wall on two, and
+            # 4-7x slower on two under load, measured here) and it leaves the other cores to the env's
+            # lanes (ALE's own threads). One more thread per 32 lanes.
+            self.rollout_threads = max(1, min(threads, venv.num_envs // 32))
         if cfg.precision == "fp16-amp" and self.device.type == "cpu":
             raise ConfigError("train.backend.config.precision: fp16-amp needs device cuda; use bf16 on CPU")
         random.seed(spec.seed)
@@ -516,10 +567,25 @@ class PPOBackend:
         self._forward, self._head = self.net, self.net.head
         if cfg.compile:
             self._forward, self._head = torch.compile(self.net), torch.compile(self.net.head)
+        # bf16 on a CPU: the rollout runs a bf16 copy of the network, refreshed once per rollout (the
+        # parameters do not change during one). Autocast would cast every weight at every step, which
+        # cost more than bf16 saved; the copy's forward took 0.67 ms of CPU per step against fp32's
+        # 1.27 ms (Breakout, 8 lanes, one thread, measured here).
+        self._rollout_net = None
+        if cfg.precision == "bf16" and self.device.type == "cpu" and self.net.nature_cnn:
+            import copy
+
+            self._rollout_net = copy.deepcopy(self.net).to(torch.bfloat16)
         n, t = venv.num_envs, cfg.n_steps
         obs_dtype = torch.uint8 if is_image(self.obs_space) else torch.float32
         kw = {"device": self.device}
-        self.buf_obs = torch.zeros((t, n, *self.obs_space.shape), dtype=obs_dtype, **kw)
+        if self.net.nature_cnn and not self.net.transpose:
+            # Channel-first frames are stored channels-last (the layout the convolutions run in): one
+            # transposing copy per step here instead of a layout conversion per minibatch and epoch.
+            c, h, w = self.obs_space.shape
+            self.buf_obs = torch.zeros((t, n, h, w, c), dtype=obs_dtype, **kw).permute(0, 1, 4, 2, 3)
+        else:
+            self.buf_obs = torch.zeros((t, n, *self.obs_space.shape), dtype=obs_dtype, **kw)
         act_shape = () if self.net.discrete else tuple(self.action_space.shape)
         self.buf_actions = torch.zeros((t, n, *act_shape), dtype=torch.int64 if self.net.discrete else torch.float32, **kw)
         self.buf_logp = torch.zeros((t, n), **kw)
@@ -542,7 +608,19 @@ class PPOBackend:
         return t if self.device.type == "cpu" else t.to(self.device, non_blocking=True)
 
     def collect(self) -> bool:
-        """One rollout of ``n_steps`` per lane into the rollout tensors, then GAE."""
+        """One rollout of ``n_steps`` per lane into the rollout tensors, then GAE (on CPU, on
+        ``rollout_threads`` torch threads)."""
+        import torch
+
+        if self.device.type == "cpu" and self.rollout_threads != self.threads:
+            torch.set_num_threads(self.rollout_threads)
+            try:
+                return self._collect()
+            finally:
+                torch.set_num_threads(self.threads)
+        return self._collect()
+
+    def _collect(self) -> bool:
         import contextlib
 
         import torch
@@ -550,9 +628,15 @@ class PPOBackend:
         cfg, net = self.cfg, self.net
         env_s = 0.0
         gamma = cfg.gamma
-        # bf16 autocast in the rollout only on CUDA: on a CPU, casting the weights for every batch of
-        # one step per lane cost more than it saved (Breakout, 8 lanes, measured here).
+        # bf16 autocast in the rollout only on CUDA; on a CPU bf16 runs the rollout on a bf16 copy of
+        # the network instead (see setup).
         ctx = (self._autocast if self.device.type == "cuda" else None) or contextlib.nullcontext
+        forward, value_fn = self._forward, net.value
+        if self._rollout_net is not None:
+            with torch.no_grad():
+                for copy_p, p in zip(self._rollout_net.parameters(), net.parameters(), strict=True):
+                    copy_p.copy_(p)
+            forward, value_fn = self._rollout_net, self._rollout_net.value
         box = None if net.discrete else (self.action_space.low, self.action_space.high)
         obs = self._obs
         # MLPs: only the action head per step; values and log-probs of the whole rollout come from one
@@ -561,13 +645,13 @@ class PPOBackend:
         batched = not net.nature_cnn
         with torch.no_grad():
             for t in range(cfg.n_steps):
-                obs_t = self._to_device(obs)
-                self.buf_obs[t].copy_(obs_t)
+                self.buf_obs[t].copy_(self._to_device(obs))
+                obs_t = self.buf_obs[t]
                 with ctx():
                     if batched:
                         head = self._head(obs_t)
                     else:
-                        head, value = self._forward(obs_t)
+                        head, value = forward(obs_t)
                         self.buf_values[t] = value.float()
                 actions, logp = sample_actions(net, head)
                 self.buf_actions[t] = actions
@@ -588,7 +672,7 @@ class PPOBackend:
                     if truncated:
                         final = self._to_device(np.stack([res.final_obs[lane] for lane in truncated]))
                         with ctx():
-                            v = net.value(final).float()
+                            v = value_fn(final).float()
                         boot[torch.as_tensor(truncated, device=self.device)] = gamma * v
                     for ep in res.episodes:
                         self.episodes.add(ep.as_json())
@@ -601,7 +685,7 @@ class PPOBackend:
                     logp, _ = log_prob_entropy(net, head, self.buf_actions.flatten(0, 1))
                     self.buf_logp.copy_(logp.view(t_, n_))
                     self.buf_values.copy_(values.float().view(t_, n_))
-                _, last_values = self._forward(self._to_device(obs))
+                _, last_values = forward(self._to_device(obs))
             adv, ret = compute_gae(self.buf_rewards + self.buf_boot, self.buf_values, self.buf_dones,
                                    last_values.float(), gamma, cfg.gae_lambda)
         self.advantages, self.returns = adv, ret

@@ -63,3 +63,39 @@ def test_bandit_learns_in_each_cpu_precision(precision: str, tmp_path: Path) -> 
     assert last["train/algorithm/ppo/update/epochs"] == 4.0
     assert last["train/algorithm/ppo/update/count"] == 4.0 * len(metrics)
     assert [e.payload["step"] for e in events if e.kind == "checkpoint_ready"] == [4096, 8192]
+
+
+def test_breakout_rollout_on_one_thread_and_a_bf16_copy() -> None:
+    """On CPU the rollout runs on ``rollout_threads`` (1 for 2 lanes) and, in bf16, on a bf16 copy of
+    the network refreshed from the fp32 parameters; the update runs on the recipe's threads again."""
+    import torch
+
+    from gradlab.contracts.experiments import Experiments
+    from gradlab.contracts.run_spec import RunSpec
+
+    overrides = ["train.environment.n_envs=2", "train.backend.config.n_steps=8", "train.backend.config.batch_size=8",
+                 "train.backend.config.n_epochs=1", "train.backend.config.precision=bf16",
+                 "train.backend.config.threads=2", "train.device=cpu"]
+    spec = RunSpec.from_resolved(Experiments().resolve("Breakout-Atari2600-v0/ppo", overrides), seed=1)
+    backend = PPOBackend()
+    backend.setup(spec, backend.make_env(spec))
+    seen: list[int] = []
+    step = backend.venv.step
+    backend.venv.step = lambda act: (seen.append(torch.get_num_threads()), step(act))[1]
+    try:
+        backend.begin(resumed=False)
+        assert backend.rollout_threads == 1 and backend.threads == 2
+        for _ in range(2):  # the second rollout's copy is refreshed from the updated parameters
+            backend.collect()
+            assert set(seen) == {1} and torch.get_num_threads() == 2
+            copy = dict(backend._rollout_net.named_parameters())
+            for name, p in backend.net.named_parameters():
+                assert copy[name].dtype == torch.bfloat16 and torch.equal(copy[name], p.detach().to(torch.bfloat16)), name
+            # The rollout's values (bf16 copy) are the fp32 network's within bf16's rounding.
+            with torch.no_grad():
+                _, values = backend.net(backend.buf_obs.flatten(0, 1))
+            assert torch.allclose(backend.buf_values.flatten(), values, rtol=0.05, atol=0.02)
+            assert backend.buf_obs.flatten(0, 1).is_contiguous(memory_format=torch.channels_last)
+            backend.update()
+    finally:
+        backend.close()

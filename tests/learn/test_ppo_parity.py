@@ -287,3 +287,56 @@ def test_nature_cnn_policy_loads_in_gradlabs_loader(tmp_path: Path) -> None:
     backend.close()
     assert policy.action_probs(obs) == pytest.approx(torch.softmax(head, -1).numpy(), abs=1e-5)
     assert policy.value(obs) == pytest.approx(value.numpy(), abs=1e-4)
+
+
+def test_one_nature_cnn_update_equals_sb3_train() -> None:
+    """Breakout frames through the Nature CNN: the 1/255 folded into the first convolution, frames
+    stored channels-last and gathered by ``take_rows``, against SB3's ``CnnPolicy`` and ``PPO.train``."""
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.utils import set_random_seed
+
+    from gradlab.contracts.experiments import Experiments
+    from gradlab.contracts.run_spec import RunSpec
+    from gradlab.envs import make_vector_env
+    from gradlab.envs.sb3 import SB3VecEnv
+
+    spec = RunSpec.from_resolved(Experiments().resolve("Breakout-Atari2600-v0/ppo-sb3", ["train.environment.n_envs=2"]), seed=3)
+    env = SB3VecEnv(make_vector_env(spec.environment, seed=3))
+    set_random_seed(3)
+    kw = {**SB3_KW, "batch_size": 16, "n_epochs": 2}
+    model = PPO("CnnPolicy", env, device="cpu", verbose=0, **kw)
+    batch = _sb3_rollout_batch(model)
+    n = batch["advantages"].shape[0]
+    # Stored as the backend stores channel-first frames: channels-last, the same values.
+    batch["obs"] = batch["obs"].permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
+    assert batch["obs"].is_contiguous(memory_format=torch.channels_last) and batch["obs"].dtype == torch.uint8
+    rng = np.random.RandomState(5)
+    perms = [torch.as_tensor(rng.permutation(n)) for _ in range(kw["n_epochs"])]
+    pm = PolicyModel(extractor="nature_cnn", net_arch=[], activation="tanh")
+    net = build_network(model.observation_space, model.action_space, pm)
+    net.load_state_dict(model.policy.state_dict(), strict=True)
+    net = net.to(memory_format=torch.channels_last)
+    opt = torch.optim.Adam(net.parameters(), lr=1e-3, eps=1e-5, fused=True)
+    cfg = GradlabPPOConfig(**{k: v for k, v in kw.items() if k != "learning_rate"})
+    first = net.features_extractor.cnn[0].weight.detach().clone()
+
+    np.random.seed(5)
+    model._current_progress_remaining = 1.0
+    model.train()
+    logged = dict(model.logger.name_to_value)
+    out = ppo_update(net, opt, batch, cfg, clip_range=0.2, ent_coef=0.01, permutations=perms)
+
+    for ours, theirs in (("pg_loss", "train/policy_gradient_loss"), ("value_loss", "train/value_loss"),
+                         ("approx_kl", "train/approx_kl"), ("loss", "train/loss")):
+        assert out[ours] == pytest.approx(logged[theirs], rel=1e-3, abs=1e-6), ours
+    theirs = dict(model.policy.named_parameters())
+    for name, p in net.named_parameters():
+        assert torch.allclose(p.grad, theirs[name].grad, rtol=1e-3, atol=1e-6), f"gradient of {name}"
+        # Adam moves a weight by about lr per step whatever its gradient's size, so a gradient that is
+        # zero up to rounding (a unit ReLU keeps off) may step either way: all but a few in 1,000
+        # weights agree within rounding, and none by more than the steps taken could move it.
+        off = (p - theirs[name]).abs() > 1e-5 + 1e-4 * theirs[name].abs()
+        assert off.float().mean() <= 1e-3, f"updated {name}: {int(off.sum())} of {off.numel()} weights differ"
+        assert float((p - theirs[name]).abs().max()) <= 2 * kw["learning_rate"] * 4, f"updated {name}"
+    assert not torch.allclose(net.features_extractor.cnn[0].weight, first, rtol=1e-4, atol=1e-6)  # the update moved it
+    model.env.close()
