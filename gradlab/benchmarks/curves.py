@@ -314,11 +314,14 @@ def milestones(steps: int, every: int) -> list[int]:
 
 def summarize(runs: list[_Run], sides: list[Side], marks: list[int], window: int = WINDOW,
               upto: int | None = None) -> dict:
-    """Per milestone (up to ``upto``) and side the mean curve; per other side against the first the
-    comparisons at each milestone, of the area statistic, and the verdict (:mod:`curve_stats`)."""
+    """Per milestone (up to ``upto``, and at ``upto`` itself) and side the mean curve; per other side
+    against the first the comparisons at each milestone, of the area statistic, and the verdict
+    (:mod:`curve_stats`) at the last point."""
     ref = sides[0]
     curves = {s.label: [r.curve() for r in runs if r.side == s and r.record] for s in sides}
     marks = [m for m in marks if upto is None or m <= upto]
+    if upto and (not marks or marks[-1] != upto):  # a partial run: judged at the step every run has reached
+        marks.append(upto)
     rows = []
     for m in marks:
         row: dict[str, Any] = {"step": m, "mean": {}, "compare": {}}
