@@ -7,8 +7,10 @@ fp32 over the first 200k steps.
 A *side* is ``BACKEND[:PRECISION]`` (``sb3.ppo``, ``gradlab.ppo``, ``gradlab.ppo:bf16``). Each
 side and seed is one *run*: the goal's recipe for that backend (``ppo-sb3`` for ``sb3.ppo`` when
 the goal has one, else ``ppo``; ``ppo`` for ``gradlab.ppo``; ``train.backend.id`` set to the side's
-backend either way, so the hyperparameters are the recipe's), trained for ``--steps`` env steps by
-gradlab's own learner (:func:`gradlab.learn.learner.run_learner`: outbox, metric checks,
+backend either way, so the hyperparameters are the recipe's), trained for ``--steps`` env steps
+(by default the first ``--steps`` of the recipe's own run: its schedules keep the recipe's
+``train.timesteps`` horizon and the learner stops at ``--steps``; ``--schedule-horizon steps``
+anneals them over ``--steps`` instead) by gradlab's own learner (:func:`gradlab.learn.learner.run_learner`: outbox, metric checks,
 early-stop monitor, one final checkpoint, device cpu, ``--threads`` torch threads) in a fresh
 process, ``--jobs`` processes at a time. The learner's vector env is wrapped by
 :class:`EpisodeLog`, which records each training episode's env step (lane steps so far, as the
@@ -21,7 +23,7 @@ Outputs in ``--out`` (default ``$GRADLAB_HOME/benchmarks/curves-<goal>-<UTC time
 
 * ``curves.json``: the settings, the machine, and per run ``side, seed, status, steps,
   episode_steps, returns, seconds, cpu_seconds, stalled_s, steps_per_s, stop_reason,
-  outbox_check``, plus ``summary`` (the comparisons of :mod:`gradlab.benchmarks.curve_stats`).
+  schedule_timesteps, outbox_check``, plus ``summary`` (the comparisons of :mod:`gradlab.benchmarks.curve_stats`).
   Rewritten after every run that ends and every ``--flush-s`` seconds (a run cut short still
   leaves its partial curve); each worker also keeps ``runs/<side>-s<seed>.json`` current every
   10 s.
@@ -116,17 +118,35 @@ def side_ref(goal: str, side: Side) -> str:
     raise NotFound(f"{goal}: expected one of the recipes {', '.join(RECIPES[side.backend])} for {side.label}, found none")
 
 
-def run_spec(goal: str, side: Side, seed: int, steps: int, threads: int) -> Any:
-    """The run spec of one run: the side's recipe with the budget, one final checkpoint, device cpu,
-    ``threads`` torch threads, the side's backend and precision."""
+HORIZONS = ("recipe", "steps")
+
+
+def run_spec(goal: str, side: Side, seed: int, steps: int, threads: int, horizon: str = "recipe") -> Any:
+    """The run spec of one run: the side's recipe, one final checkpoint, device cpu, ``threads`` torch
+    threads, the side's backend and precision.
+
+    ``horizon`` sets ``train.timesteps``, the length the learning-rate, clip-range and entropy
+    schedules run over: ``recipe`` keeps the recipe's (the run then stops at ``steps``, so the curve
+    is the first ``steps`` of the recipe's own run; at least ``steps``), ``steps`` sets it to
+    ``steps`` (the schedules reach their final values at the end of the curve).
+
+    Raises:
+        ConfigError: an unknown ``horizon``, or an override the recipe rejects. NotFound: no recipe.
+    """
     from gradlab.contracts.experiments import Experiments
     from gradlab.contracts.run_spec import RunSpec
 
-    overrides = [f"train.timesteps={steps}", f"train.checkpoint_freq={steps}", "train.device=cpu",
-                 f"train.torch_threads={threads}", f"train.backend.id={side.backend}"]
+    if horizon not in HORIZONS:
+        raise ConfigError(f"--schedule-horizon: expected {' or '.join(HORIZONS)}, found {horizon!r}")
+    overrides = [f"train.checkpoint_freq={steps}", "train.device=cpu", f"train.torch_threads={threads}",
+                 f"train.backend.id={side.backend}"]
     if side.backend == "gradlab.ppo":
         overrides += [f"train.backend.config.threads={threads}", f"train.backend.config.precision={side.precision}"]
-    return RunSpec.from_resolved(Experiments().resolve(side_ref(goal, side), overrides), seed=seed)
+    exp, ref = Experiments(), side_ref(goal, side)
+    resolved = exp.resolve(ref, overrides)
+    if horizon == "steps" or resolved.recipe.train.timesteps < steps:
+        resolved = exp.resolve(ref, [f"train.timesteps={steps}", *overrides])
+    return RunSpec.from_resolved(resolved, seed=seed)
 
 
 # -- the worker: one run in its own process ---------------------------------------------------
@@ -212,8 +232,10 @@ def _outbox_check(outbox_path: Path, returns: list[float]) -> dict:
     return {"outbox_raw_mean": last, "recorded_raw_mean": recorded, "match": match}
 
 
-def worker(goal: str, side: Side, seed: int, steps: int, threads: int, out: Path, parent_pid: int) -> dict:
-    """Train one run, keeping ``out`` (its JSON record) current; returns the final record.
+def worker(goal: str, side: Side, seed: int, steps: int, threads: int, out: Path, parent_pid: int,
+           horizon: str = "recipe") -> dict:
+    """Train one run for ``steps`` env steps (:func:`run_spec`), keeping ``out`` (its JSON record)
+    current; returns the final record (``status`` ``done`` once ``steps`` were trained).
 
     Raises:
         ContractViolation / ConfigError / NotFound: as :func:`run_learner` and :func:`run_spec`.
@@ -223,10 +245,11 @@ def worker(goal: str, side: Side, seed: int, steps: int, threads: int, out: Path
     from gradlab.envs import make_vector_env
     from gradlab.learn.learner import OUTBOX_FILE, run_learner
 
-    spec = run_spec(goal, side, seed, steps, threads)
+    spec = run_spec(goal, side, seed, steps, threads, horizon)
     heartbeat = _Heartbeat()
     record: dict[str, Any] = {"side": side.label, "backend": side.backend, "precision": side.precision, "seed": seed,
                               "ref": f"{spec.goal_id}/{spec.recipe_id}", "threads": threads, "budget": steps,
+                              "schedule_timesteps": spec.recipe.train.timesteps,
                               "status": "running", "pid": os.getpid()}
     c0, t0 = _cpu_seconds(), time.monotonic()
     last_flush = [t0]
@@ -255,11 +278,13 @@ def worker(goal: str, side: Side, seed: int, steps: int, threads: int, out: Path
     else:
         env = log
     with tempfile.TemporaryDirectory(prefix="gradlab-curves-") as tmp:
-        result = run_learner(spec, Path(tmp) / "run", env=env, watch_parent=True, parent_pid=parent_pid)
+        result = run_learner(spec, Path(tmp) / "run", env=env, stop_at_step=steps, watch_parent=True,
+                             parent_pid=parent_pid)
         record["stop_reason"] = result.stop_reason
         record["final_step"] = result.final_step
         record["outbox_check"] = _outbox_check(Path(tmp) / "run" / OUTBOX_FILE, log.returns)
-    final = snapshot("done" if result.stop_reason == "budget" else "stopped")
+    done = result.final_step >= steps and result.stop_reason in ("budget", "stop_requested")
+    final = snapshot("done" if done else "stopped")
     _write_json(out, final)
     return final
 
@@ -422,7 +447,7 @@ def _machine() -> dict:
 
 def run(goal: str, sides: list[Side], seeds: list[int], steps: int, threads: int = 1, jobs: int = 1,
         out: Path | None = None, milestone: int | None = None, flush_s: float = 120.0, window: int = WINDOW,
-        console: Any = None) -> dict:
+        horizon: str = "recipe", console: Any = None) -> dict:
     """Train every side on every seed, print milestone tables, write ``curves.json`` and ``curves.png``.
 
     Returns:
@@ -444,7 +469,7 @@ def run(goal: str, sides: list[Side], seeds: list[int], steps: int, threads: int
     if steps < 1 or jobs < 1 or threads < 1 or not seeds:
         raise ConfigError("--steps, --jobs, --threads: expected >= 1; --seeds: at least one")
     for s in sides:  # fail before any process starts
-        run_spec(goal, s, seeds[0], steps, threads)
+        run_spec(goal, s, seeds[0], steps, threads, horizon)
     console = console or Console(width=None if sys.stdout.isatty() else 160)
     out = Path(out) if out is not None else default_out(goal)
     (out / "runs").mkdir(parents=True, exist_ok=True)
@@ -455,7 +480,8 @@ def run(goal: str, sides: list[Side], seeds: list[int], steps: int, threads: int
             for s, seed in order]
     title = f"{goal}: {' vs '.join(s.label for s in sides)}, {steps:,} env steps, seeds {', '.join(map(str, seeds))}"
     header = {"benchmark": "curves", "goal": goal, "sides": [s.label for s in sides], "seeds": seeds, "steps": steps,
-              "threads": threads, "jobs": jobs, "window": window, "milestone": every, "device": "cpu",
+              "threads": threads, "jobs": jobs, "window": window, "schedule_horizon": horizon, "milestone": every,
+              "device": "cpu",
               "started_at": datetime.now(UTC).isoformat(), "machine": _machine()}
 
     def document(complete: bool) -> dict:
@@ -497,7 +523,8 @@ def run(goal: str, sides: list[Side], seeds: list[int], steps: int, threads: int
                     while pending and not stopping[0] and sum(r.status == "running" for r in runs) < jobs:
                         r = pending.pop(0)
                         args = json.dumps({"goal": goal, "side": r.side.label, "seed": r.seed, "steps": steps,
-                                           "threads": threads, "out": str(r.path), "parent_pid": os.getpid()})
+                                           "threads": threads, "out": str(r.path), "parent_pid": os.getpid(),
+                                           "horizon": horizon})
                         with open(r.log, "w") as logf:
                             r.proc = subprocess.Popen([sys.executable, "-m", "gradlab.benchmarks.curves", args],
                                                       stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -573,4 +600,4 @@ if __name__ == "__main__":  # one run: python -m gradlab.benchmarks.curves '{"go
     logging.basicConfig(level=logging.WARNING)
     _a = json.loads(sys.argv[1])
     worker(_a["goal"], Side.parse(_a["side"]), int(_a["seed"]), int(_a["steps"]), int(_a["threads"]), Path(_a["out"]),
-           int(_a["parent_pid"]))
+           int(_a["parent_pid"]), _a["horizon"])

@@ -65,6 +65,9 @@ def curves(
     out: Path = typer.Option(None, help="Folder for curves.json, curves.png and runs/ (default: "
                              "$GRADLAB_HOME/benchmarks/curves-<goal>-<UTC time>)."),
     flush_s: float = typer.Option(120.0, min=1.0, help="Seconds between rewrites of the JSON and the plot."),
+    schedule_horizon: str = typer.Option("recipe", help="recipe: the schedules (learning rate, clip range) run over "
+                                         "the recipe's train.timesteps and each run stops at --steps (the first "
+                                         "--steps of the recipe's run); steps: they anneal over --steps."),
 ) -> None:
     """Learning curves (raw training return vs env steps) per side and seed, and whether sides agree within noise."""
     from gradlab.benchmarks.curves import Side, run
@@ -72,7 +75,7 @@ def curves(
     try:
         parsed = [Side.parse(s) for s in side]
         run(goal, parsed, list(seeds), steps, threads=threads, jobs=jobs, out=out, milestone=milestone,
-            flush_s=flush_s)
+            flush_s=flush_s, horizon=schedule_horizon)
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
     except RuntimeError as e:  # a run's process failed (gradlab's own errors end as one line in app.main)

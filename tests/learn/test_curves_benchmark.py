@@ -47,7 +47,9 @@ def test_two_sides_survive_a_pause_and_leave_json_png_and_verdict(tmp_path: Path
     assert doc["complete"] and doc["goal"] == "gradlab__bandit" and doc["sides"] == ["sb3.ppo", "gradlab.ppo"]
     runs = {r["side"]: r for r in doc["runs"]}
     for r in runs.values():
-        assert r["status"] == "done" and r["stop_reason"] == "budget" and r["seed"] == 3
+        # The first 4096 steps of the recipe's own run: its 16384-step schedules, stopped at 4096.
+        assert r["status"] == "done" and r["stop_reason"] == "stop_requested" and r["seed"] == 3
+        assert r["schedule_timesteps"] == 16384
         assert r["steps"] == r["final_step"] == 4096
         # The bandit's episodes are one step long: one per lane step, each return 0 or 1, steps in order.
         assert len(r["returns"]) == len(r["episode_steps"]) == 4096
@@ -85,6 +87,25 @@ def test_two_sides_survive_a_pause_and_leave_json_png_and_verdict(tmp_path: Path
     assert img.shape[:2] == (600, 1000)
     colours = np.unique((img[..., :3] * 255).astype(np.uint8).reshape(-1, 3), axis=0)
     assert len(colours) > 50 and img[..., :3].std() > 0.05
+
+
+def test_run_spec_keeps_the_recipes_schedule_horizon_unless_told() -> None:
+    from gradlab.benchmarks.curves import Side, run_spec
+
+    spec = run_spec("Breakout-Atari2600-v0", Side.parse("gradlab.ppo:bf16"), 1, 1_000_000, 2)
+    train = spec.recipe.train
+    assert spec.recipe_id == "ppo" and train.backend.id == "gradlab.ppo" and spec.seed == 1
+    assert train.timesteps == 10_000_000 and spec.checkpoint_freq == 1_000_000  # one final checkpoint only
+    assert train.backend.config["precision"] == "bf16" and train.backend.config["threads"] == 2
+    assert train.torch_threads == 2 and train.device == "cpu"
+    sb3 = run_spec("Breakout-Atari2600-v0", Side.parse("sb3.ppo"), 0, 200_000, 1, horizon="steps")
+    assert sb3.recipe_id == "ppo-sb3" and sb3.recipe.train.backend.id == "sb3.ppo"
+    assert sb3.recipe.train.timesteps == 200_000
+    # The same hyperparameters on both sides.
+    keys = ("n_steps", "batch_size", "n_epochs", "learning_rate", "clip_range", "ent_coef", "vf_coef")
+    assert {k: sb3.recipe.train.backend.config[k] for k in keys} == {k: train.backend.config[k] for k in keys}
+    # A budget past the recipe's: the horizon grows to it.
+    assert run_spec("gradlab__bandit", Side.parse("sb3.ppo"), 0, 50_000, 1).recipe.train.timesteps == 50_000
 
 
 def test_bad_side_and_unknown_goal_are_one_line_errors() -> None:
