@@ -216,5 +216,5 @@ def verdict(side: str, ref_side: str, final: Comparison, area: Comparison) -> Ve
         return Verdict(side, ref_side, final.within, "episode",
                        f"{side} vs {ref_side}: final difference {final.diff:+.2f} {word} the 95% bootstrap interval "
                        f"[{final.lo:+.2f}, {final.hi:+.2f}] of episode noise; seed noise NOT estimated "
-                       f"(1 seed on a side: rerun with --seeds 0 1 2 to judge 'within seed noise')")
+                       f"(1 seed on a side: rerun with --seeds 0,1,2 to judge 'within seed noise')")
     return Verdict(side, ref_side, None, "none", f"{side} vs {ref_side}: not judged (no finished episode on a side yet)")

@@ -57,7 +57,8 @@ def curves(
     side: list[str] = typer.Option(["sb3.ppo", "gradlab.ppo"], help="BACKEND[:PRECISION]: sb3.ppo, gradlab.ppo, "
                                    "gradlab.ppo:bf16; repeat it; the first is the reference."),
     steps: int = typer.Option(1_000_000, min=1, help="Env steps per run."),
-    seeds: list[int] = typer.Option([0], help="Seeds per side (repeat it; >= 2 to judge seed noise)."),
+    seeds: list[str] = typer.Option(["0"], help="Seeds per side: 0,1,2 or --seeds 0 --seeds 1 (>= 2 to judge "
+                                    "seed noise)."),
     threads: int = typer.Option(1, min=1, help="Torch threads per run."),
     jobs: int = typer.Option(1, min=1, help="Runs trained at the same time, each in its own process."),
     milestone: int = typer.Option(None, min=1, help="Env steps between the milestone tables (default: a tenth of "
@@ -73,8 +74,12 @@ def curves(
     from gradlab.benchmarks.curves import Side, run
 
     try:
+        seed_list = [int(x) for text in seeds for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"expected integers (0,1,2), found {' '.join(seeds)!r}", param_hint="--seeds") from None
+    try:
         parsed = [Side.parse(s) for s in side]
-        run(goal, parsed, list(seeds), steps, threads=threads, jobs=jobs, out=out, milestone=milestone,
+        run(goal, parsed, seed_list, steps, threads=threads, jobs=jobs, out=out, milestone=milestone,
             flush_s=flush_s, horizon=schedule_horizon)
     except KeyboardInterrupt:
         raise typer.Exit(130) from None

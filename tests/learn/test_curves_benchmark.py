@@ -113,5 +113,7 @@ def test_bad_side_and_unknown_goal_are_one_line_errors() -> None:
 
     res = CliRunner().invoke(app, ["benchmark", "curves", "--side", "sb3.ppo:bf16"])
     assert res.exit_code != 0 and "sb3.ppo trains in fp32 only" in str(res.exception or res.output)
+    res = CliRunner().invoke(app, ["benchmark", "curves", "--seeds", "0,x"])
+    assert res.exit_code == 2 and "--seeds" in res.output
     res = CliRunner().invoke(app, ["benchmark", "curves", "--goal", "NoSuchGoal-v0", "--steps", "10"])
     assert res.exit_code != 0 and "NoSuchGoal-v0" in str(res.exception or res.output)
