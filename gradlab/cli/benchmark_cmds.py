@@ -5,6 +5,8 @@ Each sub-command lives in ``gradlab/benchmarks/<name>.py`` and is registered her
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 
 benchmark_app = typer.Typer(help="Measure speed against the bare libraries (prints a table of ratios).",
@@ -46,6 +48,44 @@ def learning(
     from gradlab.benchmarks.learning import main
 
     main(ref, seeds, checkpoint_freq, as_json)
+
+
+@benchmark_app.command("curves")
+def curves(
+    goal: str = typer.Option("Breakout-Atari2600-v0", help="Goal whose recipes the sides train (ppo-sb3 for sb3.ppo "
+                             "when it has one, else ppo; ppo for gradlab.ppo)."),
+    side: list[str] = typer.Option(["sb3.ppo", "gradlab.ppo"], help="BACKEND[:PRECISION]: sb3.ppo, gradlab.ppo, "
+                                   "gradlab.ppo:bf16; repeat it; the first is the reference."),
+    steps: int = typer.Option(1_000_000, min=1, help="Env steps per run."),
+    seeds: list[str] = typer.Option(["0"], help="Seeds per side: 0,1,2 or --seeds 0 --seeds 1 (>= 2 to judge "
+                                    "seed noise)."),
+    threads: int = typer.Option(1, min=1, help="Torch threads per run."),
+    jobs: int = typer.Option(1, min=1, help="Runs trained at the same time, each in its own process."),
+    milestone: int = typer.Option(None, min=1, help="Env steps between the milestone tables (default: a tenth of "
+                                  "--steps)."),
+    out: Path = typer.Option(None, help="Folder for curves.json, curves.png and runs/ (default: "
+                             "$GRADLAB_HOME/benchmarks/curves-<goal>-<UTC time>)."),
+    flush_s: float = typer.Option(120.0, min=1.0, help="Seconds between rewrites of the JSON and the plot."),
+    schedule_horizon: str = typer.Option("recipe", help="recipe: the schedules (learning rate, clip range) run over "
+                                         "the recipe's train.timesteps and each run stops at --steps (the first "
+                                         "--steps of the recipe's run); steps: they anneal over --steps."),
+) -> None:
+    """Learning curves (raw training return vs env steps) per side and seed, and whether sides agree within noise."""
+    from gradlab.benchmarks.curves import Side, run
+
+    try:
+        seed_list = [int(x) for text in seeds for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"expected integers (0,1,2), found {' '.join(seeds)!r}", param_hint="--seeds") from None
+    try:
+        parsed = [Side.parse(s) for s in side]
+        run(goal, parsed, seed_list, steps, threads=threads, jobs=jobs, out=out, milestone=milestone,
+            flush_s=flush_s, horizon=schedule_horizon)
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+    except RuntimeError as e:  # a run's process failed (gradlab's own errors end as one line in app.main)
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from None
 
 
 @benchmark_app.command("envs")
