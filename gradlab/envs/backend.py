@@ -107,6 +107,23 @@ class LaneBackend:
         """
         raise NotImplementedError
 
+    #: Whether :meth:`step_async` returns while the lanes step (ale-py's native vector env), so a
+    #: caller can compute something else meanwhile; otherwise the step happens in :meth:`step_wait`.
+    steps_in_background: bool = False
+
+    def step_async(self, actions: np.ndarray) -> None:
+        """Start :meth:`step` with ``actions``; :meth:`step_wait` returns its result.
+
+        The default keeps the actions and steps in :meth:`step_wait`.
+        """
+        self._pending_actions = actions
+
+    def step_wait(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[dict]]:
+        """The result of the step :meth:`step_async` started (as :meth:`step` returns it)."""
+        actions = self._pending_actions
+        self._pending_actions = None
+        return self.step(actions)
+
     def flag_values(self, name: str) -> np.ndarray:
         """(N,) values of provider flag ``name`` after the last step."""
         raise KeyError(name)

@@ -214,13 +214,34 @@ class VectorEnv:
         Raises:
             ContractViolation: actions of the wrong shape.
         """
+        self.step_async(actions)
+        return self.step_wait()
+
+    @property
+    def steps_in_background(self) -> bool:
+        """Whether the lanes step between :meth:`step_async` and :meth:`step_wait` (ale-py)."""
+        return self.backend.steps_in_background
+
+    def step_async(self, actions: np.ndarray) -> None:
+        """Start a step of every lane with ``actions``; :meth:`step_wait` completes it.
+
+        :meth:`step` is the two in a row. With a backend that ``steps_in_background`` the lanes
+        step while the caller does other work (the rollout of another lane group).
+
+        Raises:
+            ContractViolation: actions of the wrong shape.
+        """
         actions = np.asarray(actions)
         if self._discrete:
             if actions.shape != self._action_shape:
                 raise ContractViolation(f"actions: expected shape {self._action_shape}, found {actions.shape}")
             if actions.dtype.kind not in "iu":
                 actions = actions.astype(np.int64)
-        obs, raw, nterm, ntrunc, infos = self.backend.step(actions)
+        self.backend.step_async(actions)
+
+    def step_wait(self) -> StepResult:
+        """The step :meth:`step_async` started: task program, same-step autoreset, the result."""
+        obs, raw, nterm, ntrunc, infos = self.backend.step_wait()
         raw = np.asarray(raw, dtype=np.float64)
         fired: dict[str, np.ndarray] = {}
         if self._simple:

@@ -487,10 +487,12 @@ class PPOBackend:
 
     @staticmethod
     def make_env(spec: RunSpec) -> Any:
-        """gradlab's vector env for the run (task program applied, lane seeds from ``spec.seed``)."""
-        from gradlab.envs import make_vector_env
+        """gradlab's vector env for the run (task program applied, lane seeds from ``spec.seed``):
+        two lane groups where the provider steps lanes in the background (ale-py), so the rollout
+        overlaps one group's env step with the other's forward pass (:mod:`gradlab.envs.groups`)."""
+        from gradlab.envs.groups import make_lane_groups
 
-        return make_vector_env(spec.environment, seed=spec.seed)
+        return make_lane_groups(spec.environment, seed=spec.seed, groups=2)
 
     # -- construction ------------------------------------------------------------------------
     def setup(self, spec: RunSpec, venv: Any, *, device: str = "auto") -> None:
@@ -626,7 +628,6 @@ class PPOBackend:
         import torch
 
         cfg, net = self.cfg, self.net
-        env_s = 0.0
         gamma = cfg.gamma
         # bf16 autocast in the rollout only on CUDA; on a CPU bf16 runs the rollout on a bf16 copy of
         # the network instead (see setup).
@@ -638,45 +639,80 @@ class PPOBackend:
                     copy_p.copy_(p)
             forward, value_fn = self._rollout_net, self._rollout_net.value
         box = None if net.discrete else (self.action_space.low, self.action_space.high)
-        obs = self._obs
         # MLPs: only the action head per step; values and log-probs of the whole rollout come from one
         # batched forward afterwards (the parameters do not change during a rollout). CNNs share the
         # convolutions between the heads, so they take both per step.
         batched = not net.nature_cnn
+        obs = self._obs
+        env_s = 0.0
+
+        def act(t: int, sl: slice) -> np.ndarray:
+            """Actions of lanes ``sl`` at step ``t`` (their observations into the rollout tensors)."""
+            self.buf_obs[t, sl].copy_(self._to_device(obs[sl]))
+            obs_t = self.buf_obs[t, sl]
+            with ctx():
+                if batched:
+                    head = self._head(obs_t)
+                else:
+                    head, value = forward(obs_t)
+                    self.buf_values[t, sl] = value.float()
+            actions, logp = sample_actions(net, head)
+            self.buf_actions[t, sl] = actions
+            if not batched:
+                self.buf_logp[t, sl] = logp
+            a = actions.cpu().numpy()
+            return a if box is None else np.clip(a, box[0], box[1])
+
+        def record(t: int, sl: slice, res: Any) -> None:
+            """Step ``t``'s result of lanes ``sl``: rewards, ends, the bootstrap of truncated lanes."""
+            self.buf_rewards[t, sl] = self._to_device(res.reward)
+            self.buf_dones[t, sl] = self._to_device(res.terminated | res.truncated)
+            boot = self.buf_boot[t, sl]
+            boot.zero_()
+            if res.episodes:
+                truncated = [ep.lane for ep in res.episodes if res.truncated[ep.lane] and not res.terminated[ep.lane]]
+                if truncated:
+                    final = self._to_device(np.stack([res.final_obs[lane] for lane in truncated]))
+                    with ctx():
+                        v = value_fn(final).float()
+                    boot[torch.as_tensor(truncated, device=self.device)] = gamma * v
+                for ep in res.episodes:
+                    self.episodes.add(ep.as_json())
+
+        groups = getattr(self.venv, "groups", None)
         with torch.no_grad():
-            for t in range(cfg.n_steps):
-                self.buf_obs[t].copy_(self._to_device(obs))
-                obs_t = self.buf_obs[t]
-                with ctx():
-                    if batched:
-                        head = self._head(obs_t)
-                    else:
-                        head, value = forward(obs_t)
-                        self.buf_values[t] = value.float()
-                actions, logp = sample_actions(net, head)
-                self.buf_actions[t] = actions
-                if not batched:
-                    self.buf_logp[t] = logp
-                act = actions.cpu().numpy()
-                if box is not None:
-                    act = np.clip(act, box[0], box[1])
-                t0 = time.perf_counter()
-                res = self.venv.step(act)
-                env_s += time.perf_counter() - t0
-                self.buf_rewards[t] = self._to_device(res.reward)
-                self.buf_dones[t] = self._to_device(res.terminated | res.truncated)
-                boot = self.buf_boot[t]
-                boot.zero_()
-                if res.episodes:
-                    truncated = [ep.lane for ep in res.episodes if res.truncated[ep.lane] and not res.terminated[ep.lane]]
-                    if truncated:
-                        final = self._to_device(np.stack([res.final_obs[lane] for lane in truncated]))
-                        with ctx():
-                            v = value_fn(final).float()
-                        boot[torch.as_tensor(truncated, device=self.device)] = gamma * v
-                    for ep in res.episodes:
-                        self.episodes.add(ep.as_json())
-                obs = res.obs
+            if groups is not None and len(groups) == 2 and self.venv.steps_in_background:
+                # Two lane groups (gradlab.envs.groups): group a's lanes step while group b's actions
+                # are computed, and the other way round. Each lane sees the same sequence as in one env.
+                (ga, gb), (sa, sb) = groups, self.venv.slices
+                obs = np.array(obs, copy=True)
+                ga.step_async(act(0, sa))
+                for t in range(cfg.n_steps):
+                    actions_b = act(t, sb)
+                    t0 = time.perf_counter()
+                    res_a = ga.step_wait()
+                    env_s += time.perf_counter() - t0
+                    gb.step_async(actions_b)
+                    record(t, sa, res_a)
+                    obs[sa] = res_a.obs
+                    if t + 1 < cfg.n_steps:
+                        actions_a = act(t + 1, sa)
+                    t0 = time.perf_counter()
+                    res_b = gb.step_wait()
+                    env_s += time.perf_counter() - t0
+                    if t + 1 < cfg.n_steps:
+                        ga.step_async(actions_a)
+                    record(t, sb, res_b)
+                    obs[sb] = res_b.obs
+            else:
+                everything = slice(None)
+                for t in range(cfg.n_steps):
+                    actions = act(t, everything)
+                    t0 = time.perf_counter()
+                    res = self.venv.step(actions)
+                    env_s += time.perf_counter() - t0
+                    record(t, everything, res)
+                    obs = res.obs
             self._obs = obs
             with ctx():
                 if batched:

@@ -80,8 +80,9 @@ def test_breakout_rollout_on_one_thread_and_a_bf16_copy() -> None:
     backend = PPOBackend()
     backend.setup(spec, backend.make_env(spec))
     seen: list[int] = []
-    step = backend.venv.step
-    backend.venv.step = lambda act: (seen.append(torch.get_num_threads()), step(act))[1]
+    assert len(backend.venv.groups) == 2  # ale-py lanes: the pipelined rollout of two lane groups
+    for group in backend.venv.groups:
+        group.step_wait = lambda wait=group.step_wait: (seen.append(torch.get_num_threads()), wait())[1]
     try:
         backend.begin(resumed=False)
         assert backend.rollout_threads == 1 and backend.threads == 2

@@ -108,8 +108,17 @@ class AleLanes(LaneBackend):
             self._last_obs[mask] = obs[mask]
         return [obs[lane] for lane in lanes], [infos[lane] for lane in lanes]
 
+    steps_in_background = True  # AtariVectorEnv.send returns at once; its C++ threads step the lanes
+
     def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[dict]]:
-        obs, reward, term, trunc, info = self.env.step(np.asarray(actions, dtype=np.int64))
+        self.step_async(actions)
+        return self.step_wait()
+
+    def step_async(self, actions: np.ndarray) -> None:
+        self.env.send(np.asarray(actions, dtype=np.int64))
+
+    def step_wait(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[dict]]:
+        obs, reward, term, trunc, info = self.env.recv()
         obs = self._layout(obs)
         self._last_obs = obs
         return obs, reward.astype(np.float64), term, trunc, self._infos(info, self.num_envs)
