@@ -779,7 +779,9 @@ class PPOBackend:
 
         The parent may be of either PPO backend (the weights-only policy has SB3's tensor names);
         with ``init.optimizer`` its Adam state is loaded too, which only a ``gradlab.ppo`` parent
-        has in this backend's form. Counters, schedules and RNG streams start fresh.
+        has in this backend's form. When both recipes normalise observations the parent's
+        observation statistics are loaded too (as ``sb3.ppo`` does). Counters, schedules and RNG
+        streams start fresh.
 
         Raises:
             IntegrityError: the parent fails verification or is not the recorded sha256.
@@ -803,6 +805,9 @@ class PPOBackend:
             if not (resume / OPTIMIZER_FILE).is_file():
                 raise ContractViolation(f"{resume / OPTIMIZER_FILE}: --init-optimizer needs the parent's optimizer state, missing")
             _load_optimizer_state(self.optimizer, load_file(str(resume / OPTIMIZER_FILE)), state["optimizer"])
+        stats = path / RESUME_DIR / VECNORMALIZE_FILE
+        if self.normaliser is not None and self.normaliser.norm_obs and stats.is_file():
+            self.normaliser.load_observation_statistics(json.loads(stats.read_text()), stats)
 
     def restore(self, checkpoint: Path, *, allow_env_pickle: bool = False) -> bool:
         """Load parameters, optimizer, counters, RNG streams, episode windows, normalisation

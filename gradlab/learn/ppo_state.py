@@ -64,7 +64,7 @@ class Normaliser:
     The attributes have ``VecNormalize``'s names, so ``sb3.py``'s JSON writer and reader
     (``_vecnormalize_state``, ``_load_vecnormalize_state``) serve both backends; unlike
     ``VecNormalize``, ``obs_rms`` exists even when only rewards are normalised (it then stays at
-    its initial values and is not applied).
+    its initial values, is not applied, and is written as null like ``sb3.ppo``'s).
 
     Attributes:
         obs_rms: ``RunningMeanStd`` of shape obs_shape. ret_rms: ``RunningMeanStd`` of shape ().
@@ -136,7 +136,7 @@ class Normaliser:
                          ("clip_reward", self.clip_reward), ("gamma", self.gamma), ("epsilon", self.epsilon)):
             if key not in data or data[key] != own:
                 raise ContractViolation(f"{where}: {key} expected {own} (this recipe), found {data.get(key, 'none')}")
-        shapes = {"obs_rms": self.obs_rms.mean.shape, "ret_rms": ()}
+        shapes = {"obs_rms": self.obs_rms.mean.shape, "ret_rms": ()} if self.norm_obs else {"ret_rms": ()}
         try:
             for name, shape in shapes.items():
                 for part in ("mean", "var"):
@@ -149,6 +149,26 @@ class Normaliser:
             _load_vecnormalize_state(self, data)
         except (KeyError, TypeError, ValueError) as e:
             raise ContractViolation(f"{where}: malformed normalisation statistics ({type(e).__name__}: {e})") from None
+
+    def load_observation_statistics(self, data: dict[str, Any], where: Path) -> None:
+        """Take the observation statistics of another run's ``vecnormalize.json`` (a warm start's parent).
+
+        A parent that did not normalise observations leaves them as they are.
+
+        Raises:
+            ContractViolation: naming ``where``: the statistics have another shape or are malformed.
+        """
+        if not isinstance(data, dict) or not data.get("norm_obs"):
+            return
+        try:
+            mean = np.asarray(data["obs_rms"]["mean"], dtype=np.float64)
+            var = np.asarray(data["obs_rms"]["var"], dtype=np.float64)
+            count = float(data["obs_rms"]["count"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise ContractViolation(f"{where}: malformed observation statistics ({type(e).__name__}: {e})") from None
+        if mean.shape != self.obs_rms.mean.shape or var.shape != mean.shape:
+            raise ContractViolation(f"{where}: obs_rms: shape expected {self.obs_rms.mean.shape}, found {mean.shape}")
+        self.obs_rms.mean, self.obs_rms.var, self.obs_rms.count = mean, var, count
 
 
 def save_lanes(resume: Path, venv: Any, obs: np.ndarray) -> str | None:

@@ -134,6 +134,15 @@ def test_a_normalised_acrobot_run_checkpoints_resumes_evaluates_and_exports(tmp_
     backend = PPOBackend()
     backend.setup(spec, backend.make_env(spec))
     assert backend.restore(final_a)
+    # A warm start from it takes its observation statistics too (as sb3.ppo's does).
+    from gradlab.contracts.run_spec import InitFrom
+
+    m = verify_checkpoint(final_a)
+    child = PPOBackend()
+    child.setup(spec, child.make_env(spec))
+    child.warm_start(InitFrom(source=str(final_a), checkpoint_sha256=m.sha256, checkpoint_step=m.step, path=str(final_a)))
+    np.testing.assert_array_equal(child.normaliser.obs_rms.var, np.asarray(stats_a["obs_rms"]["var"]))
+    child.close()
     raw = make_vector_env(spec.environment, seed=11).reset()
     with torch.no_grad():
         head, _ = backend.net(torch.as_tensor(backend.normaliser.normalize_obs(raw)))
@@ -159,3 +168,28 @@ def test_a_normalised_acrobot_run_checkpoints_resumes_evaluates_and_exports(tmp_
     loaded = VecNormalize.load(str(vec), DummyVecEnv([lambda: gym.make("Acrobot-v1")]))  # our own file, just written
     np.testing.assert_array_equal(loaded.obs_rms.mean, np.asarray(stats_a["obs_rms"]["mean"]))
     assert loaded.ret_rms.var == stats_a["ret_rms"]["var"] and not loaded.training
+
+
+@pytest.mark.parametrize("backend", ["sb3.ppo", "gradlab.ppo"])
+def test_reward_only_normalisation_checkpoints_resumes_and_exports(backend: str, tmp_path: Path) -> None:
+    """Only rewards normalised: VecNormalize then has no observation statistics (null in the JSON)."""
+    import gymnasium as gym
+    from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
+
+    from gradlab.share.export import export_checkpoint
+
+    config = {"n_steps": 32, "batch_size": 64, "n_epochs": 1, "gamma": 0.9}
+    spec = make_spec(ACROBOT, {"id": backend, "config": config}, timesteps=256, checkpoint_freq=128, seed=1,
+                     normalize={"reward": True}, policy_model={"net_arch": [16]})
+    run_learner(spec, tmp_path / "run", stop_at_step=128, watch_parent=False)
+    middle = list_checkpoints(tmp_path / "run")[-1]
+    assert run_learner(spec, tmp_path / "run", resume_from=middle, watch_parent=False).final_step == 256
+    final = list_checkpoints(tmp_path / "run")[-1]
+    stats = json.loads((final / "resume" / "vecnormalize.json").read_text())
+    assert stats["obs_rms"] is None and stats["norm_reward"] and not stats["norm_obs"] and stats["gamma"] == 0.9
+    assert stats["ret_rms"]["count"] == 256 + 1e-4
+    assert load_policy(final).spec.obs_normalization is None
+    _, files, _ = export_checkpoint(final, spec, tmp_path / "export", fmt="sb3")
+    vec = next(p for p in files if p.name == "vecnormalize.pkl")
+    loaded = VecNormalize.load(str(vec), DummyVecEnv([lambda: gym.make("Acrobot-v1")]))  # our own file, just written
+    assert loaded.ret_rms.var == stats["ret_rms"]["var"] and not loaded.norm_obs
