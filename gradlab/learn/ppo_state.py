@@ -22,7 +22,6 @@ Every file is listed with its sha256 in the checkpoint manifest like the rest of
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +32,6 @@ from gradlab.learn.sb3 import LANES_SAVED, _load_vecnormalize_state, _vecnormali
 
 __all__ = ["LANES_SAVED", "LAST_OBS_FILE", "VECNORMALIZE_FILE", "Normaliser", "read_last_obs", "restore_lanes",
            "save_lanes"]
-
-logger = logging.getLogger(__name__)
 
 LAST_OBS_FILE = "last_obs.npy"
 VECNORMALIZE_FILE = "vecnormalize.json"
@@ -49,8 +46,8 @@ class Normaliser:
 
     stable-baselines3 2.x ``VecNormalize`` (``common/vec_env/vec_normalize.py``), step by step:
 
-    * observations: the running mean/var (``RunningMeanStd``, parallel-variance update over the N
-      lanes of one step, initial count 1e-4) is updated with the step's observations (after the
+    * observations: the running mean/var (SB3's own ``RunningMeanStd``: Chan et al.'s parallel
+      variance update over the N lanes of one step, float64, initial count 1e-4) is updated with the step's observations (after the
       same-step autoreset, so a lane that ended contributes its next episode's first observation),
       then ``clip((obs - mean) / sqrt(var + 1e-8), -clip_obs, clip_obs)`` as float32; a reset
       updates them with the first observations;
