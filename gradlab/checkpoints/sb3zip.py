@@ -11,6 +11,8 @@
 * the bytes depend only on the model's state: entries in a fixed order with a fixed timestamp
   (1980-01-01) and mode, ``start_time`` zeroed, the episode-info windows emptied (they hold wall
   times), spaces pickled without their sampling generator (its ``repr`` holds a memory address),
+  the memory addresses cut from the readable ``repr`` of each pickled value's attributes (SB3
+  writes them beside ``:serialized:`` and never reads them back; they differ between processes),
   and a ``system_info.txt`` with library versions only (no OS, host or GPU);
 * a value whose type comes from gradlab that cannot be translated is refused
   (:class:`~gradlab.errors.ContractViolation`) rather than pickled.
@@ -21,6 +23,7 @@ from __future__ import annotations
 import copy
 import io
 import platform
+import re
 import zipfile
 from collections import deque
 from pathlib import Path
@@ -30,6 +33,7 @@ from gradlab.errors import ContractViolation
 
 ZIP_DATE_TIME = (1980, 1, 1, 0, 0, 0)
 """The timestamp of every entry (the earliest a zip can hold)."""
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
 def _sb3_schedule(value: Any) -> Any:
@@ -117,7 +121,8 @@ def sb3_zip_bytes(model: Any) -> bytes:
     import torch
     from stable_baselines3.common.save_util import data_to_json, recursive_getattr
 
-    serialized = data_to_json(_zip_data(model))
+    # " at 0x7f..." in a repr differs per process; base64 (":serialized:") holds no space, so only reprs change.
+    serialized = _ADDRESS.sub("", data_to_json(_zip_data(model)))
     state_dicts, torch_vars = model._get_torch_save_params()
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, mode="w") as archive:

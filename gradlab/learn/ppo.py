@@ -29,8 +29,10 @@ permutations are drawn on the device, and losses stay on the device until the up
 
 Resume state (``resume/`` in a checkpoint), never pickle: ``state.json`` (counters, schedules'
 progress, every RNG stream, episode windows, optimizer hyperparameters) and
-``optimizer.safetensors`` (Adam's moments and step counts by parameter index). The lanes are not
-saved (the vector env has no state API that avoids pickle): a resumed run starts new episodes.
+``optimizer.safetensors`` (Adam's moments and step counts by parameter index), and, as
+``sb3.ppo`` writes them, the lane state (``lanes.json`` + ``lanes.npz`` + ``last_obs.npy``: a
+resumed run continues the same episodes) and the normalisation statistics (``vecnormalize.json``,
+``train.normalize`` with VecNormalize's rules): :mod:`gradlab.learn.ppo_state`.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from gradlab.contracts.recipe import GradlabPPOConfig
 from gradlab.contracts.run_spec import RunSpec
 from gradlab.errors import ConfigError, ContractViolation
 from gradlab.learn import ppo_mlp
+from gradlab.learn.ppo_state import LANES_SAVED, VECNORMALIZE_FILE, Normaliser, restore_lanes, save_lanes
 from gradlab.learn.sb3 import EpisodeStats, RolloutStats, _rng_state, _set_rng_state, validate_backend_config
 from gradlab.learn.schedules import schedule_fn
 
@@ -483,7 +486,9 @@ class PPOBackend:
         self.net: Any = None
         self.optimizer: Any = None
         self.venv: Any = None
+        self.normaliser: Normaliser | None = None
         self._obs: Any = None
+        self._lanes_note = False
 
     @staticmethod
     def make_env(spec: RunSpec) -> Any:
@@ -500,8 +505,9 @@ class PPOBackend:
         an ``SB3VecEnv`` is unwrapped). Seeds Python, NumPy and torch from ``spec.seed``.
 
         Raises:
-            ConfigError: an invalid config (naming ``train.backend.config.<key>``), normalisation
-                (not supported by this backend), an unsupported space, CUDA asked for but absent.
+            ConfigError: an invalid config (naming ``train.backend.config.<key>``), observation
+                normalisation of images (``train.normalize.observation``), an unsupported space,
+                CUDA asked for but absent.
         """
         import random
 
@@ -513,9 +519,14 @@ class PPOBackend:
         cfg = validate_backend_config(train, venv.num_envs)
         assert isinstance(cfg, GradlabPPOConfig)
         self.cfg = cfg
+        self.normaliser = None
+        if train.normalize.observation and is_image(venv.single_observation_space):
+            raise ConfigError("train.normalize.observation: gradlab.ppo normalises vector observations only, found "
+                              f"images {venv.single_observation_space} (they are scaled by 1/255 already)")
         if train.normalize.observation or train.normalize.reward:
-            raise ConfigError("train.normalize: gradlab.ppo does not normalise observations or rewards; "
-                              "use train.backend.id: sb3.ppo for VecNormalize")
+            self.normaliser = Normaliser(venv.num_envs, tuple(venv.single_observation_space.shape),
+                                         norm_obs=train.normalize.observation, norm_reward=train.normalize.reward,
+                                         clip_obs=train.normalize.clip_observation, gamma=cfg.gamma)
         if device == "auto":
             device = train.device
         if device == "auto":
@@ -598,9 +609,11 @@ class PPOBackend:
         self.timesteps = train.timesteps
 
     def begin(self, *, resumed: bool) -> None:
-        """Reset the lanes (a resumed run starts new episodes: lane state is not saved)."""
-        del resumed
-        self._obs = self.venv.reset()
+        """Reset the lanes, unless :meth:`restore` put them back mid-episode (``self._obs`` set)."""
+        if resumed and self._obs is not None:
+            return
+        obs = self.venv.reset()
+        self._obs = self.normaliser.reset(obs) if self.normaliser is not None else obs
 
     # -- phases ----------------------------------------------------------------------------------
     def _to_device(self, array: np.ndarray) -> Any:
@@ -639,6 +652,9 @@ class PPOBackend:
                     copy_p.copy_(p)
             forward, value_fn = self._rollout_net, self._rollout_net.value
         box = None if net.discrete else (self.action_space.low, self.action_space.high)
+        norm = self.normaliser
+        # The env's rewards before normalisation, for train/reward/shaped/* (as sb3.ppo reports them).
+        raw_rewards = np.zeros((cfg.n_steps, self.venv.num_envs)) if norm is not None else None
         # MLPs: only the action head per step; values and log-probs of the whole rollout come from one
         # batched forward afterwards (the parameters do not change during a rollout). CNNs share the
         # convolutions between the heads, so they take both per step.
@@ -663,27 +679,36 @@ class PPOBackend:
             a = actions.cpu().numpy()
             return a if box is None else np.clip(a, box[0], box[1])
 
-        def record(t: int, sl: slice, res: Any) -> None:
-            """Step ``t``'s result of lanes ``sl``: rewards, ends, the bootstrap of truncated lanes."""
-            self.buf_rewards[t, sl] = self._to_device(res.reward)
-            self.buf_dones[t, sl] = self._to_device(res.terminated | res.truncated)
+        def record(t: int, sl: slice, res: Any) -> np.ndarray:
+            """Step ``t``'s result of lanes ``sl``: rewards, ends, the bootstrap of truncated lanes;
+            returns the lanes' next observations (normalised when the recipe normalises)."""
+            done = res.terminated | res.truncated
+            next_obs, reward = res.obs, res.reward
+            if norm is not None:  # VecNormalize's order: statistics updated, then applied (all lanes)
+                raw_rewards[t] = reward
+                next_obs, reward = norm.step(next_obs, reward, done)
+            self.buf_rewards[t, sl] = self._to_device(reward)
+            self.buf_dones[t, sl] = self._to_device(done)
             boot = self.buf_boot[t, sl]
             boot.zero_()
             if res.episodes:
                 truncated = [ep.lane for ep in res.episodes if res.truncated[ep.lane] and not res.terminated[ep.lane]]
                 if truncated:
-                    final = self._to_device(np.stack([res.final_obs[lane] for lane in truncated]))
+                    final = np.stack([res.final_obs[lane] for lane in truncated])
+                    final = self._to_device(norm.normalize_obs(final) if norm is not None else final)
                     with ctx():
                         v = value_fn(final).float()
                     boot[torch.as_tensor(truncated, device=self.device)] = gamma * v
                 for ep in res.episodes:
-                    self.episodes.add(ep.as_json())
+                    self.episodes.add(ep.as_json())  # raw and shaped returns: never normalised
+            return next_obs
 
         groups = getattr(self.venv, "groups", None)
         with torch.no_grad():
-            if groups is not None and len(groups) == 2 and self.venv.steps_in_background:
+            if groups is not None and len(groups) == 2 and self.venv.steps_in_background and norm is None:
                 # Two lane groups (gradlab.envs.groups): group a's lanes step while group b's actions
                 # are computed, and the other way round. Each lane sees the same sequence as in one env.
+                # (Normalisation updates its statistics over all lanes at once: it takes the other path.)
                 (ga, gb), (sa, sb) = groups, self.venv.slices
                 obs = np.array(obs, copy=True)
                 ga.step_async(act(0, sa))
@@ -693,8 +718,7 @@ class PPOBackend:
                     res_a = ga.step_wait()
                     env_s += time.perf_counter() - t0
                     gb.step_async(actions_b)
-                    record(t, sa, res_a)
-                    obs[sa] = res_a.obs
+                    obs[sa] = record(t, sa, res_a)
                     if t + 1 < cfg.n_steps:
                         actions_a = act(t + 1, sa)
                     t0 = time.perf_counter()
@@ -702,8 +726,7 @@ class PPOBackend:
                     env_s += time.perf_counter() - t0
                     if t + 1 < cfg.n_steps:
                         ga.step_async(actions_a)
-                    record(t, sb, res_b)
-                    obs[sb] = res_b.obs
+                    obs[sb] = record(t, sb, res_b)
             else:
                 everything = slice(None)
                 for t in range(cfg.n_steps):
@@ -711,8 +734,7 @@ class PPOBackend:
                     t0 = time.perf_counter()
                     res = self.venv.step(actions)
                     env_s += time.perf_counter() - t0
-                    record(t, everything, res)
-                    obs = res.obs
+                    obs = record(t, everything, res)
             self._obs = obs
             with ctx():
                 if batched:
@@ -727,7 +749,7 @@ class PPOBackend:
         self.advantages, self.returns = adv, ret
         steps = cfg.n_steps * self.venv.num_envs
         self.rollout = RolloutStats(env_seconds=env_s)
-        self.rollout.add_rewards(self.buf_rewards.cpu().numpy().ravel())
+        self.rollout.add_rewards(raw_rewards.ravel() if norm is not None else self.buf_rewards.cpu().numpy().ravel())
         self.rollout.steps = steps
         self.num_timesteps += steps
         self.progress_remaining = 1.0 - float(self.num_timesteps) / float(self.timesteps)
@@ -772,6 +794,16 @@ class PPOBackend:
         net = self.net
         pm = self.spec.recipe.train.policy_model  # type: ignore[union-attr]
         tensors = {k: v.detach().cpu().contiguous().clone() for k, v in net.state_dict().items()}
+        norm = None
+        if self.normaliser is not None and self.normaliser.norm_obs:  # applied frozen by evaluation and play
+            import torch
+
+            from gradlab.checkpoints.policy import OBS_MEAN_KEY, OBS_VAR_KEY, ObsNormalization
+
+            rms = self.normaliser.obs_rms
+            tensors[OBS_MEAN_KEY] = torch.as_tensor(np.asarray(rms.mean, dtype=np.float64))
+            tensors[OBS_VAR_KEY] = torch.as_tensor(np.asarray(rms.var, dtype=np.float64))
+            norm = ObsNormalization(clip=self.normaliser.clip_obs, epsilon=self.normaliser.epsilon)
         obs_space = self.obs_space
         if net.transpose:
             from gymnasium import spaces
@@ -785,27 +817,41 @@ class PPOBackend:
             policy_observation_space=space_to_spec(obs_space_net), action_space=space_to_spec(self.action_space),
             extractor="nature_cnn" if net.nature_cnn else "flatten", features_dim=int(net.features_dim),
             net_arch=pm.net_arch, activation=pm.activation, share_features_extractor=net.share,
-            normalize_images=True, transpose_image=bool(net.transpose), obs_normalization=None)
+            normalize_images=True, transpose_image=bool(net.transpose), obs_normalization=norm)
         return tensors, spec
 
     def save(self, folder: Path) -> None:
-        """Write ``policy.zip`` (an SB3 PPO zip), ``policy.safetensors``, ``policy_spec.json`` and ``resume/``."""
+        """Write ``policy.zip`` (an SB3 PPO zip), ``policy.safetensors``, ``policy_spec.json`` and ``resume/``.
+
+        ``resume/`` also holds the lane state (``lanes.json``, ``lanes.npz``, ``last_obs.npy``;
+        ``state.json``'s ``env_state`` is then ``lanes``) and, when the recipe normalises,
+        ``vecnormalize.json`` (:mod:`gradlab.learn.ppo_state`).
+        """
         from safetensors.torch import save_file
 
         from gradlab.checkpoints.policy import save_policy_files
 
         tensors, pspec = self.policy_files()
         save_policy_files(folder, tensors, pspec)
-        self._write_sb3_zip(folder / POLICY_FILE, tensors)
+        self._write_sb3_zip(folder / POLICY_FILE, {k: v for k, v in tensors.items() if not k.startswith("gradlab.")})
         resume = folder / RESUME_DIR
         resume.mkdir()
         opt_tensors, opt_meta = _optimizer_state(self.optimizer)
         save_file(opt_tensors, str(resume / OPTIMIZER_FILE), metadata={"format": "gradlab.adam/1"})
+        if self.normaliser is not None:
+            (resume / VECNORMALIZE_FILE).write_text(json.dumps(self.normaliser.state()))
+        env_state = "reset"
+        why = save_lanes(resume, self.venv, self._obs)
+        if why is None:
+            env_state = LANES_SAVED
+        elif not self._lanes_note:
+            self._lanes_note = True  # not every vector env is plain data (subprocess lanes, emulators)
+            logger.info("lane state not saved (%s); a resumed run resets its lanes", why)
         state = {
             "format": "gradlab.ppo.resume/1", "backend_id": self.id, "num_timesteps": int(self.num_timesteps),
             "total_timesteps": int(self.timesteps), "n_updates": int(self.n_updates),
             "progress_remaining": float(self.progress_remaining), "ent_coef": float(self.ent_coef),
-            "env_state": "reset", "optimizer": opt_meta, "episodes": self.episodes.as_json(), "rng": _rng_state(),
+            "env_state": env_state, "optimizer": opt_meta, "episodes": self.episodes.as_json(), "rng": _rng_state(),
         }
         if self._scaler is not None:
             state["grad_scaler"] = {k: (float(v) if isinstance(v, float) else v) for k, v in self._scaler.state_dict().items()}
@@ -853,7 +899,9 @@ class PPOBackend:
 
         The parent may be of either PPO backend (the weights-only policy has SB3's tensor names);
         with ``init.optimizer`` its Adam state is loaded too, which only a ``gradlab.ppo`` parent
-        has in this backend's form. Counters, schedules and RNG streams start fresh.
+        has in this backend's form. When both recipes normalise observations the parent's
+        observation statistics are loaded too (as ``sb3.ppo`` does). Counters, schedules and RNG
+        streams start fresh.
 
         Raises:
             IntegrityError: the parent fails verification or is not the recorded sha256.
@@ -877,18 +925,26 @@ class PPOBackend:
             if not (resume / OPTIMIZER_FILE).is_file():
                 raise ContractViolation(f"{resume / OPTIMIZER_FILE}: --init-optimizer needs the parent's optimizer state, missing")
             _load_optimizer_state(self.optimizer, load_file(str(resume / OPTIMIZER_FILE)), state["optimizer"])
+        stats = path / RESUME_DIR / VECNORMALIZE_FILE
+        if self.normaliser is not None and self.normaliser.norm_obs and stats.is_file():
+            self.normaliser.load_observation_statistics(json.loads(stats.read_text()), stats)
 
     def restore(self, checkpoint: Path, *, allow_env_pickle: bool = False) -> bool:
-        """Load parameters, optimizer, counters, RNG streams and episode windows from a checkpoint.
+        """Load parameters, optimizer, counters, RNG streams, episode windows, normalisation
+        statistics and, when saved, the lane state from a checkpoint.
 
-        Call after :meth:`setup` and before :meth:`begin`. No pickle is read, whatever
-        ``allow_env_pickle`` says (kept for the learner's interface).
+        Call after :meth:`setup` and before :meth:`begin`, with a checkpoint already verified
+        against its manifest (the learner does). No pickle is read, whatever ``allow_env_pickle``
+        says (kept for the learner's interface). A checkpoint without lane state (written before
+        gradlab.ppo saved it, or of an env whose state is not plain data) resumes with new episodes.
 
         Returns:
-            False: the lanes start new episodes.
+            True when the lanes continue mid-episode, False when :meth:`begin` resets them.
 
         Raises:
-            ContractViolation: the checkpoint is of another backend or its tensors do not fit.
+            ContractViolation: the checkpoint is of another backend or its tensors do not fit; a
+                normalising recipe's ``vecnormalize.json`` is missing or does not fit; a lane-state
+                file is malformed or does not fit this env (each naming the file).
         """
         from safetensors.torch import load_file
 
@@ -897,6 +953,21 @@ class PPOBackend:
         del allow_env_pickle
         resume = Path(checkpoint) / RESUME_DIR
         state = load_resume_policy(checkpoint, self.id, self.net)
+        if self.normaliser is not None:
+            path = resume / VECNORMALIZE_FILE
+            if not path.is_file():
+                raise ContractViolation(f"{path}: missing, but this recipe normalises observations or rewards")
+            try:
+                data = json.loads(path.read_text())
+            except ValueError as e:
+                raise ContractViolation(f"{path}: not JSON ({e})") from None
+            self.normaliser.load(data, path)
+        restored = False
+        if state.get("env_state") == LANES_SAVED:
+            self._obs = restore_lanes(resume, self.venv, obs_shape=tuple(self.obs_space.shape))
+            restored = True
+        else:
+            self._obs = None  # begin() resets the lanes
         _load_optimizer_state(self.optimizer, load_file(str(resume / OPTIMIZER_FILE)), state["optimizer"])
         self.num_timesteps = int(state["num_timesteps"])
         self.n_updates = int(state["n_updates"])
@@ -906,7 +977,7 @@ class PPOBackend:
         if self._scaler is not None and "grad_scaler" in state:
             self._scaler.load_state_dict(state["grad_scaler"])
         _set_rng_state(state["rng"])
-        return False
+        return restored
 
     def close(self) -> None:
         if self.venv is not None:

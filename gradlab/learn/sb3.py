@@ -633,13 +633,15 @@ def _vecnormalize_state(vn: Any) -> dict[str, Any]:
     def rms(r: Any) -> dict[str, Any]:
         return {"mean": np.asarray(r.mean).tolist(), "var": np.asarray(r.var).tolist(), "count": float(r.count)}
 
-    return {"obs_rms": rms(vn.obs_rms), "ret_rms": rms(vn.ret_rms), "returns": np.asarray(vn.returns).tolist(),
+    # VecNormalize has no obs_rms when only rewards are normalised: null then.
+    return {"obs_rms": rms(vn.obs_rms) if vn.norm_obs else None, "ret_rms": rms(vn.ret_rms),
+            "returns": np.asarray(vn.returns).tolist(),
             "clip_obs": vn.clip_obs, "clip_reward": vn.clip_reward, "gamma": vn.gamma, "epsilon": vn.epsilon,
             "norm_obs": vn.norm_obs, "norm_reward": vn.norm_reward}
 
 
 def _load_vecnormalize_state(vn: Any, data: dict[str, Any]) -> None:
-    for name in ("obs_rms", "ret_rms"):
+    for name in ("obs_rms", "ret_rms") if vn.norm_obs else ("ret_rms",):
         r = getattr(vn, name)
         r.mean = np.asarray(data[name]["mean"], dtype=np.float64)
         r.var = np.asarray(data[name]["var"], dtype=np.float64)

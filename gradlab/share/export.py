@@ -70,7 +70,7 @@ def _vecnormalize(environment: EnvironmentSpec, stats: dict[str, Any], path: Pat
     vn = VecNormalize(DummyVecEnv([_Spaces]), norm_obs=bool(stats["norm_obs"]), norm_reward=bool(stats["norm_reward"]),
                       clip_obs=float(stats["clip_obs"]), clip_reward=float(stats["clip_reward"]), gamma=float(stats["gamma"]),
                       epsilon=float(stats["epsilon"]))
-    for name in ("obs_rms", "ret_rms"):
+    for name in ("obs_rms", "ret_rms") if vn.norm_obs else ("ret_rms",):  # no obs_rms without norm_obs
         rms = getattr(vn, name)
         rms.mean = np.asarray(stats[name]["mean"], dtype=np.float64)
         rms.var = np.asarray(stats[name]["var"], dtype=np.float64)

@@ -69,6 +69,7 @@ def test_policy_zip_loads_in_plain_sb3_and_acts_like_the_weights_only_policy(bac
         assert [i.filename for i in infos][:2] == ["data", "pytorch_variables.pth"]
         assert {i.date_time for i in infos} == {ZIP_DATE_TIME}
         data = json.loads(z.read("data"))
+        assert b" at 0x" not in z.read("data")  # no memory address: the bytes are the same in any process
         system_info = z.read("system_info.txt").decode()
         assert not [i.filename for i in infos if b"gradlab" in z.read(i.filename)]
     assert data["start_time"] == 0
