@@ -43,6 +43,7 @@ the plot of what was trained; the exit code is then 130.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -165,15 +166,29 @@ class EpisodeLog:
         self.steps = 0
         self.episode_steps: list[int] = []
         self.returns: list[float] = []
+        # Lane groups (gradlab.envs.groups): gradlab.ppo's rollout steps each group on its own, so
+        # every group's step_wait is where episodes are recorded (LaneGroups.step goes through them).
+        self._groups = list(getattr(venv, "groups", None) or [])
+        for group in self._groups:
+            group.step_wait = functools.partial(self._group_wait, group, group.step_wait)
 
-    def step(self, actions: Any) -> Any:
-        res = self._venv.step(actions)
-        self.steps += self._venv.num_envs
+    def _record(self, res: Any, lanes: int) -> None:
+        self.steps += lanes
         for ep in res.episodes:
             self.episode_steps.append(self.steps)
             self.returns.append(float(ep.raw_return))
         if self._on_step is not None:
             self._on_step()
+
+    def _group_wait(self, group: Any, wait: Any) -> Any:
+        res = wait()
+        self._record(res, group.num_envs)
+        return res
+
+    def step(self, actions: Any) -> Any:
+        res = self._venv.step(actions)
+        if not self._groups:
+            self._record(res, self._venv.num_envs)
         return res
 
     def __getattr__(self, name: str) -> Any:
@@ -268,7 +283,14 @@ def worker(goal: str, side: Side, seed: int, steps: int, threads: int, out: Path
             last_flush[0] = now
             _write_json(out, snapshot("running"))
 
-    log = EpisodeLog(make_vector_env(spec.environment, seed=spec.seed), on_step)
+    # Each side's own vector env: gradlab.ppo's is two lane groups on ale-py (its pipelined rollout).
+    if side.backend == "gradlab.ppo":
+        from gradlab.learn.ppo import PPOBackend
+
+        venv = PPOBackend.make_env(spec)
+    else:
+        venv = make_vector_env(spec.environment, seed=spec.seed)
+    log = EpisodeLog(venv, on_step)
     heartbeat.start()
     _write_json(out, snapshot("running"))
     if side.backend == "sb3.ppo":
