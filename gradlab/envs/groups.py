@@ -124,11 +124,15 @@ def make_lane_groups(spec: EnvironmentSpec, *, seed: int, groups: int = 2) -> La
         return make_vector_env(spec, seed=seed)
     seeds = training_lane_seeds(seed, n)
     sizes = [n // groups + (1 if g < n % groups else 0) for g in range(groups)]
+    # The groups share the machine's cores: each gets its share of worker threads unless the spec
+    # names a number (on 2 cores two groups of 2 threads each stepped slower than one env of 8 lanes,
+    # two groups of 1 thread each 1.5x faster; measured here).
+    threads = spec.num_threads or max(1, usable_cpus() // groups)
     built: list[VectorEnv] = []
     try:
         start = 0
         for size in sizes:
-            built.append(make_vector_env(spec.model_copy(update={"n_envs": size}), seed=seed,
+            built.append(make_vector_env(spec.model_copy(update={"n_envs": size, "num_threads": threads}), seed=seed,
                                          lane_seeds=seeds[start:start + size]))
             start += size
             if not built[0].steps_in_background:  # nothing to overlap: one env of all lanes
@@ -139,3 +143,10 @@ def make_lane_groups(spec: EnvironmentSpec, *, seed: int, groups: int = 2) -> La
             g.close()
         raise
     return LaneGroups(built)
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask; ``os.cpu_count()`` where there is none)."""
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

@@ -40,7 +40,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import time
 import warnings
 from pathlib import Path
@@ -458,8 +457,9 @@ def explained_variance(y_pred: Any, y_true: Any) -> float:
 
 def default_threads() -> int:
     """torch threads for ``threads: auto``: the CPUs this process may use, less one for evaluation, at most 8."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(cpus - 1, 8))
+    from gradlab.envs.groups import usable_cpus
+
+    return max(1, min(usable_cpus() - 1, 8))
 
 
 # -- the backend ------------------------------------------------------------------------------------
