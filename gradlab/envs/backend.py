@@ -151,6 +151,10 @@ class Provider:
     package: str | None = None
     #: Vectorisation used for ``vectorization: auto``: "sync", "async" or "native".
     default_vectorization: str = "sync"
+    #: Whether the backends it makes step their lanes in the background
+    #: (:attr:`LaneBackend.steps_in_background`), so lane groups can overlap stepping with the
+    #: rollout's forward pass (:mod:`gradlab.envs.groups`).
+    lanes_step_in_background: bool = False
 
     def version(self) -> str | None:
         if not self.package:

@@ -108,8 +108,9 @@ def merge_results(results: list[StepResult], offsets: list[int]) -> StepResult:
 def make_lane_groups(spec: EnvironmentSpec, *, seed: int, groups: int = 2) -> LaneGroups | VectorEnv:
     """``spec.n_envs`` training lanes as ``groups`` vector envs, where their lanes step in the background.
 
-    Where the provider's lanes do not step in the background (every provider but ``ale``), or
-    there are fewer lanes than groups, this is :func:`make_vector_env` (one vector env).
+    Where the provider's lanes do not step in the background (``Provider.lanes_step_in_background``:
+    every provider but ``ale``), or there are fewer lanes than groups, this is
+    :func:`make_vector_env` (one vector env).
 
     Args:
         spec: the environment contract; its ``n_envs`` lanes are split as evenly as possible.
@@ -119,8 +120,10 @@ def make_lane_groups(spec: EnvironmentSpec, *, seed: int, groups: int = 2) -> La
     Raises:
         As :func:`make_vector_env`.
     """
+    from gradlab.envs.registry import get_provider
+
     n = spec.n_envs
-    if groups <= 1 or n < groups:
+    if groups <= 1 or n < groups or not get_provider(spec.provider).lanes_step_in_background:
         return make_vector_env(spec, seed=seed)
     seeds = training_lane_seeds(seed, n)
     sizes = [n // groups + (1 if g < n % groups else 0) for g in range(groups)]
@@ -135,9 +138,6 @@ def make_lane_groups(spec: EnvironmentSpec, *, seed: int, groups: int = 2) -> La
             built.append(make_vector_env(spec.model_copy(update={"n_envs": size, "num_threads": threads}), seed=seed,
                                          lane_seeds=seeds[start:start + size]))
             start += size
-            if not built[0].steps_in_background:  # nothing to overlap: one env of all lanes
-                built.pop().close()
-                return make_vector_env(spec, seed=seed)
     except BaseException:
         for g in built:
             g.close()

@@ -145,6 +145,7 @@ class AleProvider(Provider):
     name = "ale"
     package = "ale-py"
     default_vectorization = "native"
+    lanes_step_in_background = True
 
     def env_ids(self) -> list[str]:
         from ale_py import roms
