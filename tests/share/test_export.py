@@ -26,30 +26,44 @@ def _gradlab_eval(ckpt: Path, spec: RunSpec):
                                       spec=spec.to_json(), episodes=EPISODES))
 
 
-def _rl_zoo_returns(folder: Path, env_id: str, seeds: list[int]) -> list[float]:
-    """Play each seed's episode through rl-zoo3's own loading path (enjoy.py's calls, without rendering)."""
-    from rl_zoo3 import ALGOS
-    from rl_zoo3.utils import create_test_env, get_model_path, get_saved_hyperparams
+_RL_ZOO_PLAY = """
+import json, sys
+from rl_zoo3 import ALGOS
+from rl_zoo3.utils import create_test_env, get_model_path, get_saved_hyperparams
 
-    _, model_path, log_path = get_model_path(1, str(folder), "ppo", env_id)
-    hyperparams, stats_path = get_saved_hyperparams(str(Path(log_path) / env_id), norm_reward=False, test_mode=True)
-    env = create_test_env(env_id, n_envs=1, stats_path=stats_path, seed=0, should_render=False,
-                          hyperparams=hyperparams, env_kwargs={})
-    model = ALGOS["ppo"].load(model_path, custom_objects={"learning_rate": 0.0, "lr_schedule": lambda _: 0.0,
-                                                          "clip_range": lambda _: 0.0}, device="cpu")
-    returns = []
-    for seed in seeds:
-        env.seed(seed)
-        obs = env.reset()
-        total, done = 0.0, False
-        while not done:
-            action, _ = model.predict(obs, deterministic=True)
-            obs, reward, dones, infos = env.step(action)
-            total += float(reward[0])
-            done = bool(dones[0])
-        returns.append(total)
-    env.close()
-    return returns
+folder, env_id, seeds = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+_, model_path, log_path = get_model_path(1, folder, "ppo", env_id)
+hyperparams, stats_path = get_saved_hyperparams(log_path + "/" + env_id, norm_reward=False, test_mode=True)
+env = create_test_env(env_id, n_envs=1, stats_path=stats_path, seed=0, should_render=False,
+                      hyperparams=hyperparams, env_kwargs={})
+model = ALGOS["ppo"].load(model_path, custom_objects={"learning_rate": 0.0, "lr_schedule": lambda _: 0.0,
+                                                      "clip_range": lambda _: 0.0}, device="cpu")
+returns = []
+for seed in seeds:
+    env.seed(seed)
+    obs = env.reset()
+    total, done = 0.0, False
+    while not done:
+        action, _ = model.predict(obs, deterministic=True)
+        obs, reward, dones, infos = env.step(action)
+        total += float(reward[0])
+        done = bool(dones[0])
+    returns.append(total)
+env.close()
+print(json.dumps(returns))
+"""
+
+
+def _rl_zoo_returns(folder: Path, env_id: str, seeds: list[int]) -> list[float]:
+    """Play each seed's episode through rl-zoo3's own loading path (enjoy.py's calls, without rendering).
+
+    In a subprocess: importing rl_zoo3 replaces gymnasium's ``TimeLimit`` process-wide, which would
+    leak into every later test of this process (lane-state restores then refuse the foreign class).
+    """
+    proc = subprocess.run([sys.executable, "-c", _RL_ZOO_PLAY, str(folder), env_id, json.dumps(seeds)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def _check_plays_like_gradlab(run_dir: Path, out: Path, env_id: str) -> list[float]:
