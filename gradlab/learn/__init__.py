@@ -3,7 +3,8 @@
 Public names:
     run_learner(spec, run_dir, *, resume_from=None, ...) -> LearnerResult: train one run in-process.
     SB3Backend(backend_id): the ``sb3.ppo`` / ``sb3.a2c`` backend (collect → update → save/restore).
-    gradlab.learn.ppo.PPOBackend: the ``gradlab.ppo`` backend (same interface; tensor-native PPO).
+    gradlab.learn.ppo.PPOBackend: the ``gradlab.ppo`` backend (same interface; tensor-native PPO;
+        its network in gradlab.learn.ppo_net, hand-written MLP gradients in gradlab.learn.ppo_mlp).
     registered_backends() -> list[str]: backend ids, for tests over every backend.
     schedule_fn(value): a recipe schedule (constant or linear) as SB3's ``progress_remaining`` callable.
     make_training_env(spec): the SB3 VecEnv over gradlab's vector env.
