@@ -53,7 +53,7 @@ from gradlab.errors import ConfigError, ContractViolation
 from gradlab.learn import ppo_mlp
 from gradlab.learn.ppo_net import build_network, is_image, log_prob_entropy, sample_actions
 from gradlab.learn.ppo_state import LANES_SAVED, VECNORMALIZE_FILE, Normaliser, restore_lanes, save_lanes
-from gradlab.learn.sb3 import EpisodeStats, RolloutStats, _rng_state, _set_rng_state, validate_backend_config
+from gradlab.learn.sb3 import EpisodeStats, RolloutStats, rng_state, set_rng_state, validate_backend_config
 from gradlab.learn.schedules import schedule_fn
 
 logger = logging.getLogger(__name__)
@@ -619,7 +619,7 @@ class PPOBackend:
             "format": "gradlab.ppo.resume/1", "backend_id": self.id, "num_timesteps": int(self.num_timesteps),
             "total_timesteps": int(self.timesteps), "n_updates": int(self.n_updates),
             "progress_remaining": float(self.progress_remaining), "ent_coef": float(self.ent_coef),
-            "env_state": env_state, "optimizer": opt_meta, "episodes": self.episodes.as_json(), "rng": _rng_state(),
+            "env_state": env_state, "optimizer": opt_meta, "episodes": self.episodes.as_json(), "rng": rng_state(),
         }
         if self._scaler is not None:
             state["grad_scaler"] = {k: (float(v) if isinstance(v, float) else v) for k, v in self._scaler.state_dict().items()}
@@ -744,7 +744,7 @@ class PPOBackend:
         self.episodes = EpisodeStats.from_json(state["episodes"])
         if self._scaler is not None and "grad_scaler" in state:
             self._scaler.load_state_dict(state["grad_scaler"])
-        _set_rng_state(state["rng"])
+        set_rng_state(state["rng"])
         return restored
 
     def close(self) -> None:

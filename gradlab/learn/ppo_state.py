@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from gradlab.errors import ContractViolation
-from gradlab.learn.sb3 import LANES_SAVED, _load_vecnormalize_state, _vecnormalize_state
+from gradlab.learn.sb3 import LANES_SAVED, load_vecnormalize_state, vecnormalize_state
 
 __all__ = ["LANES_SAVED", "LAST_OBS_FILE", "VECNORMALIZE_FILE", "Normaliser", "read_last_obs", "restore_lanes",
            "save_lanes"]
@@ -59,7 +59,7 @@ class Normaliser:
       ``infos[i]["terminal_observation"]``.
 
     The attributes have ``VecNormalize``'s names, so ``sb3.py``'s JSON writer and reader
-    (``_vecnormalize_state``, ``_load_vecnormalize_state``) serve both backends; unlike
+    (``vecnormalize_state``, ``load_vecnormalize_state``) serve both backends; unlike
     ``VecNormalize``, ``obs_rms`` exists even when only rewards are normalised (it then stays at
     its initial values, is not applied, and is written as null like ``sb3.ppo``'s).
 
@@ -118,7 +118,7 @@ class Normaliser:
 
     def state(self) -> dict[str, Any]:
         """``vecnormalize.json``'s body (``sb3.ppo``'s format)."""
-        return _vecnormalize_state(self)
+        return vecnormalize_state(self)
 
     def load(self, data: dict[str, Any], where: Path) -> None:
         """Set the statistics and returns from ``vecnormalize.json``'s body.
@@ -143,7 +143,7 @@ class Normaliser:
             if np.shape(data["returns"]) != self.returns.shape:
                 raise ContractViolation(f"{where}: returns: shape expected {self.returns.shape}, "
                                         f"found {np.shape(data['returns'])}")
-            _load_vecnormalize_state(self, data)
+            load_vecnormalize_state(self, data)
         except (KeyError, TypeError, ValueError) as e:
             raise ContractViolation(f"{where}: malformed normalisation statistics ({type(e).__name__}: {e})") from None
 

@@ -196,7 +196,8 @@ def _timed_vec_env_class() -> type:
     return TimedVecEnv
 
 
-def _rng_state() -> dict[str, Any]:
+def rng_state() -> dict[str, Any]:
+    """Python's, NumPy's global and torch's (CPU, and CUDA when initialised) RNG states as JSON data."""
     import torch
 
     py = random.getstate()
@@ -211,7 +212,8 @@ def _rng_state() -> dict[str, Any]:
     return state
 
 
-def _set_rng_state(state: dict[str, Any]) -> None:
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore the RNG states :func:`rng_state` returned (CUDA's only when CUDA is available)."""
     import torch
 
     py = state["python"]
@@ -423,7 +425,7 @@ class SB3Backend:
         resume.mkdir()
         torch.save(m.policy.optimizer.state_dict(), resume / "optimizer.pt")
         if vn is not None:
-            (resume / "vecnormalize.json").write_text(json.dumps(_vecnormalize_state(vn)))
+            (resume / "vecnormalize.json").write_text(json.dumps(vecnormalize_state(vn)))
         from gradlab.learn import lane_state
 
         env_state = "reset"
@@ -445,7 +447,7 @@ class SB3Backend:
             "env_state": env_state,
             "last_episode_starts": np.asarray(m._last_episode_starts, dtype=bool).tolist(),
             "episodes": self.episodes.as_json(),
-            "rng": _rng_state(),
+            "rng": rng_state(),
         }
         (resume / "state.json").write_text(json.dumps(state))
 
@@ -522,7 +524,7 @@ class SB3Backend:
             path = resume / "vecnormalize.json"
             if not path.is_file():
                 raise ContractViolation(f"{path}: missing, but this recipe normalises observations or rewards")
-            _load_vecnormalize_state(self.vecnormalize, json.loads(path.read_text()))
+            load_vecnormalize_state(self.vecnormalize, json.loads(path.read_text()))
         restored = False
         if state.get("env_state") == LANES_SAVED:
             from gradlab.learn import lane_state
@@ -533,7 +535,7 @@ class SB3Backend:
             restored = True
         else:
             m._last_obs = None  # begin() resets the lanes
-        _set_rng_state(state["rng"])
+        set_rng_state(state["rng"])
         return restored
 
     def close(self) -> None:
@@ -629,7 +631,10 @@ def check_warm_start_tensors(own: dict[str, Any], parent: dict[str, Any], *, sou
                                 "recipe's policy (another architecture)")
 
 
-def _vecnormalize_state(vn: Any) -> dict[str, Any]:
+def vecnormalize_state(vn: Any) -> dict[str, Any]:
+    """A ``VecNormalize``'s (or :class:`gradlab.learn.ppo_state.Normaliser`'s) statistics and settings
+    as JSON data: ``resume/vecnormalize.json`` of both PPO backends."""
+
     def rms(r: Any) -> dict[str, Any]:
         return {"mean": np.asarray(r.mean).tolist(), "var": np.asarray(r.var).tolist(), "count": float(r.count)}
 
@@ -640,7 +645,8 @@ def _vecnormalize_state(vn: Any) -> dict[str, Any]:
             "norm_obs": vn.norm_obs, "norm_reward": vn.norm_reward}
 
 
-def _load_vecnormalize_state(vn: Any, data: dict[str, Any]) -> None:
+def load_vecnormalize_state(vn: Any, data: dict[str, Any]) -> None:
+    """Assign :func:`vecnormalize_state`'s statistics back (float64 arrays; settings come from the recipe)."""
     for name in ("obs_rms", "ret_rms") if vn.norm_obs else ("ret_rms",):
         r = getattr(vn, name)
         r.mean = np.asarray(data[name]["mean"], dtype=np.float64)
