@@ -155,10 +155,15 @@ def _sigint_blocked() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
-def prewarm(count: int = 1) -> None:
-    """Keep ``count`` spare evaluation processes warm (spawned now; they import in the background)."""
+def prewarm(count: int = 1, *, start_method: str = "spawn") -> None:
+    """Keep ``count`` spare evaluation processes warm (started now; they import in the background).
+
+    ``start_method="fork"`` is for a process that has torch, SB3 and the evaluation runner imported
+    and no thread but its main one (the warm flow's child, ``gradlab.cli.warm_flow``): the spare is
+    ready at once. Spares that die are replaced with ``spawn``.
+    """
     global _SPARE_TARGET
-    ctx = multiprocessing.get_context("spawn")
+    ctx = multiprocessing.get_context(start_method)
     with _SPARE_LOCK:
         _SPARE_TARGET = max(_SPARE_TARGET, count)
         _SPARES[:] = [(p, c) for p, c in _SPARES if p.is_alive()]

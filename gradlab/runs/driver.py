@@ -70,7 +70,10 @@ class AttemptDriver:
     evaluate: bool = True
     wandb: Any = None
     cancel_requested: Callable[[], bool] = lambda: False
-    tick_s: float = 0.5
+    #: Seconds between ticks: each polls the outbox (one SQLite read) and hands out what is ready, so
+    #: a checkpoint's publication, its evaluation and the stop after an accepted one wait at most
+    #: this long (the lease and the cancel probe have their own clocks).
+    tick_s: float = 0.1
     cancel_poll_s: float = 2.0
     grace_s: float = 10.0
     max_parallel_evals: int = 1
