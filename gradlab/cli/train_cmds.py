@@ -194,7 +194,7 @@ def train(
     if receipt is None:
         receipt = stored_receipt(spec.run_id)
     elapsed = time.monotonic() - started
-    _keep_zygote_warm(settings)
+    warm_flow.after_reply(lambda: _keep_zygote_warm(settings))
     if receipt is None:
         why = " (interrupted)" if interrupted else (f": {state.message}" if state is not None and state.message else "")
         if not _attempt_opened(spec.run_id):

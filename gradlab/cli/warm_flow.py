@@ -216,6 +216,11 @@ class _FlowZygote(zygote._Zygote):
     def serve(self) -> int:
         global _IMPORTED_PREFECT_ENV
         _IMPORTED_PREFECT_ENV = prefect_env(os.environ)
+        # multiprocessing's resource tracker (a process, started by the first evaluation worker):
+        # started here, its children share it, and none holds the requester's terminal or pipes.
+        from multiprocessing import resource_tracker
+
+        resource_tracker.ensure_running()
         return super().serve()
 
     def _op(self, op: str, request: dict, conn: socket.socket, listener: socket.socket, fds: list[int]) -> bool:
@@ -270,6 +275,8 @@ def _become_flow(argv: list[str], env: dict[str, str], cwd: str, stdio: list[int
     os.close(go_r)
     if go != b"g":
         os._exit(1)
+    global _in_child
+    _in_child = True
     code = 1
     try:
         import logging
@@ -329,6 +336,17 @@ def _watch_requester(conn: socket.socket) -> None:
 
 
 _finishing = False
+_in_child = False
+_after_reply: list = []
+
+
+def after_reply(fn) -> None:
+    """Call ``fn()`` once the command's result has reached its requester (in the warm flow's child:
+    after the exit code is reported, so the command's wall time does not include it), else now."""
+    if _in_child:
+        _after_reply.append(fn)
+    else:
+        fn()
 
 
 def _finish(conn: socket.socket, code: int) -> None:
@@ -349,6 +367,11 @@ def _finish(conn: socket.socket, code: int) -> None:
             conn.sendall(json.dumps({"exit": code}).encode() + b"\n")
         except OSError:
             pass
+        for fn in _after_reply:
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 - conveniences for the next command only
+                traceback.print_exc()
         import atexit
         import threading
 

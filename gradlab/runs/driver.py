@@ -150,7 +150,7 @@ class AttemptDriver:
                 # A cancel, Ctrl-C, or a termination signal (Prefect's are BaseExceptions).
                 outcome, reason = "cancelled", self.cancelled_reason or f"interrupted: {type(e).__name__}"
             else:  # the attempt itself failed (a full disk, a store error the task retries gave up on...)
-                outcome, reason = "failed", f"the attempt failed: {describe_failure(e)}"
+                outcome, reason = "failed", f"the attempt failed: {self._first_cause(e)}"
                 log.error("run %s: %s", self.spec.run_id, reason)
                 log.debug("run %s: the attempt's failure", self.spec.run_id, exc_info=e)
             receipt = self._end_early(outcome, reason)
@@ -230,6 +230,22 @@ class AttemptDriver:
         except OSError:
             return ""
         return f" ({lines[-1].strip()[:300]}; see {self.paths.learner_log})" if lines else ""
+
+    def _first_cause(self, error: BaseException) -> str:
+        """:func:`describe_failure`, naming the run directory when the cause is a full disk there that
+        the error itself does not name (a write to an open file carries no path)."""
+        import errno
+
+        described = describe_failure(error)
+        cause, seen = error, {id(error)}
+        while (nxt := cause.__cause__ or cause.__context__) is not None and id(nxt) not in seen:
+            seen.add(id(nxt))
+            cause = nxt
+        if isinstance(cause, OSError) and cause.errno == errno.ENOSPC and cause.filename is None:
+            full = self._disk_full()
+            if full:
+                return full.removeprefix(": ")
+        return described
 
     def _disk_full(self) -> str:
         """``": no space left on device: <run dir>"`` when the run directory's filesystem is full (a
