@@ -5,7 +5,9 @@ start-up (an ephemeral API server costs 12–20 s here; the local server kept in
 started by the first command that needs it, or one named by ``PREFECT_API_URL`` costs ~2 s). The
 flow then attaches to the learner. With the local server up, the warm zygote beside it forks the
 learner with torch and SB3 already imported (``gradlab.learn.zygote``), so the first env step
-comes ~5 s sooner.
+comes ~5 s sooner; and the warm flow beside it (``gradlab.cli.warm_flow``) takes the whole command
+over, with Prefect and the flow already imported (docs/ARCHITECTURE.md section 11), so
+publication, evaluation and the receipt do not wait for those imports either.
 """
 
 from __future__ import annotations

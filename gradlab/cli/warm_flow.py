@@ -21,9 +21,9 @@ and SIGQUIT go to the child, whose handlers are the command's own (first Ctrl-C:
 child that dies without a word is reported with the exit status the zygote recorded. A requester
 that disappears (the connection closes) cancels the run as a Ctrl-C would.
 
-The child forks its evaluation worker before it starts any thread (``gradlab.evaluation.backends
+The child forks two evaluation workers before it starts any thread (``gradlab.evaluation.backends
 .prewarm`` with the ``fork`` start method): torch and the evaluation runner are imported already,
-so the first checkpoint's evaluation starts at once.
+so the first two checkpoints' evaluations start at once (later ones start a process each).
 
 Fallback: no warm flow is ready (``GRADLAB_DAEMON=0``, no local server yet or a daemon starting
 for someone else, the zygote still importing), its code fingerprint is stale (it is retired) or it
@@ -69,6 +69,10 @@ CHILD_ENV = "GRADLAB_WARM_FLOW"
 
 #: Signals the requester relays to the child.
 RELAYED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+
+#: Seconds the child's clean-up after its reply may take (threads joined, exit handlers) before it
+#: exits regardless.
+CLEANUP_S = 30.0
 
 #: Seconds a requester waits for the zygote's exit record of a child that ended without a word.
 EXIT_RECORD_WAIT_S = 3.0
@@ -286,10 +290,10 @@ def _become_flow(argv: list[str], env: dict[str, str], cwd: str, stdio: list[int
         for stream in (sys.stdout, sys.stderr):
             stream.reconfigure(line_buffering=stream.isatty())
         os.register_at_fork(after_in_child=lambda: _detach_forked(conn))
-        # Before any thread exists: a forked evaluation worker with torch imported, ready at once.
+        # Before any thread exists: forked evaluation workers with torch imported, ready at once.
         from gradlab.evaluation.backends import prewarm
 
-        prewarm(1, start_method="fork")
+        prewarm(2, start_method="fork")
         _watch_requester(conn)
         sys.argv = ["gradlab", *argv]
         from gradlab.cli.app import main
@@ -367,13 +371,19 @@ def _finish(conn: socket.socket, code: int) -> None:
             conn.sendall(json.dumps({"exit": code}).encode() + b"\n")
         except OSError:
             pass
+        import threading
+
+        # Whatever the clean-up waits on, this process ends: it stays registered as a client of the
+        # server while it lives, and a client keeps the server from idling out.
+        watchdog = threading.Timer(CLEANUP_S, os._exit, args=(code,))
+        watchdog.daemon = True
+        watchdog.start()
         for fn in _after_reply:
             try:
                 fn()
             except Exception:  # noqa: BLE001 - conveniences for the next command only
                 traceback.print_exc()
         import atexit
-        import threading
 
         threading._shutdown()  # what the interpreter does at exit: non-daemon threads, executors
         atexit._run_exitfuncs()  # the client registration, multiprocessing's workers, logging

@@ -10,7 +10,7 @@ does; ``gradlab server stop`` stops it now; ``GRADLAB_DAEMON=0`` opts out (every
 on Prefect's ephemeral server, as before). ``gradlab server start`` starts the same thing by hand.
 
 Processes: the daemon (``python -m gradlab.runs.daemon``) is the keeper: it starts ``prefect server
-start`` in its own process group and the zygote, watches both, measures idleness and, on SIGTERM or
+start`` in its own process group, the zygote and the warm flow (``gradlab.cli.warm_flow``), watches them, measures idleness and, on SIGTERM or
 at the idle timeout, stops both and removes its files.
 
 Files under ``$GRADLAB_HOME/prefect`` (also Prefect's ``PREFECT_HOME``: its database stays, so the
