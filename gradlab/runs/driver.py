@@ -74,6 +74,9 @@ class AttemptDriver:
     #: a checkpoint's publication, its evaluation and the stop after an accepted one wait at most
     #: this long (the lease and the cancel probe have their own clocks).
     tick_s: float = 0.1
+    #: Seconds between metric deliveries while the learner runs (each is durable writes: the journal
+    #: and the outbox's acknowledgements); once it has exited, metrics are delivered when the rest is done.
+    deliver_every_s: float = 0.5
     cancel_poll_s: float = 2.0
     grace_s: float = 10.0
     max_parallel_evals: int = 1
@@ -107,6 +110,7 @@ class AttemptDriver:
         self._lease = self.plan.lease
         self._lease_renewed_at = time.monotonic()
         self._cancel_checked_at = 0.0
+        self._delivered_at = 0.0
         self.cancelled_reason: str | None = None
         self.lease_lost: str | None = None
 
@@ -128,7 +132,9 @@ class AttemptDriver:
                 self._renew_lease()
                 sup.poll_outbox()
                 sup.advance()
-                sup.deliver_metrics()
+                if learner_exit is None and time.monotonic() - self._delivered_at >= self.deliver_every_s:
+                    sup.deliver_metrics()
+                    self._delivered_at = time.monotonic()
                 if learner_exit is None and (code := self.learner.exit_code()) is not None:  # type: ignore[union-attr]
                     learner_exit = code
                     sup.freeze()
@@ -138,10 +144,11 @@ class AttemptDriver:
                     continue
                 if learner_exit is not None:
                     sup.advance()
-                    sup.poll_outbox()  # the supervisor's own metrics of this tick
-                    sup.deliver_metrics()
-                    if sup.drained():
-                        break
+                    if sup.work_done():  # metrics last: each delivery is durable writes (fsync)
+                        sup.poll_outbox()  # the supervisor's own metrics of this tick
+                        sup.deliver_metrics()
+                        if sup.drained():
+                            break
                 time.sleep(self.tick_s)
         except BaseException as e:
             if self.lease_lost:
