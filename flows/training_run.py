@@ -28,12 +28,21 @@ log = logging.getLogger(__name__)
 
 
 class _Done:
-    """A Prefect future seen through the ``done()/result()`` protocol the supervisor uses."""
+    """A Prefect future seen through the ``done()/result()`` protocol the supervisor uses.
+
+    ``done()`` asks the task runner's own future (a ``concurrent.futures.Future``) when there is
+    one: ``PrefectFuture.state`` of an unfinished task reads the task run from the API, one request
+    per future per driver tick, and sees its end only once Prefect's events have reached the server
+    (~0.3 s later here).
+    """
 
     def __init__(self, future: Any):
         self.future = future
 
     def done(self) -> bool:
+        wrapped = getattr(self.future, "wrapped_future", None)
+        if wrapped is not None and hasattr(wrapped, "done"):
+            return wrapped.done()
         return self.future.state.is_final()
 
     def result(self) -> Any:

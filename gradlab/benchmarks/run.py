@@ -23,7 +23,8 @@ command that needs Prefect starts the local server and warm learner in the backg
 ``first``: it pays the start) and is left out of the medians. ``--prefect ephemeral`` runs every
 command with ``GRADLAB_DAEMON=0`` (Prefect's ephemeral server per command); ``--prefect server``
 starts the server by hand first. Whatever was started is stopped at the end. The "learner" column
-says whether the warm learner forked the run's learner.
+says whether the warm learner forked the run's learner, "flow" whether the warm flow
+(``gradlab.cli.warm_flow``) ran the command's supervising flow.
 """
 
 from __future__ import annotations
@@ -95,6 +96,9 @@ class Row:
     final_step: int | None
     bare_s: float | None
     learner: str = "-"
+    #: Where the supervising flow ran: ``warm`` (forked by the warm flow, gradlab.cli.warm_flow) or
+    #: ``in-process`` (in the command's own process, imports paid).
+    flow: str = "-"
     #: How this command reached Prefect: ``started`` (it started the background server), ``daemon``
     #: (attached to it), ``server`` (started by hand), ``ephemeral``.
     prefect: str = "-"
@@ -130,6 +134,8 @@ def _one(ref: str, case: str, seed: int, home: Path, prefect: str) -> Row:
            "GRADLAB_DAEMON": "0" if prefect == "ephemeral" else "1"}
     if prefect != "server":
         env.pop("PREFECT_API_URL", None)  # a fresh shell: no server named by hand
+    flow_log = home / "zygote" / "flow" / "zygote.log"
+    warm_flows = _forked_flows(flow_log)
     started_at = time.time()
     t0 = time.perf_counter()
     out = subprocess.run([sys.executable, "-m", "gradlab.cli.app", "train", ref, "--seed", str(seed), "--json"],
@@ -155,8 +161,14 @@ def _one(ref: str, case: str, seed: int, home: Path, prefect: str) -> Row:
         b = subprocess.run([sys.executable, "-c", _BARE, ref, str(final), str(seed)], capture_output=True, text=True,
                            env=env, timeout=1800)
         bare = float(b.stdout.strip().splitlines()[-1]) if b.returncode == 0 and b.stdout.strip() else None
+    flow = "warm" if _forked_flows(flow_log) > warm_flows else "in-process"
     return Row(case, seed, receipt.get("outcome", f"no receipt (exit {out.returncode})"), wall, first, final, bare,
-               "zygote" if forked else "new process", how)
+               "zygote" if forked else "new process", flow, how)
+
+
+def _forked_flows(log: Path) -> int:
+    """How many commands the warm flow has run (its log's ``forked flow`` lines)."""
+    return log.read_text(errors="replace").count(" INFO: forked flow ") if log.is_file() else 0
 
 
 def run(cases: tuple[str, ...], seeds: int, *, prefect: str = "daemon") -> list[Row]:
@@ -210,14 +222,13 @@ def _stop_server(home: Path) -> None:
 
 
 def _wait_for_zygote(home: Path, timeout_s: float = 120.0) -> None:
-    """Wait until the warm learner is ready, as it is for a user who does not start runs back to
-    back within seconds (it imports for ~5 s after the server starts)."""
-    from gradlab.learn.zygote import ready_zygotes, starting_zygotes, zygote_dir
+    """Wait until the warm learner and the warm flow are ready, as they are for a user who does not
+    start runs back to back within seconds (they import for ~5 s after the server starts)."""
+    from gradlab.learn.zygote import flow_zygote_dir, ready_zygotes, starting_zygotes, zygote_dir
 
-    directory = zygote_dir(home)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if ready_zygotes(directory) and not starting_zygotes(directory):
+        if all(ready_zygotes(d) and not starting_zygotes(d) for d in (zygote_dir(home), flow_zygote_dir(home))):
             return
         time.sleep(0.2)
 
@@ -253,17 +264,18 @@ def render(rows: list[Row], as_json: bool) -> None:
 
     table = Table(title="gradlab train → sealed receipt vs bare SB3 for the same steps (seconds, fresh processes; "
                         "gradlab / bare: lower is better, goal <= 0.6)")
-    for col in ("case", "seed", "outcome", "prefect", "learner", "wall s", "first step s", "final step",
+    for col in ("case", "seed", "outcome", "prefect", "learner", "flow", "wall s", "first step s", "final step",
                 "bare SB3 s", "gradlab / bare"):
-        table.add_column(col, justify="left" if col in ("case", "outcome", "prefect", "learner") else "right")
+        table.add_column(col, justify="left" if col in ("case", "outcome", "prefect", "learner", "flow") else "right")
     for r in rows:
         table.add_row(r.case, str(r.seed), r.outcome, r.prefect + (" (not counted)" if r.first else ""), r.learner,
+                      r.flow,
                       num(r.wall_s), num(r.first_step_s), f"{r.final_step:,}" if r.final_step else "-",
                       num(r.bare_s), num(r.ratio, "{:.2f}"))
     for case, agg in summary(rows).items():
         spread = (f"{agg['ratio_median']:.2f} ({agg['ratio_min']:.2f}–{agg['ratio_max']:.2f})"
                   if agg["ratio_median"] is not None else "-")
-        table.add_row(f"[bold]{case}[/] median of {agg['rounds']}", "", "", "", "", num(agg["wall_s_median"]), "", "",
+        table.add_row(f"[bold]{case}[/] median of {agg['rounds']}", "", "", "", "", "", num(agg["wall_s_median"]), "", "",
                       num(agg["bare_s_median"]), spread)
     Console(width=None if sys.stdout.isatty() else 220).print(table)
 

@@ -115,10 +115,10 @@ def refuse_while_training(settings) -> None:
 
 @server_app.command("status")
 def status(json_out: Annotated[bool, typer.Option("--json")] = False) -> None:
-    """Say whether the local server is up, where, until when, and whether its warm learner is ready (exit 1 if not up)."""
+    """Say whether the local server is up, where, until when, and whether its warm learner and warm flow are ready (exit 1 if not up)."""
     import time
 
-    from gradlab.learn.zygote import ready_zygotes, starting_zygotes, zygote_dir
+    from gradlab.learn.zygote import flow_zygote_dir, ready_zygotes, starting_zygotes, zygote_dir
     from gradlab.runs.server import (
         client_alive,
         clients_dir,
@@ -136,6 +136,8 @@ def status(json_out: Annotated[bool, typer.Option("--json")] = False) -> None:
     starting = recorded is not None and recorded.ready is False and daemon_alive(settings)
     ready = [info.pid for info in ready_zygotes(zygote_dir(settings.home))]
     warming = starting_zygotes(zygote_dir(settings.home))
+    flows_ready = [info.pid for info in ready_zygotes(flow_zygote_dir(settings.home))]
+    flows_warming = starting_zygotes(flow_zygote_dir(settings.home))
     directory = clients_dir(prefect_home(settings))
     clients = sorted(int(p.name) for p in directory.iterdir() if client_alive(p)) if directory.is_dir() else []
     shown = state or (recorded if starting else None)
@@ -144,7 +146,8 @@ def status(json_out: Annotated[bool, typer.Option("--json")] = False) -> None:
         print_json({"running": state is not None, "starting": starting, "url": shown.url if shown else None,
                     "pid": shown.pid if shown else None, "server_pid": shown.server_pid if shown else None,
                     "idle_timeout_s": shown.idle_s if shown else None, "idle_for_s": idle_for, "clients": clients,
-                    "warm_learner": {"ready": ready, "starting": warming}})
+                    "warm_learner": {"ready": ready, "starting": warming},
+                    "warm_flow": {"ready": flows_ready, "starting": flows_warming}})
     else:
         if state is not None:
             timeout = f"stops after {describe_s(state.idle_s)} without use" if state.idle_s else "no idle timeout"
@@ -156,8 +159,9 @@ def status(json_out: Annotated[bool, typer.Option("--json")] = False) -> None:
             console.print(f"starting at {recorded.url} (pid {recorded.pid})")
         else:
             console.print("not running")
-        warm = (f"ready (pid {', '.join(map(str, ready))})" if ready
-                else f"starting (pid {', '.join(map(str, warming))})" if warming else "none")
-        console.print(f"warm learner: {warm}")
+        for what, up, coming in (("learner", ready, warming), ("flow", flows_ready, flows_warming)):
+            warm = (f"ready (pid {', '.join(map(str, up))})" if up
+                    else f"starting (pid {', '.join(map(str, coming))})" if coming else "none")
+            console.print(f"warm {what}: {warm}")
     if state is None:
         raise typer.Exit(1)

@@ -5,7 +5,9 @@ start-up (an ephemeral API server costs 12–20 s here; the local server kept in
 started by the first command that needs it, or one named by ``PREFECT_API_URL`` costs ~2 s). The
 flow then attaches to the learner. With the local server up, the warm zygote beside it forks the
 learner with torch and SB3 already imported (``gradlab.learn.zygote``), so the first env step
-comes ~5 s sooner.
+comes ~5 s sooner; and the warm flow beside it (``gradlab.cli.warm_flow``) takes the whole command
+over, with Prefect and the flow already imported (docs/ARCHITECTURE.md section 11), so
+publication, evaluation and the receipt do not wait for those imports either.
 """
 
 from __future__ import annotations
@@ -34,30 +36,52 @@ def configure_prefect() -> str:
 
     Returns a short description of the API in use.
     """
+    from gradlab.runs.server import PREFECT_CLIENT_DEFAULTS
     from gradlab.settings import load_settings
 
     settings = load_settings()
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    # Prefect's client telemetry (and its first-run notice, printed into the progress display): off,
-    # as the server's analytics are; a user who wants it sets DO_NOT_TRACK=0.
-    os.environ.setdefault("DO_NOT_TRACK", "1")
+    # Quiet logs; Prefect's client telemetry (and its first-run notice, printed into the progress
+    # display) off, as the server's analytics are; a user who wants it sets DO_NOT_TRACK=0.
+    for key, value in PREFECT_CLIENT_DEFAULTS.items():
+        os.environ.setdefault(key, value)
     # Prefect waits 20 s for its ephemeral server by default; a loaded 2-core box needs longer.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", f"{settings.server_start_timeout_s:.0f}")
-    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
-    os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")
-    if os.environ.get("PREFECT_API_URL"):
-        return os.environ["PREFECT_API_URL"]
-    from gradlab.runs.server import ensure_server
+    try:
+        if os.environ.get("PREFECT_API_URL"):
+            return os.environ["PREFECT_API_URL"]
+        from gradlab.runs.server import ensure_server
 
-    if settings.prefect_api_url:
-        os.environ["PREFECT_API_URL"] = settings.prefect_api_url
-        return settings.prefect_api_url
-    state = ensure_server(settings, say=lambda line: err_console.print(escape(line), highlight=False))
-    if state is not None:
-        os.environ["PREFECT_API_URL"] = state.api_url
-        return state.api_url
-    why = "GRADLAB_DAEMON=0" if not settings.daemon else "no local server answered in time"
-    return f"ephemeral ({why}: Prefect starts a server inside this command)"
+        if settings.prefect_api_url:
+            os.environ["PREFECT_API_URL"] = settings.prefect_api_url
+            return settings.prefect_api_url
+        state = ensure_server(settings, say=lambda line: err_console.print(escape(line), highlight=False))
+        if state is not None:
+            os.environ["PREFECT_API_URL"] = state.api_url
+            return state.api_url
+        why = "GRADLAB_DAEMON=0" if not settings.daemon else "no local server answered in time"
+        return f"ephemeral ({why}: Prefect starts a server inside this command)"
+    finally:
+        _reread_prefect_settings()
+
+
+def _reread_prefect_settings() -> None:
+    """In a process that imported Prefect before this command's environment was set (the warm
+    flow, ``gradlab.cli.warm_flow``): Prefect's settings and logging read again from it. Prefect
+    reads its settings once, at import (``prefect.context.GLOBAL_SETTINGS_CONTEXT``)."""
+    import sys
+
+    if "prefect.context" not in sys.modules:
+        return
+    from gradlab.cli import warm_flow
+
+    if warm_flow.imported_prefect_env() == warm_flow.prefect_env(os.environ):
+        return  # imported with these very settings (the warm flow's usual case)
+    from prefect.context import refresh_global_settings_context
+    from prefect.logging.configuration import PROCESS_LOGGING_CONFIG, setup_logging
+
+    refresh_global_settings_context()
+    if PROCESS_LOGGING_CONFIG:
+        setup_logging(incremental=False)
 
 
 def run_flow(**params):
@@ -104,6 +128,12 @@ def train(
     if wandb == "online" and not _wandb_key_configured():
         fail("--wandb online: no W&B API key (set WANDB_API_KEY, [wandb] api_key_ref = \"env:NAME\" in the config "
              "file, or run `wandb login`); use --wandb offline to keep metrics locally and sync later")
+    from gradlab.cli import warm_flow
+
+    code = warm_flow.hand_off(_command_line(ref, seed, overrides, wandb, eval_backend, no_eval, json_out, init_from,
+                                            init_optimizer))
+    if code is not None:  # the warm flow ran it, with this command's terminal, environment and directory
+        raise typer.Exit(code)
     started = time.monotonic()
     # Every contract problem, and an environment this machine cannot build, before anything is created.
     runnable_or_exit(resolve_or_exit(ref, overrides))
@@ -166,7 +196,7 @@ def train(
     if receipt is None:
         receipt = stored_receipt(spec.run_id)
     elapsed = time.monotonic() - started
-    _keep_zygote_warm(settings)
+    warm_flow.after_reply(lambda: _keep_zygote_warm(settings))
     if receipt is None:
         why = " (interrupted)" if interrupted else (f": {state.message}" if state is not None and state.message else "")
         if not _attempt_opened(spec.run_id):
@@ -177,6 +207,20 @@ def train(
     if json_out:
         print_json(receipt)
     raise typer.Exit(0 if receipt["outcome"] == "succeeded" else 1)
+
+
+def _command_line(ref: str, seed: int, overrides: list[str] | None, wandb: str | None, eval_backend: str,
+                  no_eval: bool, json_out: bool, init_from: str | None, init_optimizer: bool) -> list[str]:
+    """``train``'s arguments as a command line (what the warm flow runs)."""
+    argv = ["train", ref, "--seed", str(seed), "--eval-backend", eval_backend]
+    for override in overrides or []:
+        argv += ["--set", override]
+    if wandb is not None:
+        argv += ["--wandb", wandb]
+    if init_from is not None:
+        argv += ["--init-from", init_from]
+    argv += ["--no-eval"] * no_eval + ["--json"] * json_out + ["--init-optimizer"] * init_optimizer
+    return argv
 
 
 def resolve_init_from(source: str, *, ref: str, overrides: list[str], optimizer: bool):
@@ -241,15 +285,14 @@ def _attempt_opened(run_id: str) -> bool:
 
 
 def _keep_zygote_warm(settings) -> None:
-    """With a local server up, make sure a warm zygote is there for the next run (started after this
-    run so that its imports do not compete with it)."""
-    from gradlab.learn.zygote import ensure_zygote, zygote_dir
-    from gradlab.runs.server import running_server
+    """With a local server up, make sure the warm learner and the warm flow are there for the next
+    run (started after this run so that their imports do not compete with it)."""
+    from gradlab.runs.server import running_server, warm_processes
 
     try:
         state = running_server(settings)
         if state is not None:
-            ensure_zygote(zygote_dir(settings.home), keeper_pid=state.pid)
+            warm_processes(settings.home, keeper_pid=state.pid, api_url=state.api_url)
     except OSError as e:  # a convenience for the next run: never fails this one
         err_console.print(f"could not start a warm learner for the next run: {escape(str(e))}")
 

@@ -118,6 +118,9 @@ def _worker_main(request_json: dict[str, Any], conn: Any) -> None:
 _SPARE_LOCK = threading.Lock()
 _SPARES: list[tuple[Any, Any]] = []
 _SPARE_TARGET = 0
+#: Whether a spare taken by an evaluation is replaced at once (spawned): not after forked spares,
+#: whose replacement would import for seconds beside the run it is meant to speed up.
+_SPARE_REFILL = True
 
 
 def _warm_worker_main(conn: Any) -> None:
@@ -155,10 +158,18 @@ def _sigint_blocked() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
-def prewarm(count: int = 1) -> None:
-    """Keep ``count`` spare evaluation processes warm (spawned now; they import in the background)."""
-    global _SPARE_TARGET
-    ctx = multiprocessing.get_context("spawn")
+def prewarm(count: int = 1, *, start_method: str = "spawn") -> None:
+    """Keep ``count`` spare evaluation processes warm (started now; they import in the background).
+
+    ``start_method="fork"`` is for a process that has torch, SB3 and the evaluation runner imported
+    and no thread but its main one (the warm flow's child, ``gradlab.cli.warm_flow``): the spares
+    are ready at once, and one taken is not replaced (an evaluation with no spare left starts its
+    own process, as without spares).
+    """
+    global _SPARE_TARGET, _SPARE_REFILL
+    if start_method == "fork":
+        _SPARE_REFILL = False
+    ctx = multiprocessing.get_context(start_method)
     with _SPARE_LOCK:
         _SPARE_TARGET = max(_SPARE_TARGET, count)
         _SPARES[:] = [(p, c) for p, c in _SPARES if p.is_alive()]
@@ -243,7 +254,8 @@ class LocalBackend:
                 job.process, job.conn = spare
                 job.conn.send(job.request_json)
                 logger.info("evaluation %s started in a warm process (pid %s)", job.handle.id, job.process.pid)
-                prewarm(_SPARE_TARGET)  # replace the spare for the next evaluation
+                if _SPARE_REFILL:
+                    prewarm(_SPARE_TARGET)  # replace the spare for the next evaluation
                 continue
             parent, child = self._ctx.Pipe(duplex=False)
             job.process = self._ctx.Process(target=_worker_main, args=(job.request_json, child), daemon=True,

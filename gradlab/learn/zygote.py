@@ -50,6 +50,7 @@ import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
@@ -57,6 +58,17 @@ from pydantic import BaseModel, ConfigDict
 from gradlab.learn.watch import pid_alive
 
 log = logging.getLogger(__name__)
+
+#: The module a learner zygote runs as (``python -m``); a warm supervising flow is a zygote too
+#: (``gradlab.cli.warm_flow``, docs/ARCHITECTURE.md section 11), kept in its own folder.
+LEARNER_MODULE = "gradlab.learn.zygote"
+FLOW_MODULE = "gradlab.cli.warm_flow"
+
+#: Per zygote module: the packages whose sources its fingerprint covers, and extra distributions.
+KINDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    LEARNER_MODULE: (("gradlab",), ()),
+    FLOW_MODULE: (("gradlab", "flows", "tasks"), ("prefect",)),
+}
 
 #: Modules a learner imports before its first env step, heaviest first.
 PRELOAD = (
@@ -72,6 +84,11 @@ IMPORT_ENV_PREFIXES = ("OMP_", "MKL_", "OPENBLAS_", "KMP_", "GOMP_", "CUDA_", "N
 #: Seconds a requester waits for the zygote's answer (the fork itself takes milliseconds), and the
 #: zygote for the requester's confirmation.
 REQUEST_TIMEOUT_S = 10.0
+
+#: Seconds between the zygote's looks at its children: a supervisor learns a forked learner's
+#: exit code from the record the zygote writes once it has reaped it, so this is on a run's
+#: critical path (an idle zygote's wake-ups cost nothing measurable).
+REAP_S = 0.05
 
 #: Seconds the zygote waits for a request line after a connection (a requester writes at once).
 READ_TIMEOUT_S = 2.0
@@ -95,32 +112,48 @@ def zygote_dir(home: Path) -> Path:
     return Path(home) / "zygote"
 
 
+def flow_zygote_dir(home: Path) -> Path:
+    """The warm supervising flow's zygote folder (``$GRADLAB_HOME/zygote/flow``)."""
+    return zygote_dir(home) / "flow"
+
+
+def kind_fingerprint(module: str = LEARNER_MODULE) -> str:
+    """:func:`fingerprint` over what a zygote running as ``module`` has imported (:data:`KINDS`)."""
+    packages, dists = KINDS[module]
+    return fingerprint(packages, dists)
+
+
 def import_env(env: dict[str, str] | os._Environ) -> dict[str, str]:
     """The import-sensitive part of an environment (:data:`IMPORT_ENV_PREFIXES`)."""
     return {k: v for k, v in env.items() if k.startswith(IMPORT_ENV_PREFIXES)}
 
 
-def fingerprint() -> str:
-    """sha256 over gradlab's source files (path, size, mtime), the interpreter and key package versions.
+def fingerprint(packages: tuple[str, ...] = ("gradlab",), dists: tuple[str, ...] = ()) -> str:
+    """sha256 over the source files (path, size, mtime) of ``packages``, the interpreter and key
+    package versions (torch, stable-baselines3, gymnasium, numpy, and ``dists``).
 
     A zygote whose fingerprint differs from the requester's would run other code than the
-    requester's checkout: it is retired, not used. Costs a few milliseconds (one ``stat`` per file).
+    requester's checkout: it is retired, not used. Costs a few milliseconds (one ``stat`` per file);
+    the packages are located, not imported (``flows`` imports Prefect).
     """
     from importlib.metadata import PackageNotFoundError, version
-
-    import gradlab
+    from importlib.util import find_spec
 
     h = hashlib.sha256()
     h.update(f"{sys.executable}\0{sys.version}\0".encode())
-    for dist in ("torch", "stable-baselines3", "gymnasium", "numpy"):
+    for dist in ("torch", "stable-baselines3", "gymnasium", "numpy", *dists):
         try:
             h.update(f"{dist}={version(dist)}\0".encode())
         except PackageNotFoundError:
             h.update(f"{dist}=-\0".encode())
-    root = Path(gradlab.__file__).parent
-    for path in sorted(root.rglob("*.py")):
-        st = path.stat()
-        h.update(f"{path.relative_to(root)}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
+    for package in packages:
+        spec = find_spec(package)
+        for location in (spec.submodule_search_locations or []) if spec is not None else []:
+            root = Path(location)
+            h.update(f"{package}\0".encode())
+            for path in sorted(root.rglob("*.py")):
+                st = path.stat()
+                h.update(f"{path.relative_to(root)}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
     return h.hexdigest()
 
 
@@ -207,37 +240,40 @@ def retire(info: ZygoteInfo) -> None:
         _terminate(info.pid)
 
 
-def start_zygote(directory: Path, *, keeper_pid: int | None) -> int:
-    """Start a zygote process in the background (its own session); returns its pid.
+def start_zygote(directory: Path, *, keeper_pid: int | None, module: str = LEARNER_MODULE,
+                 env: dict[str, str] | None = None) -> int:
+    """Start a zygote process in the background (its own session, environment ``env``, default
+    this process's); returns its pid.
 
     It is ready once ``<pid>.json`` appears (~5 s here); until then ``<pid>.pending`` says it is
     coming. It exits when ``keeper_pid`` (if given) is gone.
     """
     directory = Path(directory).absolute()
     directory.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "gradlab.learn.zygote", "--dir", str(directory)]
+    cmd = [sys.executable, "-m", module, "--dir", str(directory)]
     if keeper_pid is not None:
         cmd += ["--keeper-pid", str(keeper_pid)]
     with (directory / "zygote.log").open("ab") as out:
         popen = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                 start_new_session=True)
+                                 start_new_session=True, env=env)
     (directory / f"{popen.pid}.pending").write_text(str(time.time()))
     return popen.pid
 
 
-def ensure_zygote(directory: Path, *, keeper_pid: int | None) -> int | None:
+def ensure_zygote(directory: Path, *, keeper_pid: int | None, module: str = LEARNER_MODULE,
+                  env: dict[str, str] | None = None) -> int | None:
     """Start a zygote unless one is ready with this checkout's code and settings or one is starting;
     the others are retired first (each holds ~700 MB), so a folder keeps at most one.
 
     Returns the pid of a zygote started now, else None.
     """
-    mine, wanted = fingerprint(), import_env(os.environ)
+    mine, wanted = kind_fingerprint(module), import_env(os.environ if env is None else env)
     ready = ready_zygotes(directory)
     if any(info.fingerprint == mine and info.import_env == wanted for info in ready) or starting_zygotes(directory):
         return None
     for info in ready:  # at most one zygote per folder: the newest code and settings win
         retire(info)
-    return start_zygote(directory, keeper_pid=keeper_pid)
+    return start_zygote(directory, keeper_pid=keeper_pid, module=module, env=env)
 
 
 def stop_zygotes(directory: Path, *, grace_s: float = 5.0) -> int:
@@ -281,6 +317,29 @@ def _request_fork(address: str, payload: dict, timeout_s: float = REQUEST_TIMEOU
         return int(answer["pid"])
 
 
+def _read_request(s: socket.socket, max_fds: int = 3, limit: int = 16 << 20) -> tuple[bytes, list[int]]:
+    """One request line and the descriptors sent with it (``SCM_RIGHTS``, on its first bytes)."""
+    data, fds, _, _ = socket.recv_fds(s, 65536, max_fds)
+    while data and not data.endswith(b"\n"):
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+        if len(data) > limit:
+            _close_all(fds)
+            raise ValueError(f"message over {limit} bytes")
+    return data.strip(), list(fds)
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    fds.clear()
+
+
 def _read_line(s: socket.socket, limit: int = 16 << 20) -> bytes:
     data = b""
     while not data.endswith(b"\n"):
@@ -301,7 +360,7 @@ def _is_zygote(pid: int, directory: Path) -> bool:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return not Path("/proc/self").exists()  # no /proc here: liveness is all we can know
-    return b"gradlab.learn.zygote" in cmdline and str(Path(directory).absolute()).encode() in cmdline
+    return any(m.encode() in cmdline for m in KINDS) and str(Path(directory).absolute()).encode() in cmdline
 
 
 
@@ -326,6 +385,12 @@ def _terminate(pid: int, grace_s: float = 5.0) -> None:
 
 
 class _Zygote:
+    """A zygote's serving loop. Subclasses (the warm flow, ``gradlab.cli.warm_flow``) set
+    :attr:`module` and :attr:`preload` and add ops in :meth:`_op`."""
+
+    module = LEARNER_MODULE
+    preload: tuple[str, ...] = PRELOAD
+
     def __init__(self, directory: Path, keeper_pid: int | None) -> None:
         from gradlab.learn.watch import ProcessWatch
 
@@ -339,13 +404,18 @@ class _Zygote:
     def serve(self) -> int:
         started = time.monotonic()
         env_at_start = import_env(os.environ)  # before the imports: torch sets some variables itself
-        code = fingerprint()  # before the imports too: a file edited meanwhile makes it stale, not wrong
-        for name in PRELOAD:
+        code = kind_fingerprint(self.module)  # before the imports too: a file edited meanwhile makes it stale
+        for name in self.preload:
             __import__(name)
-        import torch
-
-        if torch.cuda.is_initialized():  # a forked child could not use CUDA ("bad fork")
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_initialized():  # a forked child could not use CUDA ("bad fork")
             log.error("CUDA was initialised while preloading: a zygote cannot serve; exiting")
+            return 1
+        import threading
+
+        if threading.active_count() > 1:  # a fork copies only the forking thread: locks held elsewhere stay held
+            log.error("threads %s were started while preloading: a zygote cannot fork safely; exiting",
+                      [t.name for t in threading.enumerate()])
             return 1
         signal.signal(signal.SIGTERM, self._on_term)
         signal.signal(signal.SIGINT, self._on_term)
@@ -353,7 +423,7 @@ class _Zygote:
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(address)
         listener.listen(16)
-        listener.settimeout(0.25)
+        listener.settimeout(REAP_S)
         info = ZygoteInfo(pid=os.getpid(), address=address, fingerprint=code,
                           import_env=env_at_start, keeper_pid=self.keeper_pid, ready_at=time.time())
         partial = self.info_path.with_suffix(".partial")
@@ -411,22 +481,36 @@ class _Zygote:
                         os.getuid())
             return
         conn.settimeout(READ_TIMEOUT_S)  # a requester writes at once; a silent one must not stall others
+        fds: list[int] = []
         try:
-            request = json.loads(_read_line(conn) or b"{}")
+            line, fds = _read_request(conn)
+            request = json.loads(line or b"{}")
         except (OSError, ValueError) as e:
             log.warning("bad request: %s", e)
+            _close_all(fds)
             return
-        if not isinstance(request, dict):
-            conn.sendall(json.dumps({"error": "expected a JSON object"}).encode() + b"\n")
-            return
-        op = request.get("op")
-        if op == "retire":
-            self.stopping = True
-            conn.sendall(b'{"ok": true}\n')
-            return
-        if op != "fork":
-            conn.sendall(json.dumps({"error": f"unknown op {op!r}"}).encode() + b"\n")
-            return
+        try:
+            if not isinstance(request, dict):
+                conn.sendall(json.dumps({"error": "expected a JSON object"}).encode() + b"\n")
+                return
+            op = request.get("op")
+            if op == "retire":
+                self.stopping = True
+                conn.sendall(b'{"ok": true}\n')
+                return
+            if op == "fork":
+                self._fork_learner(conn, listener, request)
+                return
+            if not self._op(op, request, conn, listener, fds):
+                conn.sendall(json.dumps({"error": f"unknown op {op!r}"}).encode() + b"\n")
+        finally:
+            _close_all(fds)  # the zygote's copies (a forked child has dup'ed what it keeps)
+
+    def _op(self, op: str, request: dict, conn: socket.socket, listener: socket.socket, fds: list[int]) -> bool:
+        """A subclass's own request ``op`` (``fds``: descriptors sent with it); False if unknown."""
+        return False
+
+    def _fork_learner(self, conn: socket.socket, listener: socket.socket, request: dict) -> None:
         try:
             argv = [str(a) for a in request["argv"]]
             env = {str(k): str(v) for k, v in request["env"].items()}
@@ -435,13 +519,27 @@ class _Zygote:
         except (KeyError, AttributeError, TypeError) as e:
             conn.sendall(json.dumps({"error": f"malformed fork request: {e}"}).encode() + b"\n")
             return
+
+        def become(ready_w: int, go_r: int) -> None:
+            _become_learner(argv, env, cwd, log_path, ready_w, go_r, close=(listener, conn))
+
+        self._fork_confirmed(conn, become, exit_template=exit_template, what="learner", detail=" ".join(argv))
+
+    def _fork_confirmed(self, conn: socket.socket, become: Callable[[int, int], None], *, exit_template: str | None,
+                        what: str, detail: str) -> int | None:
+        """Fork a child that runs ``become(ready_w, go_r)`` (it writes b"1" to ``ready_w`` once set up,
+        then waits for b"g" on ``go_r``); answer ``{"pid"}``, and let the child run only once the
+        requester confirms (``go`` → ``ok``). Returns the child's pid, or None (killed unborn)."""
+        for stream in (sys.stdout, sys.stderr):  # else the child would print the zygote's buffered lines
+            stream.flush()
         ready_r, ready_w = os.pipe()
         go_r, go_w = os.pipe()
         pid = os.fork()
-        if pid == 0:  # the learner
+        if pid == 0:  # the child: never returns
             os.close(ready_r)
             os.close(go_w)
-            _become_learner(argv, env, cwd, log_path, ready_w, go_r, close=(listener, conn))
+            become(ready_w, go_r)
+            os._exit(1)
         os.close(ready_w)
         os.close(go_r)
         self.children[pid] = str(exit_template).replace("{pid}", str(pid)) if exit_template else None
@@ -450,26 +548,29 @@ class _Zygote:
         with os.fdopen(go_w, "wb", buffering=0) as go:
             if status != b"1":
                 conn.sendall(json.dumps({"error": status.decode(errors="replace") or "the child died"}).encode() + b"\n")
-                return
-            # The requester confirms it still wants this learner (it may have given up waiting and
+                return None
+            # The requester confirms it still wants this child (it may have given up waiting and
             # started one of its own): only then does the child run; otherwise it is killed unborn.
+            # "ok" goes out before the child runs: a child that keeps the connection (the warm
+            # flow) writes on it only after the zygote's last word.
             try:
                 conn.settimeout(REQUEST_TIMEOUT_S)
                 conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
                 confirmed = _read_line(conn) == b"go"
                 if confirmed:
-                    go.write(b"g")
                     conn.sendall(b"ok\n")
+                    go.write(b"g")
             except OSError:
                 confirmed = False
         if confirmed:
-            log.info("forked learner %d (%s)", pid, " ".join(argv))
-        else:
-            log.warning("requester of learner %d went away before confirming: killed unborn", pid)
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            log.info("forked %s %d (%s)", what, pid, detail)
+            return pid
+        log.warning("requester of %s %d went away before confirming: killed unborn", what, pid)
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        return None
 
 
 def _become_learner(argv: list[str], env: dict[str, str], cwd: str, log_path: str, ready_w: int, go_r: int,

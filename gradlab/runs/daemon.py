@@ -129,12 +129,19 @@ class Daemon:
         clients_dir(self.home).mkdir(exist_ok=True)
         self.state = ServerState(**{**self.state.__dict__, "ready": True, "idle_since": time.time()})
         write_state(self.home, self.state)
-        from gradlab.learn.zygote import ensure_zygote, zygote_dir
+        from gradlab.runs.server import warm_processes
 
         try:
-            ensure_zygote(zygote_dir(self.gradlab_home), keeper_pid=os.getpid())
+            warm_processes(self.gradlab_home, keeper_pid=os.getpid(), api_url=self.state.api_url)
         except OSError as e:
-            log.warning("no warm learner (%s): runs start a fresh learner process instead", e)
+            log.warning("no warm learner or flow (%s): runs start fresh processes instead", e)
+        # A new server answers its first API request slowly (~0.5 s here: it sets up on first use);
+        # a run's first request is then not the first.
+        try:
+            with urllib.request.urlopen(f"{self.state.api_url}/admin/version", timeout=10.0) as r:
+                r.read()
+        except OSError as e:
+            log.warning("warm-up request failed: %s", e)
 
     def _watch(self) -> None:
         last_busy = time.time()
@@ -189,10 +196,11 @@ class Daemon:
             return -1
 
     def _shutdown(self) -> None:
-        from gradlab.learn.zygote import stop_zygotes, zygote_dir
+        from gradlab.learn.zygote import flow_zygote_dir, stop_zygotes, zygote_dir
 
         try:
             stop_zygotes(zygote_dir(self.gradlab_home))
+            stop_zygotes(flow_zygote_dir(self.gradlab_home))
         except OSError as e:
             log.warning("could not stop the warm learner: %s", e)
         if self.server is not None and self.server.poll() is None:

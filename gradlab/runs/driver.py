@@ -70,7 +70,13 @@ class AttemptDriver:
     evaluate: bool = True
     wandb: Any = None
     cancel_requested: Callable[[], bool] = lambda: False
-    tick_s: float = 0.5
+    #: Seconds between ticks: each polls the outbox (one SQLite read) and hands out what is ready, so
+    #: a checkpoint's publication, its evaluation and the stop after an accepted one wait at most
+    #: this long (the lease and the cancel probe have their own clocks).
+    tick_s: float = 0.1
+    #: Seconds between metric deliveries while the learner runs (each is durable writes: the journal
+    #: and the outbox's acknowledgements); once it has exited, metrics are delivered when the rest is done.
+    deliver_every_s: float = 0.5
     cancel_poll_s: float = 2.0
     grace_s: float = 10.0
     max_parallel_evals: int = 1
@@ -104,6 +110,7 @@ class AttemptDriver:
         self._lease = self.plan.lease
         self._lease_renewed_at = time.monotonic()
         self._cancel_checked_at = 0.0
+        self._delivered_at = 0.0
         self.cancelled_reason: str | None = None
         self.lease_lost: str | None = None
 
@@ -125,7 +132,9 @@ class AttemptDriver:
                 self._renew_lease()
                 sup.poll_outbox()
                 sup.advance()
-                sup.deliver_metrics()
+                if learner_exit is None and time.monotonic() - self._delivered_at >= self.deliver_every_s:
+                    sup.deliver_metrics()
+                    self._delivered_at = time.monotonic()
                 if learner_exit is None and (code := self.learner.exit_code()) is not None:  # type: ignore[union-attr]
                     learner_exit = code
                     sup.freeze()
@@ -135,10 +144,11 @@ class AttemptDriver:
                     continue
                 if learner_exit is not None:
                     sup.advance()
-                    sup.poll_outbox()  # the supervisor's own metrics of this tick
-                    sup.deliver_metrics()
-                    if sup.drained():
-                        break
+                    if sup.work_done():  # metrics last: each delivery is durable writes (fsync)
+                        sup.poll_outbox()  # the supervisor's own metrics of this tick
+                        sup.deliver_metrics()
+                        if sup.drained():
+                            break
                 time.sleep(self.tick_s)
         except BaseException as e:
             if self.lease_lost:
@@ -147,7 +157,7 @@ class AttemptDriver:
                 # A cancel, Ctrl-C, or a termination signal (Prefect's are BaseExceptions).
                 outcome, reason = "cancelled", self.cancelled_reason or f"interrupted: {type(e).__name__}"
             else:  # the attempt itself failed (a full disk, a store error the task retries gave up on...)
-                outcome, reason = "failed", f"the attempt failed: {describe_failure(e)}"
+                outcome, reason = "failed", f"the attempt failed: {self._first_cause(e)}"
                 log.error("run %s: %s", self.spec.run_id, reason)
                 log.debug("run %s: the attempt's failure", self.spec.run_id, exc_info=e)
             receipt = self._end_early(outcome, reason)
@@ -227,6 +237,22 @@ class AttemptDriver:
         except OSError:
             return ""
         return f" ({lines[-1].strip()[:300]}; see {self.paths.learner_log})" if lines else ""
+
+    def _first_cause(self, error: BaseException) -> str:
+        """:func:`describe_failure`, naming the run directory when the cause is a full disk there that
+        the error itself does not name (a write to an open file carries no path)."""
+        import errno
+
+        described = describe_failure(error)
+        cause, seen = error, {id(error)}
+        while (nxt := cause.__cause__ or cause.__context__) is not None and id(nxt) not in seen:
+            seen.add(id(nxt))
+            cause = nxt
+        if isinstance(cause, OSError) and cause.errno == errno.ENOSPC and cause.filename is None:
+            full = self._disk_full()
+            if full:
+                return full.removeprefix(": ")
+        return described
 
     def _disk_full(self) -> str:
         """``": no space left on device: <run dir>"`` when the run directory's filesystem is full (a

@@ -96,7 +96,7 @@ class LearnerProcess:
         if pid_alive(self.pid):
             return None
         recorded = self.paths.root / f"learner-{self.pid}.exit"
-        deadline = time.monotonic() + 1.0  # the zygote reaps its children every 0.25 s
+        deadline = time.monotonic() + 1.0  # the zygote reaps its children every REAP_S (0.05 s)
         while True:
             try:
                 self._code = int(recorded.read_text())

@@ -10,7 +10,7 @@ does; ``gradlab server stop`` stops it now; ``GRADLAB_DAEMON=0`` opts out (every
 on Prefect's ephemeral server, as before). ``gradlab server start`` starts the same thing by hand.
 
 Processes: the daemon (``python -m gradlab.runs.daemon``) is the keeper: it starts ``prefect server
-start`` in its own process group and the zygote, watches both, measures idleness and, on SIGTERM or
+start`` in its own process group, the zygote and the warm flow (``gradlab.cli.warm_flow``), watches them, measures idleness and, on SIGTERM or
 at the idle timeout, stops both and removes its files.
 
 Files under ``$GRADLAB_HOME/prefect`` (also Prefect's ``PREFECT_HOME``: its database stays, so the
@@ -51,7 +51,7 @@ from pathlib import Path
 
 from gradlab.errors import TransientError
 from gradlab.learn.watch import pid_alive
-from gradlab.learn.zygote import ensure_zygote, stop_zygotes, zygote_dir
+from gradlab.learn.zygote import FLOW_MODULE, ensure_zygote, flow_zygote_dir, stop_zygotes, zygote_dir
 from gradlab.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -253,7 +253,7 @@ def start_server(settings: Settings, *, port: int | None = None, timeout_s: floa
     idle_s = settings.daemon_idle_s if idle_s is None else idle_s
     existing = running_server(settings)
     if existing is not None:
-        _warm_learner(settings, existing.pid)
+        _warm_learner(settings, existing.pid, existing.api_url)
         return existing
     home = prefect_home(settings)
     fd = try_lock(settings)
@@ -372,12 +372,38 @@ def register_client(settings: Settings) -> None:
     atexit.register(path.unlink, missing_ok=True)  # removing it also touches the folder: the last use
 
 
-def _warm_learner(settings: Settings, keeper_pid: int) -> None:
-    """Start the zygote beside the server if it is missing; a convenience, so a failure only warns."""
+#: Prefect settings every gradlab command sets for itself unless already set (``gradlab train``'s
+#: ``configure_prefect``): quiet logs, no telemetry. The warm flow imports Prefect with them.
+PREFECT_CLIENT_DEFAULTS = {
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "DO_NOT_TRACK": "1",
+    "PREFECT_LOGGING_LEVEL": "WARNING",
+    "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW": "ignore",
+}
+
+
+def warm_processes(home: Path, *, keeper_pid: int, api_url: str | None = None) -> None:
+    """Start the warm learner and the warm flow (``gradlab.cli.warm_flow``) beside the server where
+    missing or stale, learner first (runs need it most). The warm flow imports Prefect with the
+    settings a command using this server would have (``api_url``, :data:`PREFECT_CLIENT_DEFAULTS`),
+    so a command whose Prefect settings are the same need not make Prefect read them again.
+
+    Raises:
+        OSError: one could not be started.
+    """
+    ensure_zygote(zygote_dir(home), keeper_pid=keeper_pid)
+    env = {**PREFECT_CLIENT_DEFAULTS, **os.environ}
+    if api_url is not None:
+        env["PREFECT_API_URL"] = api_url
+    ensure_zygote(flow_zygote_dir(home), keeper_pid=keeper_pid, module=FLOW_MODULE, env=env)
+
+
+def _warm_learner(settings: Settings, keeper_pid: int, api_url: str | None = None) -> None:
+    """Start the zygotes beside the server if they are missing; a convenience, so a failure only warns."""
     try:
-        ensure_zygote(zygote_dir(settings.home), keeper_pid=keeper_pid)
+        warm_processes(settings.home, keeper_pid=keeper_pid, api_url=api_url)
     except OSError as e:
-        log.warning("no warm learner (%s): runs start a fresh learner process instead", e)
+        log.warning("no warm learner or flow (%s): runs start fresh processes instead", e)
 
 
 def stop_server(settings: Settings, grace_s: float = 30.0) -> bool:
@@ -421,6 +447,7 @@ def stop_server(settings: Settings, grace_s: float = 30.0) -> bool:
 def _stop_zygotes(settings: Settings) -> None:
     try:
         stop_zygotes(zygote_dir(settings.home))
+        stop_zygotes(flow_zygote_dir(settings.home))
     except OSError as e:
         log.warning("could not stop the warm learner: %s", e)
 

@@ -357,7 +357,7 @@ class Supervisor:
         self.poll_outbox()
         self.frozen = True
 
-    def drained(self) -> bool:
+    def work_done(self) -> bool:
         """Every frozen checkpoint published (or failed) and evaluated (or deferred / not evaluating)."""
         if not self.frozen:
             return False
@@ -368,7 +368,11 @@ class Supervisor:
                 return False
             if self.evaluate and track.publication is not None and not track.evaluation_done:
                 return False
-        return not self._pending_metrics and self.outbox.max_seq() <= self.after_seq
+        return True
+
+    def drained(self) -> bool:
+        """:meth:`work_done`, and every metric event read and delivered."""
+        return self.work_done() and not self._pending_metrics and self.outbox.max_seq() <= self.after_seq
 
     def abandon_evaluations(self, reason: str) -> None:
         """Cancelled or failed attempt: unevaluated checkpoints stay deferred (a retry evaluates them)."""

@@ -13,11 +13,11 @@ from gradlab.benchmarks.run import _BARE, Row, render, summary
 
 def test_ratio_and_summary_leave_the_first_command_out(capsys: pytest.CaptureFixture[str]) -> None:
     rows = [
-        Row("cartpole-acceptance", 0, "succeeded", 40.0, 4.0, 40_000, 20.0, "new process", "started"),
-        Row("cartpole-acceptance", 0, "succeeded", 12.0, 0.5, 40_000, 20.0, "zygote", "daemon"),
-        Row("cartpole-acceptance", 1, "succeeded", 15.0, 0.5, 50_000, 25.0, "zygote", "daemon"),
-        Row("cartpole-acceptance", 2, "succeeded", 9.0, 0.5, 30_000, 10.0, "zygote", "daemon"),
-        Row("bandit-acceptance", 0, "failed", 30.0, 0.5, None, None, "zygote", "daemon"),
+        Row("cartpole-acceptance", 0, "succeeded", 40.0, 4.0, 40_000, 20.0, "new process", "in-process", "started"),
+        Row("cartpole-acceptance", 0, "succeeded", 12.0, 0.5, 40_000, 20.0, "zygote", "warm", "daemon"),
+        Row("cartpole-acceptance", 1, "succeeded", 15.0, 0.5, 50_000, 25.0, "zygote", "warm", "daemon"),
+        Row("cartpole-acceptance", 2, "succeeded", 9.0, 0.5, 30_000, 10.0, "zygote", "warm", "daemon"),
+        Row("bandit-acceptance", 0, "failed", 30.0, 0.5, None, None, "zygote", "warm", "daemon"),
     ]
     assert rows[0].first and rows[0].ratio == 2.0 and rows[2].ratio == 0.6 and rows[4].ratio is None
     agg = summary(rows)

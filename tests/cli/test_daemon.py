@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from gradlab.learn.watch import pid_alive
-from gradlab.learn.zygote import ready_zygotes, zygote_dir
+from gradlab.learn.zygote import flow_zygote_dir, ready_zygotes, zygote_dir
 from gradlab.runs.server import (
     clients_dir,
     daemon_alive,
@@ -74,7 +75,8 @@ def _nothing_left(home: Path, pids: list[int]) -> None:
     phome = home / "prefect"
     assert not (phome / "server.json").exists() and not (phome / "clients").exists()
     assert sorted(p.name for p in phome.iterdir() if p.suffix in (".json", ".partial", ".pending")) == ["startup.json"]
-    assert not list(zygote_dir(home).glob("*.json")) and not list(zygote_dir(home).glob("*.pending"))
+    for directory in (zygote_dir(home), flow_zygote_dir(home)):
+        assert not list(directory.glob("*.json")) and not list(directory.glob("*.pending"))
 
 
 def test_a_stale_state_file_is_removed(settings) -> None:
@@ -131,8 +133,16 @@ def test_a_daemon_someone_else_is_starting_is_waited_for_no_longer_than_a_start(
     assert not daemon_alive(settings)
 
 
+def _forked_flows(home: Path) -> list[str]:
+    log = flow_zygote_dir(home) / "zygote.log"
+    return [line for line in log.read_text().splitlines() if " INFO: forked flow " in line] if log.is_file() else []
+
+
 @pytest.mark.slow
 def test_the_first_command_starts_it_the_next_reuses_it_and_stop_leaves_nothing(settings) -> None:
+    """Also the warm flow (gradlab.cli.warm_flow): later trains run in a process forked by it, with
+    the command's own output and exit code; Ctrl-C relayed to it seals cancelled; without it, the
+    command runs the flow itself."""
     home = settings.home
     out = gradlab("experiment", "list", env=_env())  # the first command that needs Prefect
     assert out.returncode == 0, out.stderr
@@ -145,23 +155,75 @@ def test_the_first_command_starts_it_the_next_reuses_it_and_stop_leaves_nothing(
         assert json.loads(r.read())["api_url"] == state.api_url
     zygote = wait_for(lambda: ready_zygotes(zygote_dir(home)), 180, "the warm learner ready")[0]
     assert zygote.keeper_pid == state.pid
+    flow = wait_for(lambda: ready_zygotes(flow_zygote_dir(home)), 180, "the warm flow ready")[0]
+    assert flow.keeper_pid == state.pid
 
     out = gradlab("train", "gradlab__bandit/ppo", "--json", env=_env())  # a later command: attaches
     assert out.returncode == 0, out.stderr[-3000:]
     assert "Prefect: started" not in out.stderr
     assert f"Prefect API: {state.api_url}" in out.stderr and "(warm: forked by the warm learner)" in out.stderr
-    assert json.loads(out.stdout.strip().splitlines()[-1])["outcome"] == "succeeded"
+    receipt = json.loads(out.stdout.strip().splitlines()[-1])
+    assert receipt["outcome"] == "succeeded" and receipt["promotion"] is not None
+    forked = _forked_flows(home)
+    assert len(forked) == 1 and f"warm-flow[{flow.pid}]" in forked[0], forked
+    assert "(gradlab train gradlab__bandit/ppo --seed 0 --eval-backend local --json)" in forked[0]
     assert read_state(settings).pid == state.pid  # the same daemon
+
+    out = gradlab("train", "no-such-goal/ppo", env=_env())  # a failure: its message and exit code come back
+    assert out.returncode == 1 and "no-such-goal" in out.stderr and out.stdout == "", out.stderr
+    assert len(_forked_flows(home)) == 2
+
+    # Ctrl-C (SIGINT to the command) is relayed to the warm flow's child: a cancelled receipt.
+    before = {p.name for p in (home / "runs").iterdir()}
+    proc = subprocess.Popen([sys.executable, "-m", "gradlab.cli.app", "train", "gradlab__bandit/ppo", "--no-eval",
+                             "--set", "train.timesteps=50000000", "--json"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=REPO, env=_env())
+    try:
+        run_dir = wait_for(lambda: next((p for p in (home / "runs").iterdir() if p.name not in before), None), 120,
+                           "the run's folder")
+
+        def training() -> bool:
+            from gradlab.outbox import Outbox
+
+            try:
+                return any(e.kind == "metrics" for e in Outbox(run_dir / "outbox.sqlite", readonly=True).read(0, 50))
+            except Exception:  # noqa: BLE001 - not created yet
+                return False
+
+        wait_for(training, 120, "the cancelled run training")
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, stderr[-3000:]
+    assert "cancelling: the learner stops and a cancelled receipt is sealed" in stderr
+    cancelled = json.loads(stdout.strip().splitlines()[-1])
+    assert cancelled["outcome"] == "cancelled" and cancelled["run_id"] == run_dir.name, cancelled
+    assert "Ctrl-C" in cancelled["reason"]
+    assert len(_forked_flows(home)) == 3
+
+    # Without a warm flow (gone), the command runs the flow in its own process, as before.
+    from gradlab.learn.zygote import retire
+
+    retire(flow)
+    wait_for(lambda: not pid_alive(flow.pid), 30, "the warm flow gone")
+    out = gradlab("train", "gradlab__bandit/ppo", "--seed", "1", "--json", env=_env())
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1])["outcome"] == "succeeded"
+    assert len(_forked_flows(home)) == 3  # not handed off
+    wait_for(lambda: ready_zygotes(flow_zygote_dir(home)), 180, "the warm flow back")  # the command restarts it
 
     out = gradlab("server", "status", "--json", env=_env())
     assert out.returncode == 0, out.stderr
     status = json.loads(out.stdout)
     assert status["running"] and status["pid"] == state.pid and status["idle_timeout_s"] == 1800
     assert status["clients"] == []  # the train command has exited
+    assert status["warm_flow"]["ready"] and status["warm_learner"]["ready"]
 
     out = gradlab("server", "stop", env=_env())
     assert out.returncode == 0 and out.stdout.strip() == "stopped", out.stderr
-    _nothing_left(home, [state.pid, state.server_pid, zygote.pid])
+    _nothing_left(home, [state.pid, state.server_pid, zygote.pid, *status["warm_flow"]["ready"]])
     assert not daemon_alive(settings)
 
 

@@ -92,7 +92,7 @@ def test_training_and_evaluation_environments_hash_alike() -> None:
 
 
 # -- pinned identities --------------------------------------------------------------------------
-# The composed gradlab__bandit goal and its ppo recipe, written out as canonical JSON (sorted keys,
+# The composed gradlab__bandit goal and its ppo-sb3 recipe (sb3.ppo; ppo itself is on gradlab.ppo), written out as canonical JSON (sorted keys,
 # compact separators, defaults filled, cosmetic fields left out). Their sha256 is the identity every
 # stored result of these contracts is keyed by. If this test fails, canonicalisation or the models'
 # defaults changed and every stored result would be re-keyed: either that is a bug, or a deliberate
@@ -114,7 +114,7 @@ BANDIT_GOAL_CANONICAL = (
 GOAL_SHA256 = "a898a5db76603500af201022f9504c7622a41a39cd21e3ff333b9ac3e436a55a"
 
 BANDIT_PPO_RECIPE_CANONICAL = (
-    '{"logging":{"wandb_mode":"offline","wandb_project":"gradlab"},"recipe_id":"ppo","train":{"backen'
+    '{"logging":{"wandb_mode":"offline","wandb_project":"gradlab"},"recipe_id":"ppo-sb3","train":{"backen'
     'd":{"config":{"batch_size":128,"clip_range":0.2,"clip_range_vf":null,"ent_coef":0.0,"gae_lambda"'
     ':1.0,"gamma":0.0,"learning_rate":0.003,"max_grad_norm":0.5,"n_epochs":4,"n_steps":64,"normalize_'
     'advantage":true,"target_kl":null,"vf_coef":0.5},"id":"sb3.ppo"},"checkpoint_freq":null,"device":'
@@ -123,7 +123,7 @@ BANDIT_PPO_RECIPE_CANONICAL = (
     '"policy_model":{"activation":"tanh","extractor":"auto","features_dim":512,"net_arch":[32],"ortho'
     '_init":true,"share_features_extractor":true},"timesteps":16384,"torch_threads":1}}'
 )
-RECIPE_SHA256 = "1f45f07faafc1502e61dc1f4ba5a7be2317b04aa084b128760cc442328961d42"
+RECIPE_SHA256 = "9897b6e0697e783d1e6850f83177b6b3d468a9ec5abf28599d7ce928c141f514"
 
 
 def test_identity_hashes_are_pinned_to_hand_written_canonical_json() -> None:
@@ -133,6 +133,6 @@ def test_identity_hashes_are_pinned_to_hand_written_canonical_json() -> None:
     for text, digest in ((BANDIT_GOAL_CANONICAL, GOAL_SHA256), (BANDIT_PPO_RECIPE_CANONICAL, RECIPE_SHA256)):
         assert hashlib.sha256(text.encode("utf-8")).hexdigest() == digest  # the literal is what is pinned
         assert canonical_json(json.loads(text)) == text.encode("utf-8")  # and it is canonical
-    hashes = Experiments().resolve("gradlab__bandit/ppo").hashes
+    hashes = Experiments().resolve("gradlab__bandit/ppo-sb3").hashes
     assert hashes.goal_contract_sha256 == GOAL_SHA256
     assert hashes.recipe_sha256 == RECIPE_SHA256

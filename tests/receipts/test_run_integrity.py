@@ -43,7 +43,7 @@ def _spec():
     from gradlab.contracts import Experiments
     from gradlab.contracts.run_spec import RunSpec
 
-    resolved = Experiments().resolve("gradlab__bandit/ppo", ["train.timesteps=8192"])
+    resolved = Experiments().resolve("gradlab__bandit/ppo-sb3", ["train.timesteps=8192"])
     return RunSpec.from_resolved(resolved, seed=0, run_id=RUN)
 
 

@@ -44,7 +44,7 @@ EXPECTED_FILES = {"README.md", "gradlab.json", "run_spec.json", "goal.json", "re
 
 @pytest.fixture(scope="module")
 def bandit_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return train_run(tmp_path_factory.mktemp("publish_runs"), "gradlab__bandit/ppo", run_id=RUN_ID,
+    return train_run(tmp_path_factory.mktemp("publish_runs"), "gradlab__bandit/ppo-sb3", run_id=RUN_ID,
                      overrides=("train.timesteps=2048",))
 
 

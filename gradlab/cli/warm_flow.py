@@ -1,0 +1,415 @@
+"""The warm supervising flow: ``gradlab train`` handed to a process that has Prefect imported already.
+
+A ``gradlab train`` that runs its training-run flow in its own process first imports Prefect, the
+flow and task modules and the supervisor (2–3 s on a quiet 2-core box, 10–20 s on a loaded one),
+while its learner, forked warm by the learner zygote, is already training: publication,
+evaluation, the stop request and the receipt all come that much later. The warm flow is a zygote
+(``gradlab.learn.zygote``) of its own kind, kept beside the local Prefect server by the background
+daemon (docs/ARCHITECTURE.md section 11): it imports :data:`PRELOAD` (Prefect, ``flows``,
+``tasks``, the supervisor; torch, SB3 and gymnasium for the evaluation worker it forks) and no
+more (no client, no thread: it checks), then waits on its Unix socket.
+
+The command (:func:`hand_off`, called by ``gradlab train`` after its cheap option checks and
+before anything imports Prefect or torch) sends ``{"op": "run", "argv", "env", "cwd"}`` with its
+stdin, stdout and stderr (``SCM_RIGHTS``); the zygote checks the peer's uid (``SO_PEERCRED``) and
+forks a child that takes those descriptors, the environment and the working directory, starts a
+session of its own, and runs the ``gradlab`` command line with the same arguments, in-process as
+the command would have (so the output, the ``--json`` line and the exit code are the same). The
+requester confirms (``go`` → ``ok``, as for a learner), then only relays: SIGINT, SIGTERM, SIGHUP
+and SIGQUIT go to the child, whose handlers are the command's own (first Ctrl-C: cancel, sealed
+``cancelled``); the child reports ``{"exit": N}`` on the connection once its output is flushed; a
+child that dies without a word is reported with the exit status the zygote recorded. A requester
+that disappears (the connection closes) cancels the run as a Ctrl-C would.
+
+The child forks two evaluation workers before it starts any thread (``gradlab.evaluation.backends
+.prewarm`` with the ``fork`` start method): torch and the evaluation runner are imported already,
+so the first two checkpoints' evaluations start at once (later ones start a process each).
+
+Fallback: no warm flow is ready (``GRADLAB_DAEMON=0``, no local server yet or a daemon starting
+for someone else, the zygote still importing), its code fingerprint is stale (it is retired) or it
+was started with other import-time settings, or the request fails before ``ok``: :func:`hand_off`
+returns None and the command runs the flow in its own process, as before.
+
+Files in ``$GRADLAB_HOME/zygote/flow``: as a learner zygote's (``<pid>.json``, ``<pid>.pending``,
+``zygote.log``), plus ``<child pid>.exit`` (the zygote's record of a child's exit status).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from gradlab.learn import zygote
+
+#: What the warm flow imports before it serves: the flow and everything it imports on its way to
+#: the first checkpoint, and what an evaluation worker needs (forked from the flow's child). Not
+#: ``gradlab.cli.*``: its consoles are made for the requester's terminal, in the child.
+PRELOAD = (
+    *zygote.PRELOAD,
+    "prefect", "prefect.flow_engine", "prefect.task_engine", "prefect.client.orchestration", "prefect.futures",
+    "prefect.task_runners", "prefect.results", "prefect.artifacts",
+    "flows.training_run", "flows.run_artifacts", "tasks.run_tasks",
+    "gradlab.runs.driver", "gradlab.runs.supervisor", "gradlab.runs.operations", "gradlab.runs.process",
+    "gradlab.runs.server", "gradlab.runs.progress", "gradlab.evaluation.backends", "gradlab.evaluation.runner",
+    "gradlab.stores", "gradlab.receipts.rules", "gradlab.metrics.journal", "gradlab.checkpoints",
+    "gradlab.metrics.wandb_sink", "gradlab.envs.providers.builtin", "wandb",
+    # Imported by the flow engine or the CLI on first use:
+    "fastapi", "fastapi.routing", "starlette.requests", "prefect.utilities.visualization", "opentelemetry.metrics",
+    "typer", "rich.progress", "rich.table",
+)
+
+#: Set in the warm child's environment (the zygote's pid): that process never hands off again.
+CHILD_ENV = "GRADLAB_WARM_FLOW"
+
+#: Signals the requester relays to the child.
+RELAYED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+
+#: Seconds the child's clean-up after its reply may take (threads joined, exit handlers) before it
+#: exits regardless.
+CLEANUP_S = 30.0
+
+#: Seconds a requester waits for the zygote's exit record of a child that ended without a word.
+EXIT_RECORD_WAIT_S = 3.0
+
+
+# --------------------------------------------------------------------------------------------
+# Requester side (the ``gradlab train`` command)
+
+
+def hand_off(argv: list[str], *, home: Path | None = None) -> int | None:
+    """Run ``gradlab ARGV`` in a warm flow process, relaying signals; its exit code, or None.
+
+    None means no warm flow could take it (see the module docstring): the caller runs the
+    command itself. Cheap: reads a few files, imports neither Prefect nor torch.
+    """
+    if os.environ.get(CHILD_ENV):
+        return None
+    if home is None:
+        from gradlab.settings import load_settings
+
+        settings = load_settings()
+        if not settings.daemon:
+            return None
+        home = settings.home
+    directory = zygote.flow_zygote_dir(home)
+    if not directory.is_dir():
+        return None
+    ready = zygote.ready_zygotes(directory)
+    if not ready:
+        return None
+    _clear_exit_records(directory)
+    mine, wanted = zygote.kind_fingerprint(zygote.FLOW_MODULE), zygote.import_env(os.environ)
+    for info in ready:
+        if info.fingerprint != mine:
+            zygote.log.info("warm flow %d runs other code than this checkout: retiring it", info.pid)
+            zygote.retire(info)
+            continue
+        if info.import_env != wanted:
+            continue
+        request = {"op": "run", "argv": list(argv), "env": {**os.environ, CHILD_ENV: str(info.pid)},
+                   "cwd": os.getcwd()}
+        try:
+            sock, pid = _request_run(info.address, request)
+        except (OSError, ValueError) as e:
+            zygote.log.warning("warm flow %d did not take the run (%s): running it in this process", info.pid, e)
+            continue
+        with sock:
+            return _relay(sock, pid, directory)
+    return None
+
+
+def _request_run(address: str, payload: dict) -> tuple[socket.socket, int]:
+    """Send the request with fds 0, 1, 2; confirm the child. Returns the open connection and its pid."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.settimeout(zygote.REQUEST_TIMEOUT_S)
+        s.connect(address)
+        socket.send_fds(s, [json.dumps(payload).encode() + b"\n"], [0, 1, 2])
+        answer = json.loads(zygote._read_line(s) or b"{}")
+        if "pid" not in answer:
+            raise ValueError(answer.get("error") or "no answer")
+        s.sendall(b"go\n")
+        if zygote._read_line(s) != b"ok":
+            raise OSError(f"warm flow child {answer['pid']} was not confirmed")
+    except BaseException:
+        s.close()
+        raise
+    return s, int(answer["pid"])
+
+
+def _relay(sock: socket.socket, pid: int, directory: Path) -> int:
+    """Relay signals to the child until it reports its exit code (or its connection closes)."""
+
+    def forward(signum, frame) -> None:  # noqa: ARG001 - signal handler signature
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+    previous = {sig: signal.signal(sig, forward) for sig in RELAYED}
+    try:
+        sock.settimeout(None)
+        line = zygote._read_line(sock)  # PEP 475: a relayed signal does not end the wait
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    try:
+        return int(json.loads(line)["exit"])
+    except (ValueError, KeyError, TypeError):
+        pass
+    record = directory / f"{pid}.exit"
+    deadline = time.monotonic() + EXIT_RECORD_WAIT_S
+    while not record.is_file() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        code = int(record.read_text())
+    except (OSError, ValueError):
+        code = None
+    from gradlab.cli.output import err_console
+
+    err_console.print(f"[bold red]error:[/] the warm flow process {pid} ended without reporting a result "
+                      f"(exit status {code if code is not None else 'unknown'}; its log: "
+                      f"{directory / 'zygote.log'})", highlight=False)
+    if code is None:
+        return 1
+    return 128 - code if code < 0 else code
+
+
+def _clear_exit_records(directory: Path) -> None:
+    """Remove the exit records of children that are gone (their requesters had their answer)."""
+    from gradlab.learn.watch import pid_alive
+
+    for path in directory.glob("*.exit"):
+        try:
+            if not pid_alive(int(path.stem)):
+                path.unlink(missing_ok=True)
+        except (ValueError, OSError):
+            continue
+
+
+# --------------------------------------------------------------------------------------------
+# Zygote side
+
+
+_IMPORTED_PREFECT_ENV: dict[str, str] | None = None
+
+
+def prefect_env(env) -> dict[str, str]:
+    """The part of an environment Prefect reads its settings from (``PREFECT_*``, ``DO_NOT_TRACK``),
+    less the ephemeral server's (a command with the local server never starts one)."""
+    return {k: v for k, v in env.items()
+            if (k.startswith("PREFECT_") and not k.startswith("PREFECT_SERVER_EPHEMERAL_")) or k == "DO_NOT_TRACK"}
+
+
+def imported_prefect_env() -> dict[str, str] | None:
+    """In the warm flow and its children: :func:`prefect_env` of the environment Prefect was
+    imported with; elsewhere None."""
+    return _IMPORTED_PREFECT_ENV
+
+
+class _FlowZygote(zygote._Zygote):
+    module = zygote.FLOW_MODULE
+    preload = PRELOAD
+
+    def serve(self) -> int:
+        global _IMPORTED_PREFECT_ENV
+        _IMPORTED_PREFECT_ENV = prefect_env(os.environ)
+        # multiprocessing's resource tracker (a process, started by the first evaluation worker):
+        # started here, its children share it, and none holds the requester's terminal or pipes.
+        from multiprocessing import resource_tracker
+
+        resource_tracker.ensure_running()
+        return super().serve()
+
+    def _op(self, op: str, request: dict, conn: socket.socket, listener: socket.socket, fds: list[int]) -> bool:
+        if op != "run":
+            return False
+        try:
+            argv = [str(a) for a in request["argv"]]
+            env = {str(k): str(v) for k, v in request["env"].items()}
+            cwd = str(request["cwd"])
+        except (KeyError, AttributeError, TypeError) as e:
+            conn.sendall(json.dumps({"error": f"malformed run request: {e}"}).encode() + b"\n")
+            return True
+        if len(fds) != 3:
+            conn.sendall(json.dumps({"error": f"expected stdin, stdout and stderr, got {len(fds)} fds"}).encode()
+                         + b"\n")
+            return True
+        stdio = list(fds)
+
+        def become(ready_w: int, go_r: int) -> None:
+            _become_flow(argv, env, cwd, stdio, conn, listener, ready_w, go_r)
+
+        self._fork_confirmed(conn, become, exit_template=str(self.directory / "{pid}.exit"), what="flow",
+                             detail="gradlab " + " ".join(argv))
+        return True
+
+
+def _become_flow(argv: list[str], env: dict[str, str], cwd: str, stdio: list[int], conn: socket.socket,
+                 listener: socket.socket, ready_w: int, go_r: int) -> None:
+    """In the forked child: take the requester's descriptors, environment and directory, run
+    ``gradlab ARGV``, report the exit code on ``conn``, exit."""
+    try:
+        listener.close()
+        os.setsid()
+        for sig in (signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE, signal.SIGHUP, signal.SIGQUIT):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for target, fd in enumerate(stdio):
+            os.dup2(fd, target)
+        for fd in stdio:
+            if fd > 2:
+                os.close(fd)
+        os.chdir(cwd)
+        os.environ.clear()
+        os.environ.update(env)
+    except BaseException as e:  # noqa: BLE001 - reported to the requester
+        os.write(ready_w, f"flow setup failed: {type(e).__name__}: {e}".encode())
+        os.close(ready_w)
+        os._exit(1)
+    os.write(ready_w, b"1")
+    os.close(ready_w)
+    go = os.read(go_r, 1)
+    os.close(go_r)
+    if go != b"g":
+        os._exit(1)
+    global _in_child
+    _in_child = True
+    code = 1
+    try:
+        import logging
+
+        for handler in list(logging.root.handlers):  # the zygote's log lines are not the command's
+            logging.root.removeHandler(handler)
+        for stream in (sys.stdout, sys.stderr):
+            stream.reconfigure(line_buffering=stream.isatty())
+        os.register_at_fork(after_in_child=lambda: _detach_forked(conn))
+        # Before any thread exists: forked evaluation workers with torch imported, ready at once.
+        from gradlab.evaluation.backends import prewarm
+
+        prewarm(2, start_method="fork")
+        _watch_requester(conn)
+        sys.argv = ["gradlab", *argv]
+        from gradlab.cli.app import main
+
+        main()
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except KeyboardInterrupt:
+        code = 128 + signal.SIGINT
+    except BaseException:  # noqa: BLE001 - the requester's stderr gets the traceback
+        traceback.print_exc()
+    finally:
+        _finish(conn, code)
+
+
+def _detach_forked(conn: socket.socket) -> None:
+    """In a process forked by the warm child (its evaluation worker): drop the requester's
+    connection and terminal, which only the child itself answers for."""
+    conn.close()
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    os.close(devnull)
+
+
+def _watch_requester(conn: socket.socket) -> None:
+    """A thread that cancels the run (as a Ctrl-C would) when the requester's connection closes."""
+    import threading
+
+    def watch() -> None:
+        try:
+            conn.settimeout(None)
+            while conn.recv(64):
+                pass
+        except OSError:
+            pass
+        if not _finishing:
+            from gradlab.runs.driver import USER_CANCEL
+
+            USER_CANCEL.set()
+
+    threading.Thread(target=watch, name="gradlab-warm-flow-requester", daemon=True).start()
+
+
+_finishing = False
+_in_child = False
+_after_reply: list = []
+
+
+def after_reply(fn) -> None:
+    """Call ``fn()`` once the command's result has reached its requester (in the warm flow's child:
+    after the exit code is reported, so the command's wall time does not include it), else now."""
+    if _in_child:
+        _after_reply.append(fn)
+    else:
+        fn()
+
+
+def _finish(conn: socket.socket, code: int) -> None:
+    """Flush, let go of the requester's descriptors, report ``code``, then clean up and exit."""
+    global _finishing
+    _finishing = True
+    try:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)  # the requester's pipes close with it, not with this process
+        os.close(devnull)
+        try:
+            conn.sendall(json.dumps({"exit": code}).encode() + b"\n")
+        except OSError:
+            pass
+        import threading
+
+        # Whatever the clean-up waits on, this process ends: it stays registered as a client of the
+        # server while it lives, and a client keeps the server from idling out.
+        watchdog = threading.Timer(CLEANUP_S, os._exit, args=(code,))
+        watchdog.daemon = True
+        watchdog.start()
+        for fn in _after_reply:
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 - conveniences for the next command only
+                traceback.print_exc()
+        import atexit
+
+        threading._shutdown()  # what the interpreter does at exit: non-daemon threads, executors
+        atexit._run_exitfuncs()  # the client registration, multiprocessing's workers, logging
+    finally:
+        os._exit(code)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import logging
+
+    parser = argparse.ArgumentParser(prog="python -m gradlab.cli.warm_flow", description=__doc__.splitlines()[0])
+    parser.add_argument("--dir", required=True, type=Path, help="The warm flow's folder ($GRADLAB_HOME/zygote/flow).")
+    parser.add_argument("--keeper-pid", type=int, default=None, help="Exit once this process is gone.")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level="INFO", stream=sys.stderr,
+                        format=f"%(asctime)s warm-flow[{os.getpid()}] %(levelname)s: %(message)s")
+    args.dir.mkdir(parents=True, exist_ok=True)
+    try:
+        return _FlowZygote(args.dir, args.keeper_pid).serve()
+    finally:
+        (args.dir / f"{os.getpid()}.pending").unlink(missing_ok=True)
+
+
+if __name__ == "__main__":
+    # Run as ``python -m``: serve from the importable module, so ``gradlab.cli.warm_flow`` is one module.
+    from gradlab.cli import warm_flow
+
+    sys.exit(warm_flow.main())
