@@ -255,17 +255,29 @@ def resolve_init_from(source: str, *, ref: str, overrides: list[str], optimizer:
                     run_id=manifest.run_id, path=str(Path(folder).resolve()), optimizer=optimizer)
 
 
+DUPLICATE_SIGINT_S = 1.0
+"""A SIGINT this soon after the first is the same Ctrl-C delivered twice: once by the terminal to
+the process group and once relayed by a parent in it (``uv run`` relays SIGINT when it has no
+TTY), so it does not count as the second Ctrl-C."""
+
+
 def _cancel_on_ctrl_c() -> None:
     """First Ctrl-C: cancel cleanly (the supervisor stops the learner and seals ``cancelled``);
-    second: interrupt at once."""
+    second (more than :data:`DUPLICATE_SIGINT_S` later): interrupt at once."""
     import signal
+    import time
 
     from gradlab.runs.driver import USER_CANCEL
 
+    first: list[float] = []
+
     def on_sigint(signum, frame) -> None:  # noqa: ARG001 - signal handler signature
         if USER_CANCEL.is_set():
+            if first and time.monotonic() - first[0] < DUPLICATE_SIGINT_S:
+                return
             signal.signal(signal.SIGINT, signal.default_int_handler)
             raise KeyboardInterrupt
+        first.append(time.monotonic())
         USER_CANCEL.set()
         err_console.print("cancelling: the learner stops and a cancelled receipt is sealed "
                           "(Ctrl-C again to abort at once, without a receipt)")

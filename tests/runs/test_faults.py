@@ -132,6 +132,30 @@ def test_ctrl_c_before_the_flow_has_started_still_seals_cancelled(prefect_api: s
 
 
 @pytest.mark.slow
+def test_one_ctrl_c_delivered_twice_still_cancels_cleanly(prefect_api: str, gradlab_home: Path) -> None:
+    """``uv run`` without a TTY relays SIGINT to the command that the terminal already sent it
+    (through the process group): the same Ctrl-C arrives twice, microseconds apart. It must count as
+    one: a clean ``cancelled`` receipt, not an abort. (Two SIGINTs closer together than the handler
+    runs are one pending signal to the kernel; uv's relay comes about 200 ms after.)"""
+    env = gradlab_env(prefect_api)
+    proc = start_gradlab(LONG_BANDIT, env, own_group=True)
+    try:
+        run_dir = _started_run(gradlab_home)
+        wait_for(lambda: len(_publications(run_dir.name)) >= 1, 120, "a published checkpoint")
+        os.killpg(proc.pid, signal.SIGINT)
+        time.sleep(0.25)  # uv relays it about 200 ms later (a delivery, not a wait on a condition)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 1, err[-3000:]
+    receipt = last_json_line(out)
+    assert (receipt["outcome"], receipt["reason"]) == ("cancelled", "cancelled: interrupted by the user (Ctrl-C)")
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+
+
+@pytest.mark.slow
 def test_ctrl_c_cancels_cleanly(prefect_api: str, gradlab_home: Path) -> None:
     env = gradlab_env(prefect_api)
     proc = start_gradlab(LONG_BANDIT, env)
