@@ -45,7 +45,8 @@ boundary (the command forwards SIGTERM to each, again every :data:`TERM_EVERY_S`
 starts no queued run (status ``not run``), and writes the JSON (``complete`` false, each run's
 ``status``, ``judged_at``: the step every started run reached, where the summary judges) and the
 plot (its title says so); it prints the interruption and that step, and exits 130. A second
-interrupt kills the runs in flight (status ``killed``). ``complete`` is true only when every run
+interrupt kills the runs in flight (status ``killed``; their curves end at their last record, at
+most :data:`WORKER_FLUSH_S` old). ``complete`` is true only when every run
 trained its budget (status ``done``).
 """
 
@@ -589,7 +590,7 @@ def run(goal: str, sides: list[Side], seeds: list[int], steps: int, threads: int
                             r.status = "not run"
                             bar.update(tasks[r.key], info="not run")
                         pending.clear()
-                    else:
+                    if signals[0] >= 2:
                         for r in runs:
                             if r.status == "running" and r.proc is not None:
                                 r.proc.kill()
@@ -654,7 +655,7 @@ def run(goal: str, sides: list[Side], seeds: list[int], steps: int, threads: int
         for r in runs:
             r.refresh()
         judged = min((r.steps() for r in runs if r.record), default=0)
-        title += f" (incomplete: judged at {judged:,} env steps)"
+        title += f" ({'interrupted' if handled else 'incomplete'}: judged at {judged:,} env steps)"
     doc = flush(complete=complete)
     console.print(render_table(doc["summary"], sides, f"{title}: final"))
     for r in runs:

@@ -159,4 +159,4 @@ def test_sigint_to_the_command_alone_stops_its_runs_and_starts_no_queued_one(tmp
     assert doc["judged_at"] == runs[0]["steps"]
     flat = " ".join(text.split())
     assert f"interrupted: 1 stopped, 1 not run; the comparison is judged at {runs[0]['steps']:,} env steps" in flat
-    assert "(incomplete: judged at" in flat
+    assert f"(interrupted: judged at {runs[0]['steps']:,} env steps): final" in flat
