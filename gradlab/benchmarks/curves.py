@@ -31,14 +31,23 @@ Outputs in ``--out`` (default ``$GRADLAB_HOME/benchmarks/curves-<goal>-<UTC time
   thin line per run, and per side with >= 2 seeds the mean over seeds with a band from the lowest
   to the highest seed (with one seed: a band of +/- one standard error of the window's mean).
 * A rich table at each milestone every run has passed (every ``--milestone`` env steps; default a
-  tenth of the budget) and at the end, and a verdict line per side against the first side.
+  tenth of the budget), and at the end, and a verdict line per side against the first side. Runs
+  still queued count as at step 0, so with ``--jobs`` below the number of runs the early tables wait
+  for the last runs to pass them; milestones passed between two polls print as one table. Each
+  run's progress bar shows its own wall time since it started ("run time", pauses included).
 
 Pauses: the command and its workers may be stopped and continued (SIGSTOP/SIGCONT) at any time;
 nothing times out. ``seconds`` is wall time including pauses; ``stalled_s`` is the time a worker's
 heartbeat thread (ticking every 0.5 s) saw itself not run for more than 2 s at a stretch (stopped,
 or not scheduled), and ``steps_per_s = steps / (seconds - stalled_s)``. Interrupting (Ctrl-C or
-SIGTERM to the command) stops every worker at its next update boundary and writes the JSON and
-the plot of what was trained; the exit code is then 130.
+SIGTERM to the command, or SIGINT to its process group) stops every worker at its next update
+boundary (the command forwards SIGTERM to each, again every :data:`TERM_EVERY_S` until it ends),
+starts no queued run (status ``not run``), and writes the JSON (``complete`` false, each run's
+``status``, ``judged_at``: the step every started run reached, where the summary judges) and the
+plot (its title says so); it prints the interruption and that step, and exits 130. A second
+interrupt kills the runs in flight (status ``killed``; their curves end at their last record, at
+most :data:`WORKER_FLUSH_S` old). ``complete`` is true only when every run
+trained its budget (status ``done``).
 """
 
 from __future__ import annotations
@@ -67,6 +76,8 @@ RECIPES = {"sb3.ppo": ("ppo-sb3", "ppo"), "gradlab.ppo": ("ppo",)}
 WORKER_FLUSH_S = 10.0
 STALL_S = 2.0
 TICK_S = 0.5
+TERM_EVERY_S = 2.0
+"""Seconds between the SIGTERMs an interrupted command sends each run still in flight."""
 
 
 @dataclass(frozen=True)
@@ -106,13 +117,15 @@ def side_ref(goal: str, side: Side) -> str:
     """``GOAL/RECIPE`` for ``side`` (:data:`RECIPES`).
 
     Raises:
-        NotFound: the goal has none of the backend's recipes.
+        NotFound: an unknown goal (as ``gradlab train`` reports it: did-you-mean or the known goals),
+            or the goal has none of the backend's recipes.
     """
     from gradlab.contracts.experiments import Experiments
     from gradlab.errors import NotFound
 
     exp = Experiments()
-    names = set(exp.recipe_ids(goal))  # NotFound: an unknown goal
+    exp.goal_path(goal)  # NotFound: unknown goal 'X' (the resolver `gradlab train` goes through)
+    names = set(exp.recipe_ids(goal))
     for recipe in RECIPES[side.backend]:
         if recipe in names:
             return f"{goal}/{recipe}"
@@ -247,6 +260,21 @@ def _outbox_check(outbox_path: Path, returns: list[float]) -> dict:
     return {"outbox_raw_mean": last, "recorded_raw_mean": recorded, "match": match}
 
 
+_EARLY_STOP = [False]
+"""Set by :func:`_early_stop`, the worker process's SIGTERM/SIGINT handler until the learner installs its own."""
+
+
+def _early_stop(signum: int, frame: Any) -> None:
+    _EARLY_STOP[0] = True
+
+
+def _ignore_stops() -> None:
+    """Trained: later SIGTERMs (the command repeats them) must not kill the process while it writes its
+    record or exits (Python puts its own handlers back to the default at exit; an ignored signal stays so)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def worker(goal: str, side: Side, seed: int, steps: int, threads: int, out: Path, parent_pid: int,
            horizon: str = "recipe") -> dict:
     """Train one run for ``steps`` env steps (:func:`run_spec`), keeping ``out`` (its JSON record)
@@ -299,9 +327,16 @@ def worker(goal: str, side: Side, seed: int, steps: int, threads: int, out: Path
         env: Any = SB3VecEnv(log)  # type: ignore[arg-type]  # an EpisodeLog is a VectorEnv by delegation
     else:
         env = log
+    if _EARLY_STOP[0]:  # SIGTERM/SIGINT before the learner's own handler was in place: train nothing
+        _ignore_stops()
+        record.update(stop_reason="sigterm", final_step=0)
+        final = snapshot("stopped")
+        _write_json(out, final)
+        return final
     with tempfile.TemporaryDirectory(prefix="gradlab-curves-") as tmp:
         result = run_learner(spec, Path(tmp) / "run", env=env, stop_at_step=steps, watch_parent=True,
                              parent_pid=parent_pid)
+        _ignore_stops()
         record["stop_reason"] = result.stop_reason
         record["final_step"] = result.final_step
         record["outbox_check"] = _outbox_check(Path(tmp) / "run" / OUTBOX_FILE, log.returns)
@@ -322,6 +357,7 @@ class _Run:
     record: dict | None = None
     mtime: float = 0.0
     status: str = "pending"
+    killed: bool = False
 
     @property
     def key(self) -> str:
@@ -478,8 +514,8 @@ def run(goal: str, sides: list[Side], seeds: list[int], steps: int, threads: int
     Raises:
         ConfigError: bad arguments (no side, a repeated side, fewer than 1 step or job).
         NotFound: the goal lacks a side's recipe (checked before anything starts).
-        RuntimeError: a run's process failed (after every other run ended and the files were written);
-            ``KeyboardInterrupt`` after an interrupt, likewise.
+        RuntimeError: a run's process failed (after every other run ended and the files were written).
+        KeyboardInterrupt: after SIGINT or SIGTERM, once the runs ended and the files were written.
     """
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -511,6 +547,7 @@ def run(goal: str, sides: list[Side], seeds: list[int], steps: int, threads: int
             r.refresh()
         reached = min((r.steps() for r in runs if r.record), default=0)  # runs never started do not hold it back
         return {**header, "updated_at": datetime.now(UTC).isoformat(), "complete": complete,
+                "judged_at": steps if complete else reached,
                 "load_average_1m_now": os.getloadavg()[0],
                 "runs": [{**(r.record or {"side": r.side.label, "seed": r.seed, "steps": 0, "episode_steps": [],
                                           "returns": []}), "status": r.status} for r in runs],
@@ -523,80 +560,103 @@ def run(goal: str, sides: list[Side], seeds: list[int], steps: int, threads: int
             plot(runs, sides, out / "curves.png", title, window)
         return doc
 
-    stopping = [False]
+    # SIGINT (Ctrl-C, to this process or its group) and SIGTERM only count here; the loop acts on them
+    # at its next poll (no exception mid-launch). Installed whatever this process inherited (a shell
+    # without job control starts background commands with SIGINT ignored).
+    signals = [0]
 
-    def on_term(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
+    def on_signal(signum: int, frame: Any) -> None:
+        signals[0] += 1
 
-    old_term = signal.signal(signal.SIGTERM, on_term)
+    old_handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     shown: set[int] = set()
-    interrupted = False
+    handled = 0
+    last_term = 0.0
     console.print(f"[bold]{title}[/]: {len(runs)} runs, {jobs} at a time, {threads} torch thread(s) each; "
-                  f"writing {out}/curves.json")
+                  f"writing {out}/curves.json; a table every {every:,} env steps once every run has passed it")
     bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-                   TimeElapsedColumn(), console=console)
-    tasks = {r.key: bar.add_task(r.key, total=steps, info="pending") for r in runs}
+                   TextColumn("run time"), TimeElapsedColumn(), console=console)
+    tasks = {r.key: bar.add_task(r.key, total=steps, info="pending", start=False) for r in runs}
     last_flush = time.monotonic()
     try:
         with bar:
             pending = list(runs)
             while True:
-                try:
-                    while pending and not stopping[0] and sum(r.status == "running" for r in runs) < jobs:
-                        r = pending.pop(0)
-                        args = json.dumps({"goal": goal, "side": r.side.label, "seed": r.seed, "steps": steps,
-                                           "threads": threads, "out": str(r.path), "parent_pid": os.getpid(),
-                                           "horizon": horizon})
-                        with open(r.log, "w") as logf:
-                            r.proc = subprocess.Popen([sys.executable, "-m", "gradlab.benchmarks.curves", args],
-                                                      stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                                      env={**os.environ, "PYTHONWARNINGS": "ignore"})
-                        r.status = "running"
+                if signals[0] > handled:
+                    if handled == 0:
+                        console.print("[yellow]interrupted: stopping every run at its next update, starting no "
+                                      "queued run (Ctrl-C again to kill the runs)[/]")
+                        for r in pending:
+                            r.status = "not run"
+                            bar.update(tasks[r.key], info="not run")
+                        pending.clear()
+                    if signals[0] >= 2:
+                        for r in runs:
+                            if r.status == "running" and r.proc is not None:
+                                r.proc.kill()
+                                r.killed = True
+                    handled = signals[0]
+                if handled and time.monotonic() - last_term >= TERM_EVERY_S:
+                    # Again every few seconds: a worker still importing when the first came had no handler yet.
+                    last_term = time.monotonic()
                     for r in runs:
-                        if r.status != "running":
-                            continue
+                        if r.status == "running" and r.proc is not None and r.proc.poll() is None:
+                            r.proc.send_signal(signal.SIGTERM)
+                while pending and sum(r.status == "running" for r in runs) < jobs:
+                    r = pending.pop(0)
+                    args = json.dumps({"goal": goal, "side": r.side.label, "seed": r.seed, "steps": steps,
+                                       "threads": threads, "out": str(r.path), "parent_pid": os.getpid(),
+                                       "horizon": horizon})
+                    with open(r.log, "w") as logf:
+                        r.proc = subprocess.Popen([sys.executable, "-m", "gradlab.benchmarks.curves", args],
+                                                  stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                                  env={**os.environ, "PYTHONWARNINGS": "ignore"})
+                    r.status = "running"
+                    bar.start_task(tasks[r.key])
+                for r in runs:
+                    if r.status != "running":
+                        continue
+                    r.refresh()
+                    code = r.proc.poll() if r.proc is not None else None
+                    if code is not None:
                         r.refresh()
-                        code = r.proc.poll() if r.proc is not None else None
-                        if code is not None:
-                            r.refresh()
-                            r.status = ((r.record or {}).get("status", "failed") if code == 0 else "failed")
-                            if r.status == "failed":
-                                tail = r.log.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
-                                console.print(f"[red]{r.key} failed (exit {code})[/]: {tail[0]} (log: {r.log})")
-                            flush()
-                            last_flush = time.monotonic()
-                        rec = r.record or {}
-                        info = f"{rec.get('steps_per_s', 0):,.0f} steps/s, {len(rec.get('returns', []))} episodes"
-                        if rec.get("returns"):
-                            info += f", mean {r.curve().at(r.steps(), window):.2f}"
-                        bar.update(tasks[r.key], completed=r.steps(), info=info if r.status == "running" else r.status)
-                    reached = min(r.steps() if r.status in ("running", "pending") else steps for r in runs)
-                    new = [m for m in marks if m <= reached and m not in shown and m != steps]
-                    if new:
-                        shown.update(new)
-                        console.print(render_table(summarize(runs, sides, marks, window, upto=max(new)), sides,
-                                                   f"{title}: up to {max(new):,} steps"))
-                    if all(r.status not in ("running", "pending") for r in runs) or (
-                            stopping[0] and all(r.status != "running" for r in runs)):
-                        break
-                    if time.monotonic() - last_flush >= flush_s:
+                        if r.killed:
+                            r.status = "killed"
+                        else:
+                            r.status = (r.record or {}).get("status", "failed") if code == 0 else "failed"
+                        if r.status == "failed":
+                            tail = r.log.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
+                            console.print(f"[red]{r.key} failed (exit {code})[/]: {tail[0]} (log: {r.log})")
+                        bar.stop_task(tasks[r.key])
                         flush()
                         last_flush = time.monotonic()
-                    time.sleep(0.5)
-                except KeyboardInterrupt:
-                    if stopping[0]:
-                        raise
-                    stopping[0] = interrupted = True
-                    console.print("[yellow]interrupted: stopping every run at its next update (Ctrl-C again to "
-                                  "abandon)[/]")
-                    for r in runs:
-                        if r.status == "running" and r.proc is not None:
-                            r.proc.send_signal(signal.SIGTERM)
-                        elif r.status == "pending":
-                            r.status = "not run"
+                    rec = r.record or {}
+                    info = f"{rec.get('steps_per_s', 0):,.0f} steps/s, {len(rec.get('returns', []))} episodes"
+                    if rec.get("returns"):
+                        info += f", mean {r.curve().at(r.steps(), window):.2f}"
+                    bar.update(tasks[r.key], completed=r.steps(), info=info if r.status == "running" else r.status)
+                reached = min(r.steps() if r.status in ("running", "pending") else steps for r in runs)
+                new = [m for m in marks if m <= reached and m not in shown and m != steps]
+                if new and not handled:
+                    shown.update(new)
+                    console.print(render_table(summarize(runs, sides, marks, window, upto=max(new)), sides,
+                                               f"{title}: up to {max(new):,} steps"))
+                if all(r.status not in ("running", "pending") for r in runs):
+                    break
+                if time.monotonic() - last_flush >= flush_s:
+                    flush()
+                    last_flush = time.monotonic()
+                time.sleep(0.5)
     finally:
-        signal.signal(signal.SIGTERM, old_term)
-    doc = flush(complete=not interrupted)
+        for sig, old in old_handlers.items():
+            signal.signal(sig, old)
+    complete = all(r.status == "done" for r in runs)
+    if not complete:
+        for r in runs:
+            r.refresh()
+        judged = min((r.steps() for r in runs if r.record), default=0)
+        title += f" ({'interrupted' if handled else 'incomplete'}: judged at {judged:,} env steps)"
+    doc = flush(complete=complete)
     console.print(render_table(doc["summary"], sides, f"{title}: final"))
     for r in runs:
         rec = r.record or {}
@@ -608,7 +668,10 @@ def run(goal: str, sides: list[Side], seeds: list[int], steps: int, threads: int
     for v in doc["summary"]["verdicts"].values():
         console.print(v["text"])
     console.print(f"wrote {out / 'curves.json'} and {out / 'curves.png'}")
-    if interrupted:
+    if handled:
+        counts = {st: sum(r.status == st for r in runs) for st in ("done", "stopped", "killed", "not run")}
+        console.print(f"[yellow]interrupted[/]: {', '.join(f'{n} {st}' for st, n in counts.items() if n)}; the "
+                      f"comparison is judged at {doc['judged_at']:,} env steps, the step every started run reached")
         raise KeyboardInterrupt
     failed = [r.key for r in runs if r.status == "failed"]
     if failed:
@@ -619,6 +682,8 @@ def run(goal: str, sides: list[Side], seeds: list[int], steps: int, threads: int
 if __name__ == "__main__":  # one run: python -m gradlab.benchmarks.curves '{"goal": ..., "side": ..., ...}'
     import logging
 
+    signal.signal(signal.SIGTERM, _early_stop)
+    signal.signal(signal.SIGINT, _early_stop)
     logging.basicConfig(level=logging.WARNING)
     _a = json.loads(sys.argv[1])
     worker(_a["goal"], Side.parse(_a["side"]), int(_a["seed"]), int(_a["steps"]), int(_a["threads"]), Path(_a["out"]),

@@ -62,7 +62,9 @@ def curves(
     threads: int = typer.Option(1, min=1, help="Torch threads per run."),
     jobs: int = typer.Option(1, min=1, help="Runs trained at the same time, each in its own process."),
     milestone: int = typer.Option(None, min=1, help="Env steps between the milestone tables (default: a tenth of "
-                                  "--steps)."),
+                                  "--steps). A milestone's table prints once every run, queued ones included, has "
+                                  "passed it: with --jobs below the number of runs, early tables wait for the last "
+                                  "runs, and milestones passed together print as one table."),
     out: Path = typer.Option(None, help="Folder for curves.json, curves.png and runs/ (default: "
                              "$GRADLAB_HOME/benchmarks/curves-<goal>-<UTC time>)."),
     flush_s: float = typer.Option(120.0, min=1.0, help="Seconds between rewrites of the JSON and the plot."),
@@ -72,13 +74,28 @@ def curves(
 ) -> None:
     """Learning curves (raw training return vs env steps) per side and seed, and whether sides agree within noise."""
     from gradlab.benchmarks.curves import Side, run
+    from gradlab.errors import ConfigError
 
+    items = [x.strip() for text in seeds for x in text.split(",")]
+    found = ",".join(seeds)
+    if "" in items:
+        raise typer.BadParameter(f"expected integers (0,1,2), found an empty item in {found!r}", param_hint="--seeds")
     try:
-        seed_list = [int(x) for text in seeds for x in text.split(",") if x.strip()]
+        seed_list = [int(x) for x in items]
     except ValueError:
-        raise typer.BadParameter(f"expected integers (0,1,2), found {' '.join(seeds)!r}", param_hint="--seeds") from None
+        raise typer.BadParameter(f"expected integers (0,1,2), found {found!r}", param_hint="--seeds") from None
+    repeated = sorted({s for s in seed_list if seed_list.count(s) > 1})
+    if repeated:
+        raise typer.BadParameter(f"expected each seed once, found {', '.join(map(str, repeated))} repeated in "
+                                 f"{found!r}", param_hint="--seeds")
     try:
         parsed = [Side.parse(s) for s in side]
+    except ConfigError as e:  # a malformed command line: exit 2 like the other options
+        raise typer.BadParameter(str(e).removeprefix("--side "), param_hint="--side") from None
+    labels = [s.label for s in parsed]
+    if len(set(labels)) != len(labels):
+        raise typer.BadParameter(f"expected each side once, found {', '.join(labels)}", param_hint="--side")
+    try:
         run(goal, parsed, seed_list, steps, threads=threads, jobs=jobs, out=out, milestone=milestone,
             flush_s=flush_s, horizon=schedule_horizon)
     except KeyboardInterrupt:

@@ -57,7 +57,11 @@ def test_two_sides_survive_a_pause_and_leave_json_png_and_verdict(tmp_path: Path
         assert r["outbox_check"]["match"] is True, r["outbox_check"]  # the learner's own window mean agrees
         assert r["steps_per_s"] == pytest.approx(r["steps"] / (r["seconds"] - r["stalled_s"]))
         assert r["cpu_seconds"] > 0
-    assert runs["sb3.ppo"]["ref"] == "gradlab__bandit/ppo" == runs["gradlab.ppo"]["ref"]
+    from gradlab.benchmarks.curves import Side, side_ref
+
+    # ppo-sb3 for sb3.ppo where the goal has one (main's bandit does), else ppo; ppo for gradlab.ppo.
+    assert runs["sb3.ppo"]["ref"] == side_ref("gradlab__bandit", Side.parse("sb3.ppo"))
+    assert runs["gradlab.ppo"]["ref"] == "gradlab__bandit/ppo"
     # The pause was seen by the worker that had started (about 2.5 s).
     assert max(r["stalled_s"] for r in runs.values()) >= 1.5
     # Both learn the bandit: the last window's mean raw return is well above chance (1/4).
@@ -108,12 +112,55 @@ def test_run_spec_keeps_the_recipes_schedule_horizon_unless_told() -> None:
     assert run_spec("gradlab__bandit", Side.parse("sb3.ppo"), 0, 50_000, 1).recipe.train.timesteps == 50_000
 
 
-def test_bad_side_and_unknown_goal_are_one_line_errors() -> None:
+def test_bad_side_seeds_and_unknown_goal_are_one_line_errors() -> None:
     from typer.testing import CliRunner
 
     res = CliRunner().invoke(app, ["benchmark", "curves", "--side", "sb3.ppo:bf16"])
-    assert res.exit_code != 0 and "sb3.ppo trains in fp32 only" in str(res.exception or res.output)
+    assert res.exit_code == 2 and "--side" in res.output and "sb3.ppo trains in fp32 only" in res.output
+    res = CliRunner().invoke(app, ["benchmark", "curves", "--side", "sb3.ppo", "--side", "sb3.ppo"])
+    assert res.exit_code == 2 and "expected each side once, found sb3.ppo, sb3.ppo" in " ".join(
+        res.output.replace("│", " ").split())
     res = CliRunner().invoke(app, ["benchmark", "curves", "--seeds", "0,x"])
     assert res.exit_code == 2 and "--seeds" in res.output
+    for seeds, found in ((["0,0"], "0 repeated in '0,0'"), (["1", "0,1"], "1 repeated in '1,0,1'"),
+                         (["0,,1"], "an empty item in '0,,1'")):
+        res = CliRunner().invoke(app, ["benchmark", "curves", *(a for s in seeds for a in ("--seeds", s))])
+        text = " ".join(res.output.replace("│", " ").split())  # rich's error box, wrapped
+        assert res.exit_code == 2 and "--seeds" in text and found in text, res.output
+    # The unknown goal is reported as `gradlab train` reports it (Experiments.goal_path).
     res = CliRunner().invoke(app, ["benchmark", "curves", "--goal", "NoSuchGoal-v0", "--steps", "10"])
-    assert res.exit_code != 0 and "NoSuchGoal-v0" in str(res.exception or res.output)
+    assert res.exit_code != 0 and "unknown goal 'NoSuchGoal-v0'" in str(res.exception)
+    assert "known goals" in str(res.exception) or "did you mean" in str(res.exception)
+
+
+@pytest.mark.slow
+def test_sigint_to_the_command_alone_stops_its_runs_and_starts_no_queued_one(tmp_path: Path) -> None:
+    out = tmp_path / "curves"
+    cmd = [sys.executable, "-m", "gradlab.cli.app", "benchmark", "curves", "--goal", "gradlab__bandit",
+           "--side", "gradlab.ppo", "--steps", "1000000", "--seeds", "0,1", "--jobs", "1", "--out", str(out)]
+    # Started as a shell without job control starts a background command: SIGINT ignored on entry.
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, env={**os.environ, "COLUMNS": "200"},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        first = out / "runs" / "gradlab.ppo-s0.json"
+        deadline = time.monotonic() + 120
+        while not first.exists():  # the first run is about to train
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.stdout else ""
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGINT)  # the command only, not its group
+        text, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, text
+    doc = json.loads((out / "curves.json").read_text())
+    assert doc["complete"] is False
+    runs = {r["seed"]: r for r in doc["runs"]}
+    assert runs[0]["status"] == "stopped" and runs[0]["stop_reason"] == "sigterm" and runs[0]["steps"] < 1_000_000
+    assert runs[1]["status"] == "not run" and runs[1]["steps"] == 0
+    assert not (out / "runs" / "gradlab.ppo-s1.json").exists() and not (out / "runs" / "gradlab.ppo-s1.log").exists()
+    assert doc["judged_at"] == runs[0]["steps"]
+    flat = " ".join(text.split())
+    assert f"interrupted: 1 stopped, 1 not run; the comparison is judged at {runs[0]['steps']:,} env steps" in flat
+    assert f"(interrupted: judged at {runs[0]['steps']:,} env steps): final" in flat
