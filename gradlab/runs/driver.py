@@ -97,6 +97,7 @@ class AttemptDriver:
         for track in self.supervisor.tracks.values():
             local = self.paths.checkpoints / _checkpoint_name(track.step, track.sha256)
             track.path = local
+            track.unusable = self.plan.unusable.get(track.sha256)  # failed verification at opening
         # Verified checkpoints an earlier attempt wrote but never published (the one this attempt
         # resumes from among them): published now, like the new learner's own.
         for local_ckpt in self.plan.unpublished:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from gradlab.contracts.run_spec import RunSpec
+from gradlab.errors import IntegrityError, NotFound
 from gradlab.outbox import Event, Outbox
 from gradlab.receipts.models import CheckpointPublication, EvaluationRecord
 
@@ -57,14 +58,17 @@ class CheckpointTrack:
     evaluation: EvaluationRecord | None = None
     eval_error: str | None = None
     deferred: bool = False
+    #: Why the published checkpoint is not usable (it fails verification against its publication
+    #: receipt): never evaluated, never promoted, whatever an earlier evaluation said.
+    unusable: str | None = None
 
     @property
     def evaluation_done(self) -> bool:
-        return self.evaluation is not None or self.eval_error is not None or self.deferred
+        return self.evaluation is not None or self.eval_error is not None or self.deferred or self.unusable is not None
 
     @property
     def accepted(self) -> bool:
-        return self.evaluation is not None and self.evaluation.status == "accepted"
+        return self.evaluation is not None and self.evaluation.status == "accepted" and self.unusable is None
 
 
 class MetricSink(Protocol):
@@ -253,7 +257,13 @@ class Supervisor:
                 if track.publication is None and track.publish_error is None:
                     break  # lowest step first: a lower checkpoint still publishing goes before the rest
                 if track.publication is not None and track.eval_future is None and not track.evaluation_done:
-                    track.eval_future = self.submit_evaluate(track)
+                    try:
+                        track.eval_future = self.submit_evaluate(track)
+                    except (IntegrityError, NotFound) as e:  # no verified copy to evaluate: not usable
+                        track.unusable = track.eval_error = f"{type(e).__name__}: {e}"
+                        log.error("run %s: checkpoint at step %d is not usable (not evaluated nor promoted): %s",
+                                  self.spec.run_id, track.step, track.eval_error)
+                        continue
                     track.eval_submitted_at = self.clock()
                     in_flight += 1
         self._maybe_stop()
