@@ -278,7 +278,9 @@ def test_a_retry_passes_over_a_corrupt_published_checkpoint_and_succeeds(prefect
     run_id = "gradlab-20260102T030405-0badc0de"
     resolved = Experiments().resolve("gradlab__bandit/ppo", [
         "train.timesteps=1024", "train.checkpoint_freq=64", "train.backend.config.n_steps=8",
-        "train.backend.config.batch_size=64"])
+        # One small update per checkpoint at a low learning rate: the first checkpoints are rejected
+        # (so the corrupt one is next in line for evaluation), a later one is accepted.
+        "train.backend.config.batch_size=64", "train.backend.config.learning_rate=4.0e-5"])
     spec = RunSpec.from_resolved(resolved, seed=0, run_id=run_id)
     run_dir = load_settings().run_dir(run_id)
     assert run_learner(spec, run_dir, stop_at_step=128, watch_parent=False).final_step == 128
@@ -306,6 +308,8 @@ def test_a_retry_passes_over_a_corrupt_published_checkpoint_and_succeeds(prefect
     assert attempt.mode == "resume" and attempt.resume_from.step == 64
     [note] = attempt.skipped_checkpoints
     assert note.startswith(f"step 128: {stores.model.url(key)}: sha256 expected")
+    evaluated = {e["checkpoint_step"]: e["status"] for e in receipt["evaluations"]}
+    assert evaluated[64] == "rejected", evaluated
     # Named in the receipt as a failed evaluation (never run), never promoted, kept as evidence.
     [failed] = [e for e in receipt["evaluations"] if e["checkpoint_step"] == 128 and e["status"] == "failed"]
     record = next(rec for _, rec in rules.list_evaluations(stores, run_id) if rec and rec.checkpoint_sha256 == bad.sha256)
