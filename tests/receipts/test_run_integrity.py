@@ -243,12 +243,18 @@ def test_a_checkpoint_that_fails_verification_when_its_evaluation_starts_is_pass
 
     sup = Supervisor(spec=_spec(), attempt_id="attempt-002", outbox=Outbox(paths.outbox),
                      submit_publish=lambda t: _Pending(), submit_evaluate=submit_evaluate, sinks=[],
-                     max_parallel_evals=2)
+                     max_parallel_evals=2,
+                     on_unusable=lambda t, why: operations.record_unusable(stores, _spec(), t.publication, why))
     sup.adopt_published(pubs, {})
     sup.advance()  # does not raise
     assert submitted == [pubs[0].step]
     track = sup.tracks[newest.step]
-    assert track.unusable.startswith(f"IntegrityError: {stores.model.url(key)}: sha256 expected")
+    assert track.unusable.startswith(f"step {newest.step}: {stores.model.url(key)}: sha256 expected")
     assert track.evaluation_done and not track.accepted and sup.promotion_candidate() is None
+    # Recorded as a failed evaluation that never ran: the receipt's inventory names it.
+    [(_, record)] = [(i, r) for i, r in rules.list_evaluations(stores, RUN) if i.checkpoint_sha256 == newest.sha256]
+    assert record.status == "failed" and track.evaluation == record
+    assert record.error.startswith("IntegrityError: not evaluated: the checkpoint fails verification")
+    assert {e.checkpoint_step: e.status for e in operations.inventory(stores, RUN)[1]}[newest.step] == "failed"
     assert list(paths.checkpoints.glob("*.corrupt-*"))  # the bad local copy kept aside as evidence
     assert stores.model.exists(key)
