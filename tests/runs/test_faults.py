@@ -277,7 +277,7 @@ def test_a_retry_passes_over_a_corrupt_published_checkpoint_and_succeeds(prefect
 
     run_id = "gradlab-20260102T030405-0badc0de"
     resolved = Experiments().resolve("gradlab__bandit/ppo", [
-        "train.timesteps=1024", "train.checkpoint_freq=64", "train.backend.config.n_steps=8",
+        "train.timesteps=512", "train.checkpoint_freq=64", "train.backend.config.n_steps=8",
         # One small update per checkpoint at a low learning rate: the first checkpoints are rejected
         # (so the corrupt one is next in line for evaluation), a later one is accepted.
         "train.backend.config.batch_size=64", "train.backend.config.learning_rate=4.0e-5"])
