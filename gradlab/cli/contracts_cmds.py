@@ -121,8 +121,10 @@ def recipe_show(
 
 def runnable_or_exit(resolved) -> None:
     """Exit 1 naming every problem when ``resolved``'s training environment cannot be built on this
-    machine (unknown env id, bad provider arguments, missing ROM); found without starting an emulator."""
-    from gradlab.envs.preflight import static_check
+    machine (unknown env id, bad provider arguments, missing ROM), or its recipe asks the learner
+    for what it refuses there (:func:`gradlab.envs.preflight.training_problems`); found without
+    starting an emulator."""
+    from gradlab.envs.preflight import static_check, training_problems
     from gradlab.errors import ConfigProblem
 
     env, goal_env = resolved.environment, resolved.goal.train.environment
@@ -130,6 +132,8 @@ def runnable_or_exit(resolved) -> None:
     file = resolved.goal_file if same else ("--set" if resolved.overrides else resolved.recipe_file)
     problems = [ConfigProblem(file=file, key_path=".".join(("train", "environment", key)).rstrip("."), message=message)
                 for key, message in static_check(env)]
+    problems += [ConfigProblem(file="--set" if resolved.overrides else resolved.recipe_file, key_path=key,
+                               message=message) for key, message in training_problems(resolved)]
     if problems:
         fail_with_problems(ConfigError(problems))
 

@@ -22,6 +22,8 @@ def export_command(
     out: Annotated[Path, typer.Option("--out", help="Output folder.")],
     fmt: Annotated[str, typer.Option("--format", help="rl-zoo (rl-zoo3's folder layout) or sb3 (policy.zip + vecnormalize.pkl).")] = "rl-zoo",
     json_out: Annotated[bool, typer.Option("--json", help="Print the export's provenance as one JSON document.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Replace an earlier export there (sb3: the folder; rl-zoo: "
+                                                        "its <algo>/<env>_1 run folder).")] = False,
 ) -> None:
     """Export a checkpoint so rl-zoo3's enjoy or plain stable-baselines3 can play it."""
     if fmt not in ("rl-zoo", "sb3"):
@@ -35,7 +37,7 @@ def export_command(
 
         resolved = resolve_checkpoint(checkpoint)
         spec = parse_spec(resolved.spec, source=resolved.spec_source)
-        written, files, why = export_checkpoint(resolved.path, spec, out, fmt=fmt)
+        written, files, why = export_checkpoint(resolved.path, spec, out, fmt=fmt, force=force)
     except GradlabError as e:
         fail(str(e))
     except OSError as e:  # the output folder cannot be written (permissions, a full disk)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from gradlab.contracts.base import Contract, validate_nested
 
@@ -54,6 +54,11 @@ class PPOConfig(Contract):
     target_kl: float | None = None
 
 
+#: Most torch threads a recipe may ask for (``train.backend.config.threads``); at run time the
+#: learner uses at most the CPUs it may run on (``gradlab.learn.ppo``).
+MAX_TORCH_THREADS = 256
+
+
 class GradlabPPOConfig(PPOConfig):
     """``gradlab.ppo``: sb3.ppo's hyperparameters (same names, defaults and meaning) plus how to compute."""
 
@@ -64,11 +69,13 @@ class GradlabPPOConfig(PPOConfig):
         default="auto", description="torch threads on CPU; auto: train.torch_threads when the recipe sets it, else the usable "
                     "CPUs less one (room for evaluation), at most 8.")
 
-    @model_validator(mode="after")
-    def _check_threads(self) -> GradlabPPOConfig:
-        if isinstance(self.threads, int) and self.threads < 1:
-            raise ValueError(f"threads: expected auto or an integer >= 1, found {self.threads}")
-        return self
+    @field_validator("threads")
+    @classmethod
+    def _check_threads(cls, threads: int | str) -> int | str:
+        # Located at ``train.backend.config.threads`` (a field validator, not the whole config).
+        if isinstance(threads, int) and not 1 <= threads <= MAX_TORCH_THREADS:
+            raise ValueError(f"auto or an integer from 1 to {MAX_TORCH_THREADS}")
+        return threads
 
 
 class A2CConfig(Contract):

@@ -165,6 +165,43 @@ def static_check(spec: EnvironmentSpec) -> list[tuple[str, str]]:
         return [("", f"{spec.provider}:{spec.env_id}: cannot be checked: {type(e).__name__}: {e}")]
 
 
+#: Providers whose observations are always images (uint8 frames; gradlab.learn.ppo_net.is_image).
+IMAGE_PROVIDERS = ("ale", "vizdoom", "retro")
+
+
+def _cuda_present() -> bool:
+    """An NVIDIA driver is loaded (what ``torch.cuda.is_available()`` needs first), found without torch."""
+    from pathlib import Path
+
+    return Path("/proc/driver/nvidia/version").exists() or Path("/dev/nvidiactl").exists()
+
+
+def training_problems(resolved: Any) -> list[tuple[str, str]]:
+    """Recipe settings the learner would refuse for this environment, found without building it.
+
+    ``gradlab.ppo`` with ``precision: fp16-amp`` on CPU (``train.device: cpu``, or ``auto`` where
+    the learner picks the CPU: vector observations, or no NVIDIA driver), and
+    ``train.normalize.observation`` on image observations (ALE, ViZDoom, retro): the same messages
+    :class:`gradlab.learn.ppo.PPOBackend` gives when it sets up (docs/ARCHITECTURE.md section 3).
+
+    Returns:
+        ``[(dotted key path, message)]``; empty when fine.
+    """
+    train, env = resolved.recipe.train, resolved.environment
+    if train.backend.id != "gradlab.ppo":
+        return []
+    problems: list[tuple[str, str]] = []
+    images = env.provider in IMAGE_PROVIDERS
+    if train.backend.config.get("precision") == "fp16-amp" and (
+            train.device == "cpu" or (train.device == "auto" and not (images and _cuda_present()))):
+        problems.append(("train.backend.config.precision", "fp16-amp needs device cuda; use bf16 on CPU"))
+    if train.normalize.observation and images:
+        problems.append(("train.normalize.observation", f"gradlab.ppo normalises vector observations only, found "
+                                                        f"images ({env.provider} frames; they are scaled by 1/255 "
+                                                        "already)"))
+    return problems
+
+
 def environment_problems(experiments: Any, refs: list[str] | None = None) -> list[Any]:
     """:func:`static_check` of every goal's training environment (and of a recipe's, where it
     changes the provider, env id or provider arguments), as ``ConfigProblem``s naming the file and
@@ -211,6 +248,8 @@ def environment_problems(experiments: Any, refs: list[str] | None = None) -> lis
                 resolved = experiments.resolve(f"{goal_id}/{recipe_id}")
             except (ConfigError, NotFound):
                 continue
+            problems += [ConfigProblem(file=resolved.recipe_file, key_path=key, message=message)
+                         for key, message in training_problems(resolved)]
             if identity(resolved.environment) == identity(goal_env):
                 continue
             for key, message in check(resolved.environment):

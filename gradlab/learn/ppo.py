@@ -309,6 +309,12 @@ class PPOBackend:
                 threads = train.torch_threads
             else:
                 threads = default_threads()
+            from gradlab.envs.groups import usable_cpus
+
+            if threads > (usable := usable_cpus()):  # more threads than CPUs only oversubscribes them
+                logger.info("train.backend.config.threads: %d asked for, %d usable CPUs: using %d",
+                            threads, usable, usable)
+                threads = usable
             torch.set_num_threads(threads)
             self.threads = threads
             # The rollout's forward is one small batch per step (one observation per lane): on one thread

@@ -22,7 +22,7 @@ from gradlab.errors import GradlabError, IntegrityError, describe_failure
 from gradlab.outbox import Outbox
 from gradlab.receipts.lease import LeaseLost, release_lease, renew_lease
 from gradlab.receipts.models import LearnerExit, TerminalMetrics, TerminalReceipt
-from gradlab.runs.operations import AttemptPlan
+from gradlab.runs.operations import AttemptPlan, record_unusable
 from gradlab.runs.paths import RunPaths
 from gradlab.runs.process import LearnerProcess
 from gradlab.runs.supervisor import CheckpointTrack, Future, JournalSink, Supervisor, WandbMetricSink
@@ -95,6 +95,7 @@ class AttemptDriver:
             evaluate=evaluated, stop_on_acceptance=self.spec.goal.stops_on_acceptance,
             max_parallel_evals=self.max_parallel_evals, request_stop=self.record_stop, first_seq=self.plan.first_seq,
             fence=self.plan.fence, opened_seq=self.plan.opened_seq,
+            on_unusable=lambda t, why: record_unusable(self.stores, self.spec, t.publication, why),
         )
         self.outbox.stamp = self.plan.fence  # the supervisor's own events carry its attempt and epoch
         # Checkpoints published by earlier attempts keep their results; unevaluated ones are evaluated now.
@@ -103,6 +104,7 @@ class AttemptDriver:
         for track in self.supervisor.tracks.values():
             local = self.paths.checkpoints / _checkpoint_name(track.step, track.sha256)
             track.path = local
+            track.unusable = self.plan.unusable.get(track.sha256)  # failed verification at opening
         # Verified checkpoints an earlier attempt wrote but never published (the one this attempt
         # resumes from among them): published now, like the new learner's own.
         for local_ckpt in self.plan.unpublished:

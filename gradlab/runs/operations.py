@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -171,6 +171,10 @@ class AttemptPlan:
     unpublished: tuple[LocalCheckpoint, ...] = ()
     #: Attempts closed when this one opened (their process ended without sealing a receipt).
     reconciled: tuple[str, ...] = ()
+    #: sha256 → why, for published checkpoints that failed verification when this attempt opened
+    #: (``skipped_checkpoints``): never evaluated nor promoted by it, kept as evidence
+    #: (docs/ARCHITECTURE.md section 6).
+    unusable: dict[str, str] = field(default_factory=dict)
 
     @property
     def fence(self) -> tuple[str, int]:
@@ -208,6 +212,7 @@ def open_attempt(stores: Stores, spec: RunSpec, paths: RunPaths) -> AttemptPlan:
     records: tuple[EvaluationRecord, ...] = ()
     unpublished: tuple[LocalCheckpoint, ...] = ()
     reconciled: tuple[str, ...] = ()
+    unusable: list[tuple[CheckpointPublication, str]] = []
     outbox = Outbox(paths.outbox)
     if previous:
         reconciled = tuple(r.attempt_id for r in rules.reconcile_run(stores, spec.run_id))
@@ -230,8 +235,9 @@ def open_attempt(stores: Stores, spec: RunSpec, paths: RunPaths) -> AttemptPlan:
                 from gradlab.receipts.lease import require_no_live_lease
 
                 require_no_live_lease(stores.control, spec.run_id)  # refuse before touching the run directory
-                resume_dir, chosen, skipped = choose_resume_checkpoint(stores, paths, publications)
+                resume_dir, chosen, unusable = choose_resume_checkpoint(stores, paths, publications)
                 resume = chosen.ref
+                skipped = [note for _, note in unusable]
     identity = outbox.identity()
     recorded = next((a for a in reversed(previous) if a.outbox is not None), None)
     replaced = None
@@ -249,33 +255,59 @@ def open_attempt(stores: Stores, spec: RunSpec, paths: RunPaths) -> AttemptPlan:
     outbox.set_fence(attempt.attempt_id, held.lease.generation)
     opened = outbox.max_seq() + 1
     outbox.close()
+    # A skipped checkpoint is not usable: its evaluation is recorded ``failed`` (once, naming the
+    # verification failure) so this and every later attempt pass it over and the receipt names it.
+    known = {rec.checkpoint_sha256 for rec in records}
+    records += tuple(record_unusable(stores, spec, p, note) for p, note in unusable if p.sha256 not in known)
     return AttemptPlan(attempt=attempt, lease=held, resume_dir=resume_dir, publications=publications, records=records,
                        first_seq=opened if previous and mode != "drain" else 0, opened_seq=opened,
-                       unpublished=unpublished, reconciled=reconciled)
+                       unpublished=unpublished, reconciled=reconciled,
+                       unusable={p.sha256: note for p, note in unusable})
+
+
+def record_unusable(stores: Stores, spec: RunSpec, publication: CheckpointPublication, why: str) -> EvaluationRecord:
+    """Record the evaluation of a published checkpoint that fails verification as ``failed`` without
+    running it (create-or-agree: a result already recorded for it is returned as it is).
+
+    ``why`` names the failing object and both hashes (from :func:`choose_resume_checkpoint`).
+    """
+    from gradlab.evaluation import build_manifest
+
+    intent = EvaluationIntent.create(
+        run_id=spec.run_id, checkpoint=publication.ref, goal_contract_sha256=spec.goal_contract_sha256,
+        episode_manifest_sha256=build_manifest(spec.goal).sha256, backend="none",
+    )
+    intent, existing = rules.register_evaluation(stores, intent)
+    if existing is not None:
+        return existing
+    log.warning("run %s: checkpoint at step %d fails verification: recorded as a failed evaluation, not evaluated "
+                "nor promoted (%s)", spec.run_id, publication.step, why)
+    error = f"IntegrityError: not evaluated: the checkpoint fails verification against its publication receipt: {why}"
+    return rules.record_evaluation(stores, rules.make_evaluation_record(intent, status="failed", error=error))
 
 
 def choose_resume_checkpoint(stores: Stores, paths: RunPaths, publications: tuple[CheckpointPublication, ...]
-                             ) -> tuple[Path, CheckpointPublication, list[str]]:
+                             ) -> tuple[Path, CheckpointPublication, list[tuple[CheckpointPublication, str]]]:
     """The newest published checkpoint whose files verify against its publication receipt.
 
     Returns:
-        (local folder, its publication, one line per newer checkpoint passed over).
+        (local folder, its publication, (publication, one line) per newer checkpoint passed over).
 
     Raises:
         IntegrityError: none verifies; the message names every failing file.
     """
     from gradlab.errors import IntegrityError
 
-    skipped: list[str] = []
+    skipped: list[tuple[CheckpointPublication, str]] = []
     for publication in sorted(publications, key=lambda p: p.step, reverse=True):
         try:
             return local_checkpoint_dir(stores, paths, publication), publication, skipped
         except (IntegrityError, NotFound) as e:
             log.warning("run %s: checkpoint at step %d cannot be resumed from: %s", publication.run_id,
                         publication.step, e)
-            skipped.append(f"step {publication.step}: {e}")
+            skipped.append((publication, f"step {publication.step}: {e}"))
     raise IntegrityError(f"run {publications[0].run_id}: no published checkpoint verifies against its publication "
-                         f"receipt, refusing to resume: {'; '.join(skipped)}")
+                         f"receipt, refusing to resume: {'; '.join(note for _, note in skipped)}")
 
 
 def verified_local_checkpoints(paths: RunPaths, outbox: Any, run_id: str, *, above_step: int) -> list[LocalCheckpoint]:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from gradlab.contracts.run_spec import RunSpec
+from gradlab.errors import IntegrityError, NotFound
 from gradlab.outbox import Event, Outbox
 from gradlab.receipts.models import CheckpointPublication, EvaluationRecord
 
@@ -57,14 +58,17 @@ class CheckpointTrack:
     evaluation: EvaluationRecord | None = None
     eval_error: str | None = None
     deferred: bool = False
+    #: Why the published checkpoint is not usable (it fails verification against its publication
+    #: receipt): never evaluated, never promoted, whatever an earlier evaluation said.
+    unusable: str | None = None
 
     @property
     def evaluation_done(self) -> bool:
-        return self.evaluation is not None or self.eval_error is not None or self.deferred
+        return self.evaluation is not None or self.eval_error is not None or self.deferred or self.unusable is not None
 
     @property
     def accepted(self) -> bool:
-        return self.evaluation is not None and self.evaluation.status == "accepted"
+        return self.evaluation is not None and self.evaluation.status == "accepted" and self.unusable is None
 
 
 class MetricSink(Protocol):
@@ -138,6 +142,7 @@ class Supervisor:
         stop_on_acceptance: ask the learner to stop at the first accepted checkpoint.
         max_parallel_evals: evaluations in flight at once.
         request_stop: called once with the reason when the supervisor decides to stop the learner.
+        on_unusable: records a checkpoint with no verified copy to evaluate as a failed evaluation.
     """
 
     spec: RunSpec
@@ -150,6 +155,9 @@ class Supervisor:
     stop_on_acceptance: bool = True
     max_parallel_evals: int = 1
     request_stop: Callable[[str], None] | None = None
+    #: Records a published checkpoint found not usable (fails verification) as a failed evaluation;
+    #: returns the record (``gradlab.runs.operations.record_unusable``).
+    on_unusable: Callable[[CheckpointTrack, str], EvaluationRecord] | None = None
     clock: Callable[[], float] = time.monotonic
     tracks: dict[int, CheckpointTrack] = field(default_factory=dict)
     after_seq: int = 0
@@ -253,7 +261,11 @@ class Supervisor:
                 if track.publication is None and track.publish_error is None:
                     break  # lowest step first: a lower checkpoint still publishing goes before the rest
                 if track.publication is not None and track.eval_future is None and not track.evaluation_done:
-                    track.eval_future = self.submit_evaluate(track)
+                    try:
+                        track.eval_future = self.submit_evaluate(track)
+                    except (IntegrityError, NotFound) as e:  # no verified copy to evaluate: not usable
+                        self._unusable(track, f"step {track.step}: {e}")
+                        continue
                     track.eval_submitted_at = self.clock()
                     in_flight += 1
         self._maybe_stop()
@@ -301,6 +313,18 @@ class Supervisor:
         if record.status == "accepted" and self._first_accept_at is None:
             self._first_accept_at = self.clock()
         self._emit(metrics, track.step)
+
+    def _unusable(self, track: CheckpointTrack, why: str) -> None:
+        """Mark a published checkpoint that fails verification not usable; record it (``on_unusable``)."""
+        track.unusable = why
+        log.error("run %s: checkpoint at step %d is not usable (not evaluated nor promoted): %s",
+                  self.spec.run_id, track.step, why)
+        try:
+            track.evaluation = self.on_unusable(track, why) if self.on_unusable is not None else None
+        except Exception as e:  # noqa: BLE001 - the store is down: the receipt's reason names it instead
+            log.warning("run %s: recording step %d as not usable failed: %s", self.spec.run_id, track.step, e)
+        if track.evaluation is None:
+            track.eval_error = why
 
     def _defer_above_accepted(self) -> None:
         accepted = [t.step for t in self.tracks.values() if t.accepted]

@@ -79,21 +79,25 @@ def _vecnormalize(environment: EnvironmentSpec, stats: dict[str, Any], path: Pat
     vn.save(str(path))
 
 
-def export_checkpoint(checkpoint: Path, spec: Any, out: Path, *, fmt: str) -> tuple[str, list[Path], str | None]:
+def export_checkpoint(checkpoint: Path, spec: Any, out: Path, *, fmt: str,
+                      force: bool = False) -> tuple[str, list[Path], str | None]:
     """Export a verified checkpoint folder.
 
     Args:
         checkpoint: the checkpoint folder (verified here first).
         spec: its run's :class:`~gradlab.contracts.run_spec.RunSpec`.
-        out: the output folder (created; existing files of the same names are replaced).
+        out: the output folder (created). ``sb3``: it must be new or empty; rl-zoo: its run folder
+            ``<algo>/<env>_1`` must not exist (other runs' folders beside it are kept).
         fmt: ``rl-zoo`` or ``sb3``.
+        force: replace what is there instead: the whole ``sb3`` folder, only when it holds an
+            earlier export (``gradlab_export.json``), or the rl-zoo run folder; no file is left over.
 
     Returns:
         (format written, files written, why rl-zoo3 was not possible or None).
 
     Raises:
         IntegrityError: the checkpoint fails verification. ContractViolation: an unknown format,
-        a backend without an SB3 zip, or ``out`` is a file.
+        a backend without an SB3 zip, ``out`` is a file, or the destination is taken (above).
     """
     import yaml
 
@@ -120,6 +124,11 @@ def export_checkpoint(checkpoint: Path, spec: Any, out: Path, *, fmt: str) -> tu
     out = Path(out)
     if written == "rl-zoo":
         run_folder = out / algo / f"{env.env_id}_1"
+        if run_folder.exists():
+            if not force:
+                raise ContractViolation(f"--out {out}: {run_folder} exists (an earlier export); pass --force to "
+                                        "replace it")
+            shutil.rmtree(run_folder)
         meta = run_folder / env.env_id
         meta.mkdir(parents=True, exist_ok=True)
         zip_path = run_folder / f"{env.env_id}.zip"
@@ -136,6 +145,14 @@ def export_checkpoint(checkpoint: Path, spec: Any, out: Path, *, fmt: str) -> tu
             path.write_text(yaml.safe_dump(data, sort_keys=True))
         vec_path = meta / "vecnormalize.pkl"
     else:
+        if out.is_dir() and any(out.iterdir()):
+            if not force:
+                raise ContractViolation(f"--out {out}: expected a new or empty folder, found files in it; pass "
+                                        "--force to replace it")
+            if not (out / "gradlab_export.json").is_file():
+                raise ContractViolation(f"--out {out}: not an earlier export (no gradlab_export.json): not "
+                                        "replaced, even with --force")
+            shutil.rmtree(out)
         out.mkdir(parents=True, exist_ok=True)
         zip_path = out / "policy.zip"
         files = {}

@@ -142,3 +142,37 @@ def test_train_refuses_an_unrunnable_goal_before_creating_anything(experiments_c
                   env={"GRADLAB_HOME": str(home)})
     assert bad.returncode == 1 and "--set: train.environment.provider_args.n_arms" in bad.stderr, bad.stderr
     assert not (home / "runs").exists()
+
+
+def test_train_refuses_what_the_learner_would_refuse_before_creating_anything(tmp_path: Path) -> None:
+    """fp16-amp on CPU and observation normalisation of images: refused by the static check, not by
+    the learner after a run exists (same messages as gradlab.learn.ppo's)."""
+    home = tmp_path / "home"
+    for args, expected in [
+        (["CartPole-v1/ppo", "--set", "train.backend.config.precision=fp16-amp"],
+         "--set: train.backend.config.precision: fp16-amp needs device cuda; use bf16 on CPU"),
+        (["Breakout-Atari2600-v0/ppo", "--set", "train.normalize.observation=true"],
+         "--set: train.normalize.observation: gradlab.ppo normalises vector observations only, found images"),
+    ]:
+        out = gradlab("train", args[0], "--set", "train.backend.id=gradlab.ppo", *args[1:], env={"GRADLAB_HOME": str(home)})
+        assert out.returncode == 1, out.stderr
+        assert expected in out.stderr, out.stderr
+        assert not (home / "runs").exists() and not (home / "stores").exists()
+
+
+def test_training_problems_allow_fp16_amp_on_cuda_and_validate_names_the_recipe(experiments_copy: Path) -> None:
+    from gradlab.contracts import Experiments
+    from gradlab.envs.preflight import environment_problems, training_problems
+
+    experiments = Experiments()
+    cuda = experiments.resolve("CartPole-v1/ppo", ["train.backend.id=gradlab.ppo", "train.device=cuda",
+                                                   "train.backend.config.precision=fp16-amp"])
+    assert training_problems(cuda) == []
+    sb3 = experiments.resolve("Breakout-Atari2600-v0/ppo-sb3", ["train.normalize.observation=true"])
+    assert training_problems(sb3) == []  # sb3.ppo's VecNormalize takes images: only gradlab.ppo refuses
+    recipe = experiments_copy / "goals" / "CartPole-v1" / "recipes" / "fp16.yaml"
+    recipe.write_text("train:\n  timesteps: 64\n  device: cpu\n  backend: {id: gradlab.ppo, config: {precision: fp16-amp}}\n")
+    [problem] = environment_problems(Experiments(), ["CartPole-v1/fp16"])
+    assert (problem.file.endswith("goals/CartPole-v1/recipes/fp16.yaml"), problem.key_path) == (
+        True, "train.backend.config.precision")
+    assert problem.message == "fp16-amp needs device cuda; use bf16 on CPU"

@@ -18,7 +18,8 @@ from tests.learn.conftest import BANDIT, make_spec
 
 @pytest.mark.parametrize(("backend", "config", "key"), [
     ("gradlab.ppo", {"precision": "fp8"}, "config.precision"),
-    ("gradlab.ppo", {"threads": 0}, "config"),
+    ("gradlab.ppo", {"threads": 0}, "config.threads"),
+    ("gradlab.ppo", {"threads": 1000}, "config.threads"),
     ("gradlab.ppo", {"n_stepz": 8}, "config.n_stepz"),
     ("sb3.ppo", {"precision": "bf16"}, "config.precision"),  # gradlab.ppo's own keys are not sb3.ppo's
 ])
@@ -26,6 +27,34 @@ def test_keys_are_validated_per_backend_and_errors_name_the_key(backend: str, co
     with pytest.raises((ValidationError, ValueError)) as info:
         Backend.model_validate({"id": backend, "config": config})
     assert key in str(info.value)
+
+
+@pytest.mark.parametrize("threads", [0, 1000])
+def test_a_threads_error_names_the_key_and_says_expected_vs_found(threads: int) -> None:
+    from gradlab.contracts.experiments import Experiments
+
+    with pytest.raises(ConfigError) as info:
+        Experiments().resolve("CartPole-v1/ppo", ["train.backend.id=gradlab.ppo",
+                                                  f"train.backend.config.threads={threads}"])
+    assert str(info.value) == (f"--set: train.backend.config.threads: expected auto or an integer from 1 to 256; "
+                               f"found {threads}")
+
+
+def test_threads_above_the_usable_cpus_are_lowered_once(caplog: pytest.LogCaptureFixture) -> None:
+    from gradlab.envs.groups import usable_cpus
+
+    spec = make_spec(BANDIT, {"id": "gradlab.ppo", "config": {"n_steps": 8, "batch_size": 16, "threads": 256}},
+                     timesteps=64, checkpoint_freq=64)
+    backend = PPOBackend()
+    with caplog.at_level("INFO", logger="gradlab.learn.ppo"):
+        backend.setup(spec, backend.make_env(spec), device="cpu")
+    try:
+        assert backend.threads == min(256, usable_cpus())
+        lowered = [r.getMessage() for r in caplog.records if "usable CPUs" in r.getMessage()]
+        assert lowered == [f"train.backend.config.threads: 256 asked for, {usable_cpus()} usable CPUs: "
+                           f"using {usable_cpus()}"]
+    finally:
+        backend.close()
 
 
 def test_defaults_are_sb3_ppos_plus_how_to_compute() -> None:

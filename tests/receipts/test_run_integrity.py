@@ -210,3 +210,51 @@ def test_eval_of_a_run_refuses_a_local_copy_that_differs_from_the_publication(st
                                                        f"(publication), found {new}")):
         resolve_checkpoint(str(local), settings=load_settings(), stores=stores)  # named by its folder
     assert resolve_checkpoint(f"{RUN}:{pubs[0].step}", settings=load_settings(), stores=stores).origin == "local"
+
+
+class _Pending:
+    """A future that never finishes (the evaluation in flight)."""
+
+    def done(self) -> bool:
+        return False
+
+    def result(self):
+        raise AssertionError("never collected")
+
+
+def test_a_checkpoint_that_fails_verification_when_its_evaluation_starts_is_passed_over(
+        stores: Stores, trained: Path, tmp_path: Path) -> None:
+    """Both copies of the newest checkpoint corrupted after the attempt opened: the supervisor finds
+    no verified copy to evaluate, marks it not usable (never evaluated, never promoted) and goes on."""
+    from gradlab.outbox import Outbox
+    from gradlab.runs.supervisor import Supervisor
+
+    paths, pubs = _published(stores, trained, tmp_path)
+    newest = pubs[-1]
+    key = _flip(stores, newest, "policy.safetensors")
+    local = paths.checkpoints / keys.checkpoint_name(newest.step, newest.sha256) / "policy.safetensors"
+    local.write_bytes(local.read_bytes()[:-1])
+    submitted = []
+
+    def submit_evaluate(track):
+        operations.local_checkpoint_dir(stores, paths, track.publication)  # what the flow does first
+        submitted.append(track.step)
+        return _Pending()
+
+    sup = Supervisor(spec=_spec(), attempt_id="attempt-002", outbox=Outbox(paths.outbox),
+                     submit_publish=lambda t: _Pending(), submit_evaluate=submit_evaluate, sinks=[],
+                     max_parallel_evals=2,
+                     on_unusable=lambda t, why: operations.record_unusable(stores, _spec(), t.publication, why))
+    sup.adopt_published(pubs, {})
+    sup.advance()  # does not raise
+    assert submitted == [pubs[0].step]
+    track = sup.tracks[newest.step]
+    assert track.unusable.startswith(f"step {newest.step}: {stores.model.url(key)}: sha256 expected")
+    assert track.evaluation_done and not track.accepted and sup.promotion_candidate() is None
+    # Recorded as a failed evaluation that never ran: the receipt's inventory names it.
+    [(_, record)] = [(i, r) for i, r in rules.list_evaluations(stores, RUN) if i.checkpoint_sha256 == newest.sha256]
+    assert record.status == "failed" and track.evaluation == record
+    assert record.error.startswith("IntegrityError: not evaluated: the checkpoint fails verification")
+    assert {e.checkpoint_step: e.status for e in operations.inventory(stores, RUN)[1]}[newest.step] == "failed"
+    assert list(paths.checkpoints.glob("*.corrupt-*"))  # the bad local copy kept aside as evidence
+    assert stores.model.exists(key)

@@ -282,3 +282,61 @@ def test_an_s3_outage_longer_than_the_retries_fails_the_task_with_its_cause_and_
         again = task(stores, run_id, "attempt-001", "accepted:2048", return_state=True)
     assert again.is_completed(), again
     assert rules.read_stop_request(stores, run_id).reason == "accepted:2048"
+
+
+@pytest.mark.slow
+def test_a_retry_passes_over_a_corrupt_published_checkpoint_and_succeeds(prefect_api: str, gradlab_home: Path) -> None:
+    """The newest published checkpoint corrupted in the run directory and the model store: the
+    retry resumes from the one before, never evaluates nor promotes the corrupt one, names it, and
+    succeeds (docs/ARCHITECTURE.md section 6)."""
+    from gradlab.checkpoints import list_checkpoints
+    from gradlab.contracts import Experiments
+    from gradlab.contracts.run_spec import RunSpec
+    from gradlab.learn.learner import run_learner
+    from gradlab.receipts.lease import release_lease
+    from gradlab.runs import operations
+    from gradlab.runs.paths import RunPaths
+    from gradlab.settings import load_settings
+    from gradlab.stores import keys
+
+    run_id = "gradlab-20260102T030405-0badc0de"
+    resolved = Experiments().resolve("gradlab__bandit/ppo", [
+        "train.timesteps=512", "train.checkpoint_freq=64", "train.backend.config.n_steps=8",
+        # One small update per checkpoint at a low learning rate: the first checkpoints are rejected
+        # (so the corrupt one is next in line for evaluation), a later one is accepted.
+        "train.backend.config.batch_size=64", "train.backend.config.learning_rate=4.0e-5"])
+    spec = RunSpec.from_resolved(resolved, seed=0, run_id=run_id)
+    run_dir = load_settings().run_dir(run_id)
+    assert run_learner(spec, run_dir, stop_at_step=128, watch_parent=False).final_step == 128
+    stores = open_stores()
+    operations.write_local_spec(RunPaths(run_dir), spec)
+    rules.open_run(stores, spec)
+    _, held = rules.begin_attempt(stores, run_id, mode="fresh")
+    pubs = [rules.publish_checkpoint(stores, run_id=run_id, attempt_id="attempt-001", checkpoint_dir=c)
+            for c in list_checkpoints(run_dir)]
+    release_lease(stores.control, held)  # attempt-001 died unsealed (its learner SIGKILLed)
+    assert [p.step for p in pubs] == [64, 128]
+    bad = pubs[-1]
+    name = "resume/state.json"
+    local = run_dir / "checkpoints" / keys.checkpoint_name(bad.step, bad.sha256) / name
+    local.write_bytes(local.read_bytes() + b" ")
+    key = keys.checkpoint_file(run_id, bad.step, bad.sha256, name)
+    _, etag = stores.model.get_with_etag(key)
+    stores.model.put_if_match(key, stores.model.get(key) + b" ", etag)
+
+    retry = run_gradlab(["runs", "retry", run_id, "--json"], gradlab_env(prefect_api), timeout_s=300)
+    assert retry.returncode == 0, retry.stderr[-3000:]
+    receipt = last_json_line(retry.stdout)
+    assert receipt["outcome"] == "succeeded", receipt["reason"]
+    attempt = next(a for a in rules.list_attempts(stores, run_id) if a.attempt_id == receipt["attempt_id"])
+    assert attempt.mode == "resume" and attempt.resume_from.step == 64
+    [note] = attempt.skipped_checkpoints
+    assert note.startswith(f"step 128: {stores.model.url(key)}: sha256 expected")
+    evaluated = {e["checkpoint_step"]: e["status"] for e in receipt["evaluations"]}
+    assert evaluated[64] == "rejected", evaluated
+    # Named in the receipt as a failed evaluation (never run), never promoted, kept as evidence.
+    [failed] = [e for e in receipt["evaluations"] if e["checkpoint_step"] == 128 and e["status"] == "failed"]
+    record = next(rec for _, rec in rules.list_evaluations(stores, run_id) if rec and rec.checkpoint_sha256 == bad.sha256)
+    assert record.status == "failed" and "not evaluated" in record.error and stores.model.url(key) in record.error
+    assert receipt["promotion"]["sha256"] != bad.sha256
+    assert stores.model.exists(key) and list((run_dir / "checkpoints").glob(f"{local.parents[1].name}.corrupt-*"))
