@@ -255,7 +255,7 @@ def resolve_init_from(source: str, *, ref: str, overrides: list[str], optimizer:
                     run_id=manifest.run_id, path=str(Path(folder).resolve()), optimizer=optimizer)
 
 
-DUPLICATE_SIGINT_S = 1.0
+DUPLICATE_SIGINT_S = 0.5
 """A SIGINT this soon after the first is the same Ctrl-C delivered twice: once by the terminal to
 the process group and once relayed by a parent in it (``uv run`` relays SIGINT when it has no
 TTY), so it does not count as the second Ctrl-C."""

@@ -123,8 +123,14 @@ _SPARE_TARGET = 0
 _SPARE_REFILL = True
 
 
-def _warm_worker_main(conn: Any) -> None:
-    """Spare child process: import the heavy libraries now, then evaluate the request it is sent."""
+def _warm_worker_main(conn: Any, parent_pid: int | None = None) -> None:
+    """Spare child process: import the heavy libraries now, then evaluate the request it is sent.
+    Given ``parent_pid`` (a forked spare), it ends with its parent, SIGKILL included: it inherits the
+    other ends of the spares' pipes, so a closed pipe would never tell it."""
+    if parent_pid is not None:
+        from gradlab.learn.watch import die_with_parent
+
+        die_with_parent(signal.SIGKILL, parent_pid)
     try:
         import gymnasium  # noqa: F401
         import stable_baselines3.common.policies  # noqa: F401
@@ -175,7 +181,10 @@ def prewarm(count: int = 1, *, start_method: str = "spawn") -> None:
         _SPARES[:] = [(p, c) for p, c in _SPARES if p.is_alive()]
         while len(_SPARES) < _SPARE_TARGET:
             parent, child = ctx.Pipe(duplex=True)
-            process = ctx.Process(target=_warm_worker_main, args=(child,), daemon=True, name="gradlab-eval-spare")
+            # A forked spare (forked by the warm flow's main thread, before any other thread) ends
+            # with its parent: the kernel's parent-death signal follows the forking thread.
+            process = ctx.Process(target=_warm_worker_main, args=(child, os.getpid() if start_method == "fork" else None),
+                                  daemon=True, name="gradlab-eval-spare")
             with _sigint_blocked():
                 process.start()
             child.close()

@@ -68,3 +68,27 @@ def pid_alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
     except OSError:
         return True
+
+
+_PR_SET_PDEATHSIG = 1  # prctl(2), linux/prctl.h
+
+
+def die_with_parent(sig: int, parent_pid: int | None = None) -> None:
+    """Have the kernel send this process ``sig`` when its parent ends (Linux ``PR_SET_PDEATHSIG``);
+    elsewhere a no-op. With ``parent_pid``, a parent that already ended before the call gets the
+    same result at once (the signal is sent to this process now).
+
+    For children that would outlive a parent killed with SIGKILL: the background server under the
+    daemon, the evaluation spares forked by the warm flow (which also inherit the other ends of each
+    other's pipes, so a closed pipe would never tell them).
+    """
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(sig))
+    except (OSError, AttributeError):
+        return
+    if parent_pid is not None and os.getppid() != parent_pid:
+        signal.raise_signal(sig)
+

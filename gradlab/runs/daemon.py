@@ -21,7 +21,6 @@ server exits by itself, it stops the zygote and the server's process group (SIGT
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import logging
 import os
@@ -47,15 +46,11 @@ log = logging.getLogger(__name__)
 #: Flow-run state types that mean a run is using the server.
 BUSY_STATES = ("RUNNING", "PENDING", "CANCELLING")
 
-_PR_SET_PDEATHSIG = 1
-
-
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
     """The server gets SIGTERM if the daemon dies without stopping it (SIGKILL of the daemon)."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):
-        pass
+    from gradlab.learn.watch import die_with_parent
+
+    die_with_parent(signal.SIGTERM)
 
 
 class Daemon:

@@ -1,0 +1,36 @@
+"""Forked evaluation spares end with the process that forked them, even when it is SIGKILLed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+from tests.runs.conftest import pid_alive, wait_for
+
+FORK_SPARES = """
+import sys
+from gradlab.evaluation import backends
+backends.prewarm(2, start_method="fork")
+print(" ".join(str(p.pid) for p, _ in backends._SPARES), flush=True)
+sys.stdin.read()
+"""
+
+
+def test_forked_spares_end_when_their_parent_is_killed() -> None:
+    """The warm flow's child forks its spares; each inherits the other ends of the spares' pipes, so
+    only the kernel's parent-death signal ends a spare whose parent was SIGKILLed."""
+    proc = subprocess.Popen([sys.executable, "-c", FORK_SPARES], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    spares: list[int] = []
+    try:
+        spares = [int(p) for p in proc.stdout.readline().split()]
+        assert len(spares) == 2 and all(pid_alive(p) for p in spares)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+        wait_for(lambda: not any(pid_alive(p) for p in spares), 60, "the forked spares to end with their parent")
+    finally:
+        proc.kill()
+        for pid in spares:
+            if pid_alive(pid):
+                os.kill(pid, signal.SIGKILL)
