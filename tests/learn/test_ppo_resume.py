@@ -78,6 +78,11 @@ def test_sigkill_after_checkpoint_2_then_resume_equals_uninterrupted(tmp_path: P
     second = _ready(broken)[1]
     assert second["step"] == 120
     ckpt = Path(second["path"])
+    # On a loaded machine the learner may write a checkpoint or two more before SIGKILL lands; the
+    # scenario is a crash right after checkpoint 2, so those later folders never came to be.
+    for later in (broken / "checkpoints").iterdir():
+        if int(later.name.split("-")[0]) > 120:
+            shutil.rmtree(later)
     assert verify_checkpoint(ckpt).step == 120
     state = json.loads((ckpt / "resume" / "state.json").read_text())
     assert state["format"] == "gradlab.ppo.resume/1" and state["env_state"] == "lanes"
