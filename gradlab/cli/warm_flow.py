@@ -392,20 +392,11 @@ def _finish(conn: socket.socket, code: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-    import logging
+    from gradlab.learn.zygote import serve_main
 
-    parser = argparse.ArgumentParser(prog="python -m gradlab.cli.warm_flow", description=__doc__.splitlines()[0])
-    parser.add_argument("--dir", required=True, type=Path, help="The warm flow's folder ($GRADLAB_HOME/zygote/flow).")
-    parser.add_argument("--keeper-pid", type=int, default=None, help="Exit once this process is gone.")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level="INFO", stream=sys.stderr,
-                        format=f"%(asctime)s warm-flow[{os.getpid()}] %(levelname)s: %(message)s")
-    args.dir.mkdir(parents=True, exist_ok=True)
-    try:
-        return _FlowZygote(args.dir, args.keeper_pid).serve()
-    finally:
-        (args.dir / f"{os.getpid()}.pending").unlink(missing_ok=True)
+    return serve_main(argv, prog="python -m gradlab.cli.warm_flow", description=__doc__.splitlines()[0],
+                      folder="warm flow's folder ($GRADLAB_HOME/zygote/flow)", label="warm-flow",
+                      zygote_class=_FlowZygote)
 
 
 if __name__ == "__main__":

@@ -622,18 +622,27 @@ def _become_learner(argv: list[str], env: dict[str, str], cwd: str, log_path: st
             os._exit(code)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gradlab.learn.zygote", description=__doc__.splitlines()[0])
-    parser.add_argument("--dir", required=True, type=Path, help="The zygote folder ($GRADLAB_HOME/zygote).")
+def serve_main(argv: list[str] | None, *, prog: str, description: str, folder: str, label: str,
+               zygote_class: type) -> int:
+    """The command line of a zygote process (this module's and ``gradlab.cli.warm_flow``'s):
+    ``--dir FOLDER [--keeper-pid PID]``, log lines tagged ``label[pid]``, ``zygote_class(dir,
+    keeper_pid).serve()``; its ``PID.pending`` file is removed however it ends."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--dir", required=True, type=Path, help=f"The {folder}.")
     parser.add_argument("--keeper-pid", type=int, default=None, help="Exit once this process is gone.")
     args = parser.parse_args(argv)
     logging.basicConfig(level="INFO", stream=sys.stderr,
-                        format=f"%(asctime)s zygote[{os.getpid()}] %(levelname)s: %(message)s")
+                        format=f"%(asctime)s {label}[{os.getpid()}] %(levelname)s: %(message)s")
     args.dir.mkdir(parents=True, exist_ok=True)
     try:
-        return _Zygote(args.dir, args.keeper_pid).serve()
+        return zygote_class(args.dir, args.keeper_pid).serve()
     finally:
         (args.dir / f"{os.getpid()}.pending").unlink(missing_ok=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return serve_main(argv, prog="python -m gradlab.learn.zygote", description=__doc__.splitlines()[0],
+                      folder="zygote folder ($GRADLAB_HOME/zygote)", label="zygote", zygote_class=_Zygote)
 
 
 if __name__ == "__main__":
