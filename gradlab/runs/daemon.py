@@ -10,8 +10,11 @@ server:
 
 * a command registered in ``clients/`` whose process still runs (dead ones are removed), or the
   last registration or exit less than ``idle_s`` ago (the folder's mtime);
-* a flow run that is Running, Pending or Cancelling (``POST /api/flow_runs/count``), such as a
-  queued run a worker is executing. A Scheduled run waiting for a worker does not count.
+* a flow run that is Running, Pending or Cancelling (``POST /api/flow_runs/filter``), such as a
+  queued run a worker is executing. A Scheduled run waiting for a worker does not count. Nor does
+  one whose ``flow-runs/<id>`` record names a process that is gone (killed before its flow could
+  report an end): the daemon sets it Crashed, with a message naming the process, and removes the
+  record. Without that such a run would count as use for ever and the idle stop never come.
 
 Once nothing has for ``idle_s`` seconds (0 = never), on SIGTERM, SIGINT or SIGHUP, or when the
 server exits by itself, it stops the zygote and the server's process group (SIGTERM, SIGKILL after
@@ -36,6 +39,8 @@ from gradlab.runs.server import (
     clear_stale,
     client_alive,
     clients_dir,
+    flow_run_process_gone,
+    flow_runs_dir,
     healthy,
     read_state_file,
     write_state,
@@ -177,18 +182,60 @@ class Daemon:
                 busy = True
             else:
                 path.unlink(missing_ok=True)
-        return busy or self._active_flow_runs() != 0
+        active = self._active_flow_runs()  # also while a command is registered: it crashes killed runs
+        return busy or active != 0
+
+    def _api(self, path: str, body: dict) -> object:
+        request = urllib.request.Request(f"{self.state.api_url}{path}", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"}, method="POST")
+        with urllib.request.urlopen(request, timeout=5.0) as r:
+            return json.loads(r.read())
 
     def _active_flow_runs(self) -> int:
-        body = json.dumps({"flow_runs": {"state": {"type": {"any_": list(BUSY_STATES)}}}}).encode()
-        request = urllib.request.Request(f"{self.state.api_url}/flow_runs/count", data=body,
-                                         headers={"Content-Type": "application/json"}, method="POST")
+        """Flow runs in a busy state whose process may still run; -1 when the API cannot say.
+
+        One whose ``flow-runs/<id>`` record names a process that is gone is set Crashed (forced:
+        no client is left to report its end) and not counted; records of flow runs no longer busy
+        whose process is gone are removed."""
         try:
-            with urllib.request.urlopen(request, timeout=5.0) as r:
-                return int(json.loads(r.read()))
-        except (OSError, ValueError) as e:
-            log.warning("cannot count active flow runs (%s): counted as busy", e)
+            runs = self._api("/flow_runs/filter", {"flow_runs": {"state": {"type": {"any_": list(BUSY_STATES)}}},
+                                                    "limit": 200})
+            busy_ids = [str(r["id"]) for r in runs]  # type: ignore[union-attr,index]
+        except (OSError, ValueError, TypeError, KeyError) as e:
+            log.warning("cannot list active flow runs (%s): counted as busy", e)
             return -1
+        records = flow_runs_dir(self.home)
+        active = 0
+        for flow_run_id in busy_ids:
+            record = records / flow_run_id
+            gone = flow_run_process_gone(record) if record.is_file() else None
+            if gone is None or not self._crash(flow_run_id, gone):
+                active += 1
+            else:
+                record.unlink(missing_ok=True)
+        for record in records.iterdir() if records.is_dir() else ():
+            if record.name not in busy_ids and flow_run_process_gone(record) is not None:
+                record.unlink(missing_ok=True)  # ended (or crashed) after all: nothing to do
+        return active
+
+    def _crash(self, flow_run_id: str, pid: int) -> bool:
+        """Set flow run ``flow_run_id`` Crashed, its process ``pid`` being gone; False where the API refused."""
+        message = (f"the process running this flow run (pid {pid}) ended without reporting a final state "
+                   "(killed?); marked Crashed by the gradlab server daemon. `gradlab runs reconcile` or "
+                   "a retry closes the gradlab run's attempt.")
+        try:
+            result = self._api(f"/flow_runs/{flow_run_id}/set_state",
+                               {"state": {"type": "CRASHED", "name": "Crashed", "message": message}, "force": True})
+        except (OSError, ValueError) as e:
+            log.warning("cannot mark flow run %s Crashed (%s): still counted as busy", flow_run_id, e)
+            return False
+        status = result.get("status") if isinstance(result, dict) else None
+        if status != "ACCEPT":
+            log.warning("Prefect did not accept Crashed for flow run %s (%s): still counted as busy", flow_run_id,
+                        status)
+            return False
+        log.info("flow run %s: its process (pid %s) is gone; marked Crashed", flow_run_id, pid)
+        return True
 
     def _shutdown(self) -> None:
         from gradlab.learn.zygote import flow_zygote_dir, stop_zygotes, zygote_dir

@@ -19,6 +19,10 @@ UI keeps the history of past runs)::
     server.json    ServerState: daemon pid, URL, ready or starting (removed when the daemon exits)
     clients/<pid>  one per command using the server now, holding that process's start time
                    (removed at its exit, or by the daemon once the process is gone)
+    flow-runs/<id> one per flow run a local process is executing: its pid and start time, written
+                   by the flow at its start and removed at its end; a flow run still Running whose
+                   process is gone (kill -9) is marked Crashed by the daemon, which would otherwise
+                   count it as use for ever (:func:`record_flow_run`)
     startup.json   the last measured start-up time, seconds: a command waits for a server
                    another command is starting about as long as starting one takes
                    (:func:`expected_startup_s`), then uses Prefect's ephemeral server
@@ -350,6 +354,11 @@ def client_alive(path: Path) -> bool:
         ticks = path.read_text().strip()
     except (OSError, ValueError):
         return False
+    return _runs(pid, ticks)
+
+
+def _runs(pid: int, ticks: str) -> bool:
+    """True while process ``pid`` runs and started at ``ticks`` (empty: not recorded, any start)."""
     return pid_alive(pid) and (not ticks or start_ticks(pid) in (None, ticks))
 
 
@@ -370,6 +379,46 @@ def register_client(settings: Settings) -> None:
         return
     _registered.add(path)
     atexit.register(path.unlink, missing_ok=True)  # removing it also touches the folder: the last use
+
+
+def flow_runs_dir(home: Path) -> Path:
+    return home / "flow-runs"
+
+
+def record_flow_run(settings: Settings, flow_run_id: str) -> Path | None:
+    """Record that this process executes flow run ``flow_run_id`` (``flow-runs/<id>``: pid and start
+    ticks), so the daemon can tell a Running flow run whose process was killed from a live one.
+
+    The caller removes the file when the flow body ends (:func:`forget_flow_run`); a process killed
+    before that leaves it for the daemon. Returns the file, or None where it could not be written
+    (logged: the daemon then counts that flow run as use until it ends, as before).
+    """
+    directory = flow_runs_dir(prefect_home(settings))
+    path = directory / flow_run_id
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"{os.getpid()} {start_ticks(os.getpid()) or ''}")
+    except OSError as e:
+        log.warning("could not record flow run %s with the local Prefect server: %s", flow_run_id, e)
+        return None
+    return path
+
+
+def forget_flow_run(path: Path | None) -> None:
+    """Remove a :func:`record_flow_run` file (None: nothing was recorded)."""
+    if path is not None:
+        path.unlink(missing_ok=True)
+
+
+def flow_run_process_gone(path: Path) -> int | None:
+    """The pid a ``flow-runs/<id>`` file names when that process no longer runs (a recycled pid, one
+    with another start time, counts as gone); None while it runs or when the file cannot be read."""
+    try:
+        pid_text, _, ticks = path.read_text().partition(" ")
+        pid = int(pid_text)
+    except (OSError, ValueError):
+        return None
+    return None if _runs(pid, ticks.strip()) else pid
 
 
 #: Prefect settings every gradlab command sets for itself unless already set (``gradlab train``'s

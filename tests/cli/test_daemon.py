@@ -24,6 +24,7 @@ from gradlab.runs.server import (
     clients_dir,
     daemon_alive,
     ensure_server,
+    flow_runs_dir,
     prefect_home,
     read_state,
     start_ticks,
@@ -191,6 +192,12 @@ def test_the_first_command_starts_it_the_next_reuses_it_and_stop_leaves_nothing(
                 return False
 
         wait_for(training, 120, "the cancelled run training")
+        # The flow's process is on record (the daemon crashes the flow run if that process is killed):
+        # the warm flow's child, not the command.
+        records = list(flow_runs_dir(prefect_home(settings)).iterdir())
+        assert len(records) == 1, records
+        flow_pid = int(records[0].read_text().split()[0])
+        assert flow_pid != proc.pid and pid_alive(flow_pid)
         proc.send_signal(signal.SIGINT)
         stdout, stderr = proc.communicate(timeout=120)
     finally:
@@ -202,6 +209,7 @@ def test_the_first_command_starts_it_the_next_reuses_it_and_stop_leaves_nothing(
     assert cancelled["outcome"] == "cancelled" and cancelled["run_id"] == run_dir.name, cancelled
     assert "Ctrl-C" in cancelled["reason"]
     assert len(_forked_flows(home)) == 3
+    assert list(flow_runs_dir(prefect_home(settings)).iterdir()) == []  # removed as each flow ended
 
     # Without a warm flow (gone), the command runs the flow in its own process, as before.
     from gradlab.learn.zygote import retire
@@ -245,6 +253,14 @@ def test_concurrent_first_commands_start_one_daemon_which_stops_when_idle(settin
     assert log.count("INFO: started (idle timeout 6.0 s") == 1  # one daemon, one prefect server
     assert state.idle_s == 6.0 and read_state(settings) is not None
 
+    # A flow run left Running by a process that was killed (its flow-runs/ record names a pid that
+    # is gone) is marked Crashed and is no use: without that, the daemon would never idle out.
+    crashed = _a_running_flow_run_whose_process_was_killed(state.api_url, prefect_home(settings))
+    run = wait_for(lambda: (r := _flow_run(state.api_url, crashed))["state"]["type"] == "CRASHED" and r, 120,
+                   "the killed process's flow run marked Crashed")
+    assert "ended without reporting a final state" in run["state"]["message"]
+    assert not (flow_runs_dir(prefect_home(settings)) / crashed).exists()
+
     # A command still using it (this process) keeps it up past the idle timeout; once it is gone,
     # the server stops.
     held_until = time.monotonic() + 6.0 + 3.0
@@ -256,6 +272,32 @@ def test_concurrent_first_commands_start_one_daemon_which_stops_when_idle(settin
     log = (prefect_home(settings) / "daemon.log").read_text()
     assert "(idle timeout 6 s): stopping" in log and log.rstrip().endswith("INFO: stopped")
     _nothing_left(settings.home, [state.pid, state.server_pid])
+
+
+def _post(url: str, body: dict) -> dict:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"},
+                                     method="POST")
+    with urllib.request.urlopen(request, timeout=30) as r:
+        return json.loads(r.read())
+
+
+def _flow_run(api_url: str, flow_run_id: str) -> dict:
+    with urllib.request.urlopen(f"{api_url}/flow_runs/{flow_run_id}", timeout=30) as r:
+        return json.loads(r.read())
+
+
+def _a_running_flow_run_whose_process_was_killed(api_url: str, home: Path) -> str:
+    """A Running flow run (created through the API) recorded as executed by a process now gone."""
+    flow = _post(f"{api_url}/flows/", {"name": "training-run"})
+    run = _post(f"{api_url}/flow_runs/", {"flow_id": flow["id"], "name": "killed-mid-run",
+                                          "state": {"type": "RUNNING", "name": "Running"}})
+    victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    ticks = start_ticks(victim.pid)
+    victim.kill()  # kill -9: no flow code runs after it
+    victim.wait()
+    (flow_runs_dir(home)).mkdir(parents=True, exist_ok=True)
+    (flow_runs_dir(home) / run["id"]).write_text(f"{victim.pid} {ticks}")
+    return run["id"]
 
 
 def test_daemon_settings_come_from_the_environment_over_the_config_file(gradlab_home: Path,
