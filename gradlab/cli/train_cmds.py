@@ -178,14 +178,20 @@ def train(
     except Exception as e:  # Prefect could not start, or lost its API mid-run
         stop_display.set()
         learner.stop("the supervising flow failed", grace_s=10.0)
-        if _attempt_opened(spec.run_id):
+        receipt = stored_receipt(spec.run_id)  # sealed before Prefect was lost: the receipt is what counts
+        if receipt is not None:
+            err_console.print(f"Prefect: the supervising flow ended with {type(e).__name__} ({escape(str(e))}); "
+                              "the run's terminal receipt is sealed in the receipt store, and it is the run's "
+                              "outcome:", highlight=False)
+        elif _attempt_opened(spec.run_id):
             fail(f"run {spec.run_id}: the supervising flow failed ({type(e).__name__}: {e}). The run is in the "
                  f"receipt store with what it published: `gradlab runs retry {spec.run_id}` resumes it (or "
                  f"drains it if the learner had finished); `gradlab runs reconcile {spec.run_id}` closes it.")
-        fail(f"run {spec.run_id}: the training-run flow could not start ({type(e).__name__}: {e}). "
-             f"Nothing was recorded in the receipt store; the learner's local files are in {paths.root}. "
-             "Start a Prefect server with `gradlab server start` (see `gradlab server status`; or set "
-             "PREFECT_API_URL) and run again.")
+        else:
+            fail(f"run {spec.run_id}: the training-run flow could not start ({type(e).__name__}: {e}). "
+                 f"Nothing was recorded in the receipt store; the learner's local files are in {paths.root}. "
+                 "Start a Prefect server with `gradlab server start` (see `gradlab server status`; or set "
+                 "PREFECT_API_URL) and run again.")
     finally:
         stop_display.set()
         display.join(timeout=2)

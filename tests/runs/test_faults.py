@@ -340,3 +340,37 @@ def test_a_retry_passes_over_a_corrupt_published_checkpoint_and_succeeds(prefect
     assert record.status == "failed" and "not evaluated" in record.error and stores.model.url(key) in record.error
     assert receipt["promotion"]["sha256"] != bad.sha256
     assert stores.model.exists(key) and list((run_dir / "checkpoints").glob(f"{local.parents[1].name}.corrupt-*"))
+
+
+# The Prefect API lost after the run's receipt was sealed, as ``gradlab server stop --force`` during
+# a run does: the flow call then raises the client's connection error. The wrapper calls the real
+# flow (the real engine, against the test server) and raises the error httpx gives for a refused
+# connection once the flow has returned.
+_API_LOST_AFTER_SEAL = """
+import sys, httpx
+import gradlab.cli.train_cmds as train_cmds
+real = train_cmds.run_flow
+def run_flow(**params):
+    real(**params)
+    raise httpx.ConnectError("All connection attempts failed")
+train_cmds.run_flow = run_flow
+from gradlab.cli.app import main
+sys.argv = ["gradlab", *sys.argv[1:]]
+main()
+"""
+
+
+@pytest.mark.slow
+def test_a_prefect_api_lost_after_the_receipt_was_sealed_reports_the_receipt(prefect_api: str,
+                                                                           gradlab_home: Path) -> None:
+    import sys
+
+    from tests.runs.conftest import REPO
+
+    out = subprocess.run([sys.executable, "-c", _API_LOST_AFTER_SEAL, "train", "gradlab__bandit/ppo", "--json"],
+                         capture_output=True, text=True, cwd=REPO, env=gradlab_env(prefect_api), timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]  # the receipt says succeeded: so does the exit code
+    receipt = last_json_line(out.stdout)
+    assert receipt["outcome"] == "succeeded" and receipt["promotion"] is not None
+    assert "Prefect: the supervising flow ended with ConnectError (All connection attempts failed)" in out.stderr
+    assert "the supervising flow failed" not in out.stderr
