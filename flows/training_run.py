@@ -266,11 +266,10 @@ def training_run(
         otherwise a Cancelled or Failed state whose data is a :class:`RunNotSucceeded` carrying it.
         The run succeeded only if the receipt says so.
     """
-    from gradlab.learn.zygote import zygote_dir
     from gradlab.runs import operations
     from gradlab.runs.driver import AttemptDriver
     from gradlab.runs.process import LearnerProcess
-    from gradlab.runs.server import forget_flow_run
+    from gradlab.runs.server import forget_flow_run, warm_learner_dir
     from gradlab.settings import load_settings, secure_home
     from gradlab.stores import open_stores
 
@@ -298,7 +297,7 @@ def training_run(
                 learner = attached
             else:
                 learner = run_tasks.start_learner.with_options(timeout_seconds=limits.start_learner_s)(
-                    spec.run_id, paths, plan.resume_dir, zygote_dir(settings.home))
+                    spec.run_id, paths, plan.resume_dir, warm_learner_dir(settings))
             if spec.evaluate and spec.goal.evaluation_mode == "evaluated":
                 operations.prewarm_evaluation(eval_backend)
             mode = wandb_mode or settings.wandb_mode or spec.recipe.logging.wandb_mode

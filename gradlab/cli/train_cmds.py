@@ -138,9 +138,9 @@ def train(
     # Every contract problem, and an environment this machine cannot build, before anything is created.
     runnable_or_exit(resolve_or_exit(ref, overrides))
     from gradlab.contracts.run_spec import new_run_id
-    from gradlab.learn.zygote import zygote_dir
     from gradlab.runs import operations
     from gradlab.runs.process import LearnerProcess
+    from gradlab.runs.server import warm_learner_dir
     from gradlab.settings import load_settings
 
     settings = load_settings()
@@ -148,7 +148,7 @@ def train(
         if init_from else None
     spec, paths = operations.prepare_spec(settings, recipe=ref, seed=seed, overrides=list(overrides or []),
                                           run_id=new_run_id(), evaluate=not no_eval, init_from=parent)
-    learner = LearnerProcess.start(paths, zygote=zygote_dir(settings.home))
+    learner = LearnerProcess.start(paths, zygote=warm_learner_dir(settings))
     _cancel_on_ctrl_c()
     if spec.evaluate and spec.goal.evaluation_mode == "evaluated":
         # The flow (in this process) takes its evaluation worker from here: it imports torch while
@@ -305,11 +305,11 @@ def _attempt_opened(run_id: str) -> bool:
 def _keep_zygote_warm(settings) -> None:
     """With a local server up, make sure the warm learner and the warm flow are there for the next
     run (started after this run so that their imports do not compete with it)."""
-    from gradlab.runs.server import running_server, warm_processes
+    from gradlab.runs.server import running_server, warm_learner_dir, warm_processes
 
     try:
         state = running_server(settings)
-        if state is not None:
+        if state is not None and warm_learner_dir(settings) is not None:  # not for GRADLAB_DAEMON=0 alone
             warm_processes(settings.home, keeper_pid=state.pid, api_url=state.api_url)
     except OSError as e:  # a convenience for the next run: never fails this one
         err_console.print(f"could not start a warm learner for the next run: {escape(str(e))}")

@@ -381,6 +381,25 @@ def register_client(settings: Settings) -> None:
     atexit.register(path.unlink, missing_ok=True)  # removing it also touches the folder: the last use
 
 
+def warm_learner_dir(settings: Settings) -> Path | None:
+    """The warm learner's folder (``gradlab.learn.zygote``) when this process may have it fork its
+    learner, else None (a cold start).
+
+    With the daemon on, always: its server is the one commands use. With ``GRADLAB_DAEMON=0``,
+    only when this process's Prefect API (``PREFECT_API_URL`` / ``[prefect] api_url``) is the local
+    server that keeps it: the opt-out means no background process serves a command that did not
+    ask for it, but one pointed at that server by hand has asked.
+    """
+    directory = zygote_dir(settings.home)
+    if settings.daemon:
+        return directory
+    api = os.environ.get("PREFECT_API_URL") or settings.prefect_api_url
+    state = read_state(settings)
+    if api and state is not None and api.rstrip("/") == state.api_url.rstrip("/"):
+        return directory
+    return None
+
+
 def flow_runs_dir(home: Path) -> Path:
     return home / "flow-runs"
 

@@ -96,6 +96,27 @@ def test_a_stale_state_file_is_removed(settings) -> None:
     assert out.returncode == 0 and out.stdout.strip() == "no server was running"
 
 
+def test_the_opt_out_uses_a_warm_learner_only_when_pointed_at_its_server(gradlab_home: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server an earlier daemon left up keeps its warm learner; GRADLAB_DAEMON=0 commands start
+    their learner cold unless their Prefect API is that server (set by hand)."""
+    from gradlab.learn.zygote import zygote_dir
+    from gradlab.runs.server import ServerState, warm_learner_dir, write_state
+
+    phome = gradlab_home / "prefect"
+    phome.mkdir(parents=True, exist_ok=True)
+    write_state(phome, ServerState(pid=os.getpid(), url="http://127.0.0.1:4321", home=str(phome)))
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    monkeypatch.setenv("GRADLAB_DAEMON", "1")
+    assert warm_learner_dir(load_settings()) == zygote_dir(gradlab_home)
+    monkeypatch.setenv("GRADLAB_DAEMON", "0")
+    assert warm_learner_dir(load_settings()) is None  # Prefect's ephemeral server: nothing of the daemon's
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9999/api")
+    assert warm_learner_dir(load_settings()) is None  # another server
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:4321/api/")
+    assert warm_learner_dir(load_settings()) == zygote_dir(gradlab_home)
+
+
 def test_opt_out_starts_nothing(settings) -> None:
     """GRADLAB_DAEMON=0: experiment commands refuse as before; train's Prefect is the ephemeral one."""
     out = gradlab("experiment", "list", env=_env(GRADLAB_DAEMON="0"))
