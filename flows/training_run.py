@@ -218,8 +218,9 @@ def _sealing_hook(outcome: str, what: str) -> Any:
             settings = load_settings()
             paths = RunPaths(settings.run_dir(run_id))
             message = state.message or state.name
+            reason = message if message.lower().startswith(f"{what}:") else f"{what}: {message}"  # not "cancelled: cancelled:"
             receipt = operations.close_abandoned_attempt(open_stores(settings), paths if paths.root.is_dir() else None,
-                                                         run_id, outcome=outcome, reason=f"{what}: {message}")
+                                                         run_id, outcome=outcome, reason=reason)
         except Exception as e:  # noqa: BLE001 - a hook must not fail the engine; the reconciler is the guarantee
             log.warning("run %s: %s hook could not seal the attempt: %s", run_id, what, e)
             return

@@ -7,6 +7,7 @@ CLI renders it with rich (``gradlab train``) and in ``gradlab experiment status`
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -38,6 +39,9 @@ class RunProgress:
     accepted_steps: set[int] = field(default_factory=set)
     #: Seconds each evaluation took, submit to result (``orchestration/eval/seconds``).
     eval_seconds: list[float] = field(default_factory=list)
+    #: False for a run that publishes but never evaluates (``--no-eval``): read from the run
+    #: folder's ``spec.json`` at the first refresh (True when it cannot be read).
+    evaluating: bool | None = None
     _rate_window: list[tuple[float, int]] = field(default_factory=list)
     #: (event time, step) of recent metrics events: the rate as the learner wrote it.
     _event_window: list[tuple[datetime, int]] = field(default_factory=list)
@@ -46,6 +50,11 @@ class RunProgress:
         """Read events since the last refresh (no-op while the outbox does not exist yet)."""
         if not self.outbox_path.exists():
             return self
+        if self.evaluating is None:
+            try:
+                self.evaluating = json.loads((self.outbox_path.parent / "spec.json").read_text()).get("evaluate") is not False
+            except (OSError, ValueError, AttributeError):
+                self.evaluating = True
         from gradlab.outbox import Outbox
 
         outbox = Outbox(self.outbox_path, readonly=True)
@@ -92,6 +101,8 @@ class RunProgress:
     def evaluations_left(self) -> int:
         """Announced checkpoints not evaluated yet that still will be: none above the lowest accepted
         step (the supervisor defers those; promotion takes the lowest accepted one)."""
+        if self.evaluating is False:
+            return 0
         lowest = min(self.accepted_steps, default=None)
         return sum(1 for s in self.ready_steps - self.evaluated_steps if lowest is None or s < lowest)
 

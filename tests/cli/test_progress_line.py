@@ -57,6 +57,17 @@ def test_a_finished_learner_says_how_many_evaluations_remain_and_how_long(tmp_pa
     outbox.close()
 
 
+def test_a_run_that_never_evaluates_has_no_evaluations_left(tmp_path: Path) -> None:
+    import json
+
+    outbox = _finished_run(tmp_path / "outbox.sqlite")
+    (tmp_path / "spec.json").write_text(json.dumps({"evaluate": False}))  # `gradlab train --no-eval`
+    progress = RunProgress(tmp_path / "outbox.sqlite", 3000).refresh()
+    assert progress.evaluating is False and progress.evaluations_left == 0
+    assert "learner done, finishing" in _progress_line(progress)
+    outbox.close()
+
+
 def test_off_a_terminal_a_line_is_printed_only_when_something_changed(tmp_path: Path) -> None:
     from gradlab.cli.train_cmds import _LinePrinter
 
