@@ -53,12 +53,16 @@ class ResolvedCheckpoint:
         spec_source: where the spec was read (file path or store URL), for error messages.
         origin: ``directory`` (given as a folder), ``local`` (the run directory's copy),
             ``cache`` (an earlier download) or ``downloaded`` (fetched from the model store now).
+        fallback: for a bare ``RUN_ID`` whose run promoted no checkpoint, what was taken instead
+            (``"the newest published checkpoint (step N)"``); None when the ref named the checkpoint
+            or the promoted one was taken. Commands that publish or export warn with it.
     """
 
     path: Path
     spec: dict[str, Any]
     spec_source: str
     origin: str
+    fallback: str | None = None
 
 
 def _checkpoint_step(path: Path) -> int | None:
@@ -246,16 +250,16 @@ def resolve_checkpoint(ref: str, *, settings: Settings | None = None, stores: St
     promotion = rules.read_promotion(stores, run_id)
     local = list_checkpoints(run_dir)
 
-    def done(folder: Path, origin: str) -> ResolvedCheckpoint:
-        return ResolvedCheckpoint(path=folder, spec=spec, spec_source=spec_source, origin=origin)
+    def done(folder: Path, origin: str, fallback: str | None = None) -> ResolvedCheckpoint:
+        return ResolvedCheckpoint(path=folder, spec=spec, spec_source=spec_source, origin=origin, fallback=fallback)
 
-    def local_newest(candidates: list[Path], what: str) -> ResolvedCheckpoint:
+    def local_newest(candidates: list[Path], what: str, fallback: bool = False) -> ResolvedCheckpoint:
         from gradlab.checkpoints import verify_checkpoint
 
         folder = candidates[-1]
-        verify_checkpoint(folder)
+        manifest = verify_checkpoint(folder)
         logger.info("run %s: %s is the local checkpoint %s (not published)", run_id, what, folder)
-        return done(folder, "local")
+        return done(folder, "local", f"{what} (step {manifest.step}, local, not published)" if fallback else None)
 
     if step_text:
         step = int(step_text)
@@ -276,9 +280,10 @@ def resolve_checkpoint(ref: str, *, settings: Settings | None = None, stores: St
     if publications:
         pub = publications[-1]
         return done(*_materialize(stores, settings, run_id, pub.step, pub.sha256, pub,
-                                  what="the newest published checkpoint"))
+                                  what="the newest published checkpoint"),
+                    fallback=f"the newest published checkpoint (step {pub.step})")
     if local:
-        return local_newest(local, "the newest checkpoint")
+        return local_newest(local, "the newest checkpoint", fallback=True)
     raise NotFound(f"run {run_id}: no checkpoint (no promotion or publication under "
                    f"{stores.control.url(keys.run_prefix(run_id))}, nothing under {run_dir / 'checkpoints'})")
 

@@ -106,8 +106,9 @@ def test_rl_zoo_plays_a_normalised_acrobot_with_its_statistics(tmp_path: Path) -
     assert yaml.safe_load((meta / "config.yml").read_text())["normalize"] == {"norm_obs": True, "norm_reward": True}
 
 
-def test_export_of_a_provider_rl_zoo_cannot_build_writes_the_sb3_files(tmp_path: Path) -> None:
-    run_dir = train_run(tmp_path / "runs", "gradlab__bandit/ppo", run_id="gradlab-20260101T000000-000ba4d1",
+def test_export_of_a_provider_rl_zoo_cannot_build_writes_the_sb3_files(tmp_path: Path, gradlab_home: Path) -> None:
+    run_id = "gradlab-20260101T000000-000ba4d1"
+    run_dir = train_run(gradlab_home / "runs", "gradlab__bandit/ppo", run_id=run_id,
                         overrides=("train.timesteps=1024", "train.checkpoint_freq=1024"))
     ckpt = list_checkpoints(run_dir)[-1]
     out = gradlab("export", str(ckpt), "--format", "rl-zoo", "--out", str(tmp_path / "out"))
@@ -115,4 +116,11 @@ def test_export_of_a_provider_rl_zoo_cannot_build_writes_the_sb3_files(tmp_path:
     assert "rl-zoo3 cannot build gradlab:Bandit-v0 (provider 'gradlab' is not a gymnasium registry env" in out.stderr
     assert "exported the SB3 files only" in out.stderr
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["gradlab_export.json", "policy.zip"]
+    assert "promoted no checkpoint" not in out.stderr  # a folder names its checkpoint
     assert gradlab("export", str(ckpt), "--format", "onnx", "--out", str(tmp_path / "x")).returncode == 2
+    # By run id: the run promoted nothing (never supervised), so the export says what it took instead.
+    by_id = gradlab("export", run_id, "--format", "sb3", "--out", str(tmp_path / "by-id"))
+    assert by_id.returncode == 0, by_id.stderr
+    assert (f"note: run {run_id} promoted no checkpoint (no checkpoint passed its acceptance rule, or the run has "
+            "not finished): exporting the newest checkpoint (step 1024, local, not published)") in " ".join(
+                by_id.stderr.split())
