@@ -161,8 +161,11 @@ def retry(
 ) -> None:
     """A new attempt of RUN_ID: refused while its lease is live; drain-only if the learner had
     finished; otherwise the learner resumes from the last published checkpoint."""
-    from gradlab.cli.train_cmds import _summary, configure_prefect, run_flow
+    from gradlab.cli.train_cmds import LiveProgress, _summary, configure_prefect, run_flow
+    from gradlab.errors import NotFound
+    from gradlab.receipts import rules
     from gradlab.receipts.lease import read_lease
+    from gradlab.settings import load_settings
 
     stores = _stores()
     view = run_view(stores, run_id)
@@ -176,12 +179,24 @@ def retry(
     import time
 
     started = time.monotonic()
-    configure_prefect()
+    published = max((c["step"] for c in view["checkpoints"]), default=None)
+    resumes = f"the learner resumes from the newest usable published checkpoint (step {published:,} or before)" if published is not None \
+        else "the learner starts from step 0 (nothing was published)"
+    err_console.print(f"run [bold]{run_id}[/]: attempt {len(view['attempts']) + 1}; {resumes}, or only the pending "
+                      "work is drained if the learner had finished", highlight=False)
+    err_console.print(f"Prefect API: {escape(configure_prefect())}", highlight=False)
+    try:
+        timesteps = int(rules.read_run_spec(stores, run_id)["recipe"]["train"]["timesteps"])
+    except (NotFound, KeyError, TypeError, ValueError):
+        timesteps = 0
+    display = LiveProgress(load_settings().run_dir(run_id) / "outbox.sqlite", timesteps).start()
     try:
         receipt, state = run_flow(recipe=None, seed=view["run"]["seed"], wandb_mode=wandb, eval_backend=eval_backend,
                                   run_id=run_id)
     except KeyboardInterrupt:
         receipt, state = None, None
+    finally:
+        display.stop()
     if receipt is None:
         why = f": {state.message}" if state is not None and state.message else ""
         fail(f"run {run_id}: the retry sealed no receipt{why}; see `gradlab runs show {run_id}`")

@@ -161,12 +161,7 @@ def train(
                       highlight=False)
     api = configure_prefect()
     err_console.print(f"Prefect API: {escape(api)}", highlight=False)
-    stop_display = threading.Event()
-    printer = _LinePrinter()
-    display = threading.Thread(target=_show_progress,
-                               args=(paths.outbox, spec.recipe.train.timesteps, stop_display, printer),
-                               daemon=True)
-    display.start()
+    display = LiveProgress(paths.outbox, spec.recipe.train.timesteps).start()
     receipt, state = None, None
     interrupted = False
     try:
@@ -176,7 +171,7 @@ def train(
     except KeyboardInterrupt:
         interrupted = True
     except Exception as e:  # Prefect could not start, or lost its API mid-run
-        stop_display.set()
+        display.stop()
         learner.stop("the supervising flow failed", grace_s=10.0)
         receipt = stored_receipt(spec.run_id)  # sealed before Prefect was lost: the receipt is what counts
         if receipt is not None:
@@ -193,10 +188,7 @@ def train(
                  "Start a Prefect server with `gradlab server start` (see `gradlab server status`; or set "
                  "PREFECT_API_URL) and run again.")
     finally:
-        stop_display.set()
-        display.join(timeout=2)
-        if not err_console.is_terminal:  # the last periodic line may be up to 10 s old
-            _print_final_progress(paths.outbox, spec.recipe.train.timesteps, printer)
+        display.stop()
         if learner.exit_code() is None:  # the flow never took the learner over (e.g. it failed to start)
             learner.stop("the supervising flow ended", grace_s=10.0)
     if receipt is None:
@@ -416,6 +408,31 @@ class _LinePrinter:
         self.out(line)
         self.last_line, self.last_milestones, self.printed_at = line, progress.milestones, now
         return True
+
+
+class LiveProgress:
+    """A run's progress on stderr from ``start()`` until ``stop()`` (:func:`_show_progress` in a
+    thread); off a terminal, ``stop()`` prints the final line (the last periodic one may be 10 s
+    old). ``stop()`` twice is harmless."""
+
+    def __init__(self, outbox_path: Path, timesteps: int) -> None:
+        self.outbox_path, self.timesteps = outbox_path, timesteps
+        self._stop = threading.Event()
+        self._printer = _LinePrinter()
+        self._thread = threading.Thread(target=_show_progress, args=(outbox_path, timesteps, self._stop, self._printer),
+                                        daemon=True)
+
+    def start(self) -> LiveProgress:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self._thread.join(timeout=2)
+        if not err_console.is_terminal:
+            _print_final_progress(self.outbox_path, self.timesteps, self._printer)
 
 
 def _print_final_progress(outbox_path, timesteps: int, printer: _LinePrinter) -> None:
