@@ -206,7 +206,7 @@ class AttemptDriver:
         evaluated = sup.evaluate
         if finished is None or (learner_exit not in (0, None)):
             outcome, reason = "failed", (f"the learner exited with code {learner_exit} before finishing"
-                                         f"{self._disk_full()}{self._learner_said()}")
+                                         f"{self._disk_full()}{self._learner_said(learner_exit)}")
         elif failures:
             steps = ", ".join(str(t.step) for t in failures)
             outcome, reason = "failed", f"checkpoints at steps {steps} could not be published: {failures[0].publish_error}"
@@ -232,8 +232,19 @@ class AttemptDriver:
         return self._seal(outcome, reason, final_step, drained=sup.drained(),
                           learner=LearnerExit(exit_code=learner_exit, stop_reason=stop_reason))
 
-    def _learner_said(self) -> str:
-        """The learner log's last line (its error for a bad spec or checkpoint), for the receipt's reason."""
+    def _learner_said(self, code: int | None = None) -> str:
+        """The learner log's last line (its error for a bad spec or checkpoint), for the receipt's reason.
+
+        For a learner killed by a signal (``code`` < 0, as ``subprocess`` reports it), the signal
+        instead: a killed process writes nothing, so its last line would explain nothing."""
+        if code is not None and code < 0:
+            import signal
+
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            return f" (killed by {name}, not by an error of its own; its log: {self.paths.learner_log})"
         try:
             lines = [line for line in self.paths.learner_log.read_text(errors="replace").splitlines() if line.strip()]
         except OSError:
