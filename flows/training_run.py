@@ -78,6 +78,23 @@ class _ThreadTimeoutNotice(logging.Filter):
 logging.getLogger("prefect.task_runs").addFilter(_ThreadTimeoutNotice())
 
 
+class _DomainErrorTraceback(logging.Filter):
+    """Keeps Prefect's one-line notice of a task that raised one of our own errors (a store that
+    is down, a checkpoint that fails verification: ``gradlab.errors.GradlabError``) and drops its
+    traceback: the error names the file, key or store, the supervisor records it and the receipt
+    names it, while a traceback for every retry of every checkpoint buried the progress display."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from gradlab.errors import GradlabError
+
+        if record.exc_info and isinstance(record.exc_info[1], GradlabError):
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+logging.getLogger("prefect.task_runs").addFilter(_DomainErrorTraceback())
+
+
 class _ReportedOutcome(logging.Filter):
     """Drops the engine's "exited with unexpected exception" traceback when the exception is our
     :class:`RunNotSucceeded`: under a worker the engine re-raises a Failed state's data at the end

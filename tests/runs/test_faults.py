@@ -256,11 +256,12 @@ def test_s3_down_during_publication_is_retried(prefect_api: str, gradlab_home: P
 
 @pytest.mark.slow
 def test_an_s3_outage_longer_than_the_retries_fails_the_task_with_its_cause_and_writes_nothing(
-        prefect_api: str, s3_server) -> None:  # noqa: F811
+        prefect_api: str, s3_server, capfd: pytest.CaptureFixture[str]) -> None:  # noqa: F811
     """A task facing an outage that outlasts its retries: every try is made (the retry policy's
     count), the final state is Failed with the transient cause naming the endpoint, nothing is
     written; once the store is back the same call succeeds. The delays are shortened here (the
-    policy's are 1, 2, 4, 8 s)."""
+    policy's are 1, 2, 4, 8 s). Prefect's notice of each failed try is one line, no traceback."""
+    import flows.training_run  # noqa: F401 - installs the training flow's log filters
     from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_API_URL, PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW, temporary_settings
 
@@ -286,6 +287,8 @@ def test_an_s3_outage_longer_than_the_retries_fails_the_task_with_its_cause_and_
         assert rules.read_stop_request(stores, run_id) is None  # nothing was written during the outage
         again = task(stores, run_id, "attempt-001", "accepted:2048", return_state=True)
     assert again.is_completed(), again
+    err = capfd.readouterr().err
+    assert err.count("StoreUnavailable") >= RETRIES and "Traceback" not in err, err[-3000:]
     assert rules.read_stop_request(stores, run_id).reason == "accepted:2048"
 
 
