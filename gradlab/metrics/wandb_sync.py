@@ -41,14 +41,20 @@ def rebuild_history(run_dir: Path, run_id: str, project: str, *, entity: str | N
 
     Raises:
         SyncFailed: W&B could not write the offline run (its error).
+        NotFound: the run folder has no journal.
     """
+    from gradlab.errors import NotFound
     from gradlab.metrics.journal import Journal
     from gradlab.metrics.wandb_sink import WandbSink, offline_segments
 
     run_dir = Path(run_dir)
+    journal = run_dir / "journal.jsonl"
+    try:  # read-only: a live run may be appending to it (a torn last line is left out, not cut)
+        entries = Journal(journal, readonly=True).read()
+    except FileNotFoundError:
+        raise NotFound(f"{journal}: no metrics journal (the run wrote no metrics on this machine)") from None
     target = run_dir / SYNC_DIR
     shutil.rmtree(target, ignore_errors=True)
-    entries = Journal(run_dir / "journal.jsonl").read()
     sink = WandbSink(run_id, "offline", target, project, {"rebuilt_from": "journal"}, entity=entity)
     for n, entry in enumerate(entries, start=1):
         if not sink.log(n, entry.metrics):  # W&B's step (and orchestration/event_seq) is the position n

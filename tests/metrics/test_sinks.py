@@ -216,8 +216,12 @@ def test_runs_sync_rebuilds_one_history_from_the_surviving_lineage(tmp_path: Pat
     first.write_many([(n, _train(2048 * n, float(n))) for n in (1, 2, 3, 4)])
     second = Journal(run_dir / "journal.jsonl", outbox="b" * 16, attempt="attempt-002")
     second.write_many([(n, _train(2048 * (n + 2), 10.0 + n)) for n in (1, 2, 3)])  # resumed from 4096
+    with open(run_dir / "journal.jsonl", "ab") as f:  # a live writer half-way through its next line
+        f.write(b'{"event_seq": 4, "metr')
+    before = (run_dir / "journal.jsonl").read_bytes()
     folder, points = rebuild_history(run_dir, run_id, "gradlab-tests")
     assert points == 5 and folder.is_dir()
+    assert (run_dir / "journal.jsonl").read_bytes() == before  # read only: the writer's half line is its own
     rows = read_offline_history(run_dir / "wandb-sync", run_id)
     assert [r["train/global_step"] for r in rows] == [2048, 4096, 6144, 8192, 10240]
     assert [r["train/episode/return/shaped/mean"] for r in rows] == [1.0, 2.0, 11.0, 12.0, 13.0]
