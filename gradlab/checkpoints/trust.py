@@ -6,7 +6,7 @@ reads JSON / npz / safetensors and evaluation the weights-only policy. Being ins
 directory or a file store is *not* trust: anyone with write access to a store could place a file
 there. A foreign SB3 zip is unpickled only when the user explicitly trusts it:
 
-* the caller passes ``trust_model=True`` (the ``--trust-model`` flag), or names its folder in
+* the caller passes ``trust_model=True`` (it vouches for the file), or names its folder in
   ``own_roots`` (a caller that created the file itself in this process), or
 * its resolved path or URL matches a pattern of ``GRADLAB_TRUSTED_MODEL_SOURCES``
   (``fnmatch`` patterns separated by ``,`` or whitespace, e.g. ``/data/models/*``).
@@ -62,7 +62,7 @@ def require_trust(path: Path, *, own_roots: Iterable[Path] = (), trust_model: bo
     if not is_trusted(path, own_roots=own_roots, trust_model=trust_model):
         raise TrustError(
             f"{path}: refusing to unpickle an SB3 zip that was not explicitly trusted; "
-            f"pass --trust-model or add a matching pattern to {TRUST_ENV} "
+            f"pass trust_model=True (a caller that vouches for it) or add a matching pattern to {TRUST_ENV} "
             "(the weights-only policy.safetensors needs no trust)"
         )
 

@@ -19,7 +19,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spec", required=True, type=Path, help="RUN_SPEC.json (gradlab.contracts.run_spec.RunSpec).")
     parser.add_argument("--run-dir", required=True, type=Path, help="Run directory (outbox.sqlite, checkpoints/).")
     parser.add_argument("--resume-from", type=Path, default=None, help="Checkpoint folder to continue from.")
-    parser.add_argument("--trust-model", action="store_true", help="Trust a checkpoint from outside this run's directories.")
     parser.add_argument("--stop-at-step", type=int, default=None, help="Stop (as if requested) at the first boundary at or past N steps.")
     parser.add_argument("--parent-pid", type=int, default=None,
                         help="The supervising process; the learner stops (supervisor_lost) once it is gone.")
@@ -40,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.spec}: not a valid run spec: {e}", file=sys.stderr)
         return 2
     try:
-        result = run_learner(spec, args.run_dir, resume_from=args.resume_from, trust_model=args.trust_model,
+        result = run_learner(spec, args.run_dir, resume_from=args.resume_from,
                              stop_at_step=args.stop_at_step, parent_pid=args.parent_pid)
     except PermanentError as e:
         print(f"gradlab.learn: {e}", file=sys.stderr)

@@ -106,7 +106,7 @@ def backend_config_sha256(spec: RunSpec) -> str:
     return sha256_json({"id": backend.id, "config": backend.config})
 
 
-def run_learner(spec: RunSpec, run_dir: Path, *, resume_from: Path | None = None, trust_model: bool = False,
+def run_learner(spec: RunSpec, run_dir: Path, *, resume_from: Path | None = None,
                 stop_at_step: int | None = None, env: Any | None = None,
                 watch_parent: bool = True, parent_pid: int | None = None) -> LearnerResult:
     """Train one run to its budget or a stop, writing the outbox and checkpoints in ``run_dir``.
@@ -116,7 +116,6 @@ def run_learner(spec: RunSpec, run_dir: Path, *, resume_from: Path | None = None
         run_dir: the run directory (``outbox.sqlite`` and ``checkpoints/`` go here).
         resume_from: a checkpoint folder to continue from (verified first; the supervisor verifies
             it against its publication receipt too). Nothing of it is unpickled.
-        trust_model: accepted for command-line compatibility; resume needs no trust (no pickle).
         stop_at_step: behave as if a stop were requested once ``num_timesteps >= stop_at_step``
             (for tests and manual runs; the stop reason is ``stop_requested``).
         env: a vector env to train on instead of the backend's ``make_env(spec)`` (benchmarks, tests): an

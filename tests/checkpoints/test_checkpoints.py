@@ -134,7 +134,7 @@ def test_weights_only_policy_matches_sb3(trained: Path) -> None:
 def test_trust_rules_for_the_sb3_zip(trained: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     outside = tmp_path / "downloads" / "ckpt"
     shutil.copytree(list_checkpoints(trained)[-1], outside)
-    with pytest.raises(TrustError, match=r"downloads/ckpt/policy.zip: refusing to unpickle.*--trust-model"):
+    with pytest.raises(TrustError, match=r"downloads/ckpt/policy.zip: refusing to unpickle.*trust_model=True"):
         load_sb3_model(outside, algorithm="ppo")
     assert load_sb3_model(outside, algorithm="ppo", trust_model=True).num_timesteps == 512
     assert load_sb3_model(outside, algorithm="ppo", own_roots=[tmp_path / "downloads"]).num_timesteps == 512
