@@ -255,7 +255,7 @@ def _become_flow(argv: list[str], env: dict[str, str], cwd: str, stdio: list[int
                  listener: socket.socket, ready_w: int, go_r: int) -> None:
     """In the forked child: take the requester's descriptors, environment and directory, run
     ``gradlab ARGV``, report the exit code on ``conn``, exit."""
-    try:
+    def setup() -> None:
         listener.close()
         os.setsid()
         for sig in (signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE, signal.SIGHUP, signal.SIGQUIT):
@@ -269,16 +269,8 @@ def _become_flow(argv: list[str], env: dict[str, str], cwd: str, stdio: list[int
         os.chdir(cwd)
         os.environ.clear()
         os.environ.update(env)
-    except BaseException as e:  # noqa: BLE001 - reported to the requester
-        os.write(ready_w, f"flow setup failed: {type(e).__name__}: {e}".encode())
-        os.close(ready_w)
-        os._exit(1)
-    os.write(ready_w, b"1")
-    os.close(ready_w)
-    go = os.read(go_r, 1)
-    os.close(go_r)
-    if go != b"g":
-        os._exit(1)
+
+    zygote.set_up_then_wait_for_go(setup, ready_w, go_r, what="flow")
     global _in_child
     _in_child = True
     code = 1

@@ -573,37 +573,47 @@ class _Zygote:
         return None
 
 
+def set_up_then_wait_for_go(setup: Callable[[], None], ready_w: int, go_r: int, *, what: str) -> None:
+    """In a child forked by :meth:`_Zygote._fork_confirmed`: run ``setup``, report it on ``ready_w``
+    (b"1", or ``"<what> setup failed: ..."`` and exit 1), then block until the requester's go on
+    ``go_r`` (b"g"); anything else (b"", EOF: the requester went away) exits 1."""
+    try:
+        setup()
+    except BaseException as e:  # noqa: BLE001 - reported to the requester
+        os.write(ready_w, f"{what} setup failed: {type(e).__name__}: {e}".encode())
+        os.close(ready_w)
+        os._exit(1)
+    os.write(ready_w, b"1")
+    os.close(ready_w)
+    go = os.read(go_r, 1)
+    os.close(go_r)
+    if go != b"g":
+        os._exit(1)
+
+
 def _become_learner(argv: list[str], env: dict[str, str], cwd: str, log_path: str, ready_w: int, go_r: int,
                     close: tuple[socket.socket, ...]) -> None:
     """In the forked child: set up the process as ``LearnerProcess.start`` would, run the learner, exit."""
+    def setup() -> None:
+        for s in close:
+            s.close()  # the child's copies only: the zygote keeps serving its own
+        os.setsid()
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGPIPE):
+            signal.signal(sig, signal.SIG_DFL)
+        out = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        os.close(out)
+        os.close(devnull)
+        os.chdir(cwd)
+        os.environ.clear()
+        os.environ.update(env)
+
     code = 1
     try:
-        try:
-            for s in close:
-                s.close()  # the child's copies only: the zygote keeps serving its own
-            os.setsid()
-            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGPIPE):
-                signal.signal(sig, signal.SIG_DFL)
-            out = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            devnull = os.open(os.devnull, os.O_RDONLY)
-            os.dup2(devnull, 0)
-            os.dup2(out, 1)
-            os.dup2(out, 2)
-            os.close(out)
-            os.close(devnull)
-            os.chdir(cwd)
-            os.environ.clear()
-            os.environ.update(env)
-        except BaseException as e:  # noqa: BLE001 - reported to the requester
-            os.write(ready_w, f"learner setup failed: {type(e).__name__}: {e}".encode())
-            os.close(ready_w)
-            os._exit(1)
-        os.write(ready_w, b"1")
-        os.close(ready_w)
-        go = os.read(go_r, 1)  # b"g" once the requester confirmed; b"" (EOF) when it went away
-        os.close(go_r)
-        if go != b"g":
-            os._exit(1)
+        set_up_then_wait_for_go(setup, ready_w, go_r, what="learner")
         for handler in list(logging.root.handlers):
             logging.root.removeHandler(handler)
         sys.argv = ["python -m gradlab.learn", *argv]
