@@ -106,24 +106,39 @@ def recipe_show(
     overrides: SetOption = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
 ) -> None:
-    """Show the fully composed, validated contract of GOAL/RECIPE and its hashes."""
+    """Show the fully composed, validated contract of GOAL/RECIPE and its hashes; on stderr, what
+    would keep `gradlab train` from running it on this machine (a missing ROM, fp16-amp without
+    CUDA, ...), which does not make the contract invalid (exit 0)."""
     resolved = resolve_or_exit(ref, overrides)
     if json_out:
         print_json(resolved.as_json())
-        return
-    import yaml
+    else:
+        import yaml
 
-    console.print(f"[bold]{resolved.ref}[/]")
-    for name, value in resolved.hashes.as_dict().items():
-        console.print(f"  {name}: {value}")
-    console.print(escape(yaml.safe_dump(resolved.contract(), sort_keys=False)), highlight=False)
+        console.print(f"[bold]{resolved.ref}[/]")
+        for name, value in resolved.hashes.as_dict().items():
+            console.print(f"  {name}: {value}")
+        console.print(escape(yaml.safe_dump(resolved.contract(), sort_keys=False)), highlight=False)
+    problems = runnable_problems(resolved)
+    if problems:
+        err_console.print(f"[yellow]not runnable on this machine[/] ({len(problems)} problem(s); "
+                          "`gradlab train` refuses it here):")
+        for problem in problems:
+            err_console.print(escape(problem.render()), highlight=False)
 
 
 def runnable_or_exit(resolved) -> None:
-    """Exit 1 naming every problem when ``resolved``'s training environment cannot be built on this
-    machine (unknown env id, bad provider arguments, missing ROM), or its recipe asks the learner
-    for what it refuses there (:func:`gradlab.envs.preflight.training_problems`); found without
-    starting an emulator."""
+    """Exit 1 naming every problem of :func:`runnable_problems`."""
+    problems = runnable_problems(resolved)
+    if problems:
+        fail_with_problems(ConfigError(problems))
+
+
+def runnable_problems(resolved) -> list:
+    """Why ``resolved`` cannot train on this machine: its training environment cannot be built
+    (unknown env id, bad provider arguments, missing ROM), or its recipe asks the learner for what
+    it refuses here (:func:`gradlab.envs.preflight.training_problems`); found without starting an
+    emulator. Empty when it can."""
     from gradlab.envs.preflight import static_check, training_problems
     from gradlab.errors import ConfigProblem
 
@@ -134,8 +149,7 @@ def runnable_or_exit(resolved) -> None:
                 for key, message in static_check(env)]
     problems += [ConfigProblem(file="--set" if resolved.overrides else resolved.recipe_file, key_path=key,
                                message=message) for key, message in training_problems(resolved)]
-    if problems:
-        fail_with_problems(ConfigError(problems))
+    return problems
 
 
 def resolve_or_exit(ref: str, overrides: list[str] | None):

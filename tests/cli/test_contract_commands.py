@@ -158,6 +158,11 @@ def test_train_refuses_what_the_learner_would_refuse_before_creating_anything(tm
         assert out.returncode == 1, out.stderr
         assert expected in out.stderr, out.stderr
         assert not (home / "runs").exists() and not (home / "stores").exists()
+        # `recipe show` shows the (valid) contract and says, on stderr, that it cannot train here.
+        show = gradlab("recipe", "show", args[0], "--set", "train.backend.id=gradlab.ppo", *args[1:], "--json",
+                       env={"GRADLAB_HOME": str(home)})
+        assert show.returncode == 0 and json.loads(show.stdout)["goal_id"] == args[0].split("/")[0], show.stderr
+        assert "not runnable on this machine" in show.stderr and expected in show.stderr, show.stderr
 
 
 def test_training_problems_allow_fp16_amp_on_cuda_and_validate_names_the_recipe(experiments_copy: Path) -> None:
