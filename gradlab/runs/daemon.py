@@ -200,21 +200,21 @@ class Daemon:
         try:
             runs = self._api("/flow_runs/filter", {"flow_runs": {"state": {"type": {"any_": list(BUSY_STATES)}}},
                                                     "limit": 200})
-            busy_ids = [str(r["id"]) for r in runs]  # type: ignore[union-attr,index]
+            busy = {str(r["id"]): r["state"] for r in runs}  # type: ignore[union-attr,index]
         except (OSError, ValueError, TypeError, KeyError) as e:
             log.warning("cannot list active flow runs (%s): counted as busy", e)
             return -1
         records = flow_runs_dir(self.home)
         active = 0
-        for flow_run_id in busy_ids:
+        for flow_run_id, state in busy.items():
             record = records / flow_run_id
-            gone = flow_run_process_gone(record) if record.is_file() else None
+            gone = flow_run_process_gone(record) if _record_of_this_try(record, state) else None
             if gone is None or not self._crash(flow_run_id, gone):
                 active += 1
             else:
                 record.unlink(missing_ok=True)
         for record in records.iterdir() if records.is_dir() else ():
-            if record.name not in busy_ids and flow_run_process_gone(record) is not None:
+            if record.name not in busy and flow_run_process_gone(record) is not None:
                 record.unlink(missing_ok=True)  # ended (or crashed) after all: nothing to do
         return active
 
@@ -249,6 +249,31 @@ class Daemon:
             _stop_group(self.server)
         clear_stale(self.home)
         log.info("stopped")
+
+
+def _record_of_this_try(record: Path, state: dict) -> bool:
+    """Whether ``record`` was written by the process running the flow run's current try.
+
+    The flow writes it once its body starts, after Prefect set the run Running, so the record of
+    this try is newer than the Running state; one older than it is an earlier try's (a retry from
+    the UI whose new process has not started its body yet). Pending: the process may not have
+    started. Cancelling: set after this try's record was written."""
+    try:
+        written = record.stat().st_mtime
+    except OSError:
+        return False
+    kind = state.get("type") if isinstance(state, dict) else None
+    if kind == "CANCELLING":
+        return True
+    if kind != "RUNNING":
+        return False
+    try:
+        from datetime import datetime
+
+        since = datetime.fromisoformat(str(state["timestamp"]).replace("Z", "+00:00")).timestamp()
+    except (KeyError, ValueError):
+        return False
+    return written >= since
 
 
 def _stop_group(popen: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:

@@ -276,11 +276,18 @@ def test_concurrent_first_commands_start_one_daemon_which_stops_when_idle(settin
 
     # A flow run left Running by a process that was killed (its flow-runs/ record names a pid that
     # is gone) is marked Crashed and is no use: without that, the daemon would never idle out.
+    # One whose record is older than its Running state is an earlier try's (a retry whose process
+    # has not started its flow yet): left alone.
+    retried = _a_running_flow_run_whose_process_was_killed(state.api_url, prefect_home(settings), record_first=True)
     crashed = _a_running_flow_run_whose_process_was_killed(state.api_url, prefect_home(settings))
     run = wait_for(lambda: (r := _flow_run(state.api_url, crashed))["state"]["type"] == "CRASHED" and r, 120,
                    "the killed process's flow run marked Crashed")
     assert "ended without reporting a final state" in run["state"]["message"]
     assert not (flow_runs_dir(prefect_home(settings)) / crashed).exists()
+    assert _flow_run(state.api_url, retried)["state"]["type"] == "RUNNING"
+    _post(f"{state.api_url}/flow_runs/{retried}/set_state", {"state": {"type": "COMPLETED"}, "force": True})
+    wait_for(lambda: not (flow_runs_dir(prefect_home(settings)) / retried).exists(), 120,
+             "the ended run's stale record removed")
 
     # A command still using it (this process) keeps it up past the idle timeout; once it is gone,
     # the server stops.
@@ -307,18 +314,24 @@ def _flow_run(api_url: str, flow_run_id: str) -> dict:
         return json.loads(r.read())
 
 
-def _a_running_flow_run_whose_process_was_killed(api_url: str, home: Path) -> str:
-    """A Running flow run (created through the API) recorded as executed by a process now gone."""
-    flow = _post(f"{api_url}/flows/", {"name": "training-run"})
-    run = _post(f"{api_url}/flow_runs/", {"flow_id": flow["id"], "name": "killed-mid-run",
-                                          "state": {"type": "RUNNING", "name": "Running"}})
+def _a_running_flow_run_whose_process_was_killed(api_url: str, home: Path, *, record_first: bool = False) -> str:
+    """A Running flow run (created through the API) recorded as executed by a process now gone;
+    ``record_first``: the record written before the run went Running (an earlier try's)."""
     victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     ticks = start_ticks(victim.pid)
     victim.kill()  # kill -9: no flow code runs after it
     victim.wait()
-    (flow_runs_dir(home)).mkdir(parents=True, exist_ok=True)
-    (flow_runs_dir(home) / run["id"]).write_text(f"{victim.pid} {ticks}")
-    return run["id"]
+    flow = _post(f"{api_url}/flows/", {"name": "training-run"})
+    kind = "PENDING" if record_first else "RUNNING"
+    flow_run_id = _post(f"{api_url}/flow_runs/", {"flow_id": flow["id"], "name": "killed-mid-run",
+                                                  "state": {"type": kind, "name": kind.title()}})["id"]
+    flow_runs_dir(home).mkdir(parents=True, exist_ok=True)
+    (flow_runs_dir(home) / flow_run_id).write_text(f"{victim.pid} {ticks}")
+    if record_first:
+        time.sleep(0.01)  # (file times and the server's clock are one clock: a tick apart)
+        _post(f"{api_url}/flow_runs/{flow_run_id}/set_state", {"state": {"type": "RUNNING", "name": "Running"},
+                                                               "force": True})
+    return flow_run_id
 
 
 def test_daemon_settings_come_from_the_environment_over_the_config_file(gradlab_home: Path,
