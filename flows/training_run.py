@@ -235,7 +235,9 @@ def _sealing_hook(outcome: str, what: str) -> Any:
             settings = load_settings()
             paths = RunPaths(settings.run_dir(run_id))
             message = state.message or state.name
-            reason = message if message.lower().startswith(f"{what}:") else f"{what}: {message}"  # not "cancelled: cancelled:"
+            # The receipt shows "<outcome>: <reason>": no "cancelled: cancelled: ...".
+            said = what == outcome or message.lower().startswith(f"{what}:")
+            reason = message if said else f"{what}: {message}"
             receipt = operations.close_abandoned_attempt(open_stores(settings), paths if paths.root.is_dir() else None,
                                                          run_id, outcome=outcome, reason=reason)
         except Exception as e:  # noqa: BLE001 - a hook must not fail the engine; the reconciler is the guarantee
@@ -287,78 +289,78 @@ def training_run(
     from gradlab.runs import operations
     from gradlab.runs.driver import AttemptDriver
     from gradlab.runs.process import LearnerProcess
-    from gradlab.runs.server import forget_flow_run, warm_learner_dir
+    from gradlab.runs.server import warm_learner_dir
     from gradlab.settings import load_settings, secure_home
     from gradlab.stores import open_stores
 
     settings = load_settings()
     secure_home(settings)  # a deployment's worker writes private files too
-    record = _record_process(settings)  # the daemon tells a killed flow process from a live one
-    try:
-        stores = open_stores(settings)
-        run_id = run_id or _tagged_run_id()
-        spec, paths = operations.prepare_spec(settings, recipe=recipe, seed=seed, overrides=overrides,
-                                              run_id=run_id, stores=stores, evaluate=evaluate)
-        # Every task's timeout derives from the goal (docs/ARCHITECTURE.md section 8): none can hang the run.
-        limits = task_timeouts(spec, resume_bytes=_largest_publication_bytes(stores, spec.run_id))
-        with tags(*_run_tags(spec.run_id)):
-            attached = LearnerProcess.attach(learner_pid, paths) if learner_pid else None
-            try:
-                plan = run_tasks.open_run.with_options(timeout_seconds=limits.open_run_s)(stores, spec, paths)
-            except BaseException:
-                if attached is not None:
-                    attached.stop("the attempt could not be opened", grace_s=4.0)
-                raise
-            if plan.attempt.mode == "drain":
-                learner = None
-            elif attached is not None:
-                learner = attached
-            else:
-                learner = run_tasks.start_learner.with_options(timeout_seconds=limits.start_learner_s)(
-                    spec.run_id, paths, plan.resume_dir, warm_learner_dir(settings))
-            if spec.evaluate and spec.goal.evaluation_mode == "evaluated":
-                operations.prewarm_evaluation(eval_backend)
-            mode = wandb_mode or settings.wandb_mode or spec.recipe.logging.wandb_mode
-            wandb = operations.wandb_sink(settings, spec, paths, mode, group=cohort_id)
-            attempt_id, epoch = plan.fence
-            evaluate_task = run_tasks.evaluate_checkpoint.with_options(timeout_seconds=limits.evaluate_s + _BACKSTOP_S)
-            request_stop = run_tasks.request_stop.with_options(timeout_seconds=limits.request_stop_s)
-            promote = run_tasks.promote.with_options(timeout_seconds=limits.promote_s)
-            seal = run_tasks.seal_receipt.with_options(timeout_seconds=limits.seal_s)
+    # The daemon tells a killed flow process from a live one by this record. It stays after the body
+    # ends: the daemon removes it once the process is gone and the run is no longer busy, and sets
+    # the run Crashed if its end never reached Prefect (the server stopped first).
+    _record_process(settings)
+    stores = open_stores(settings)
+    run_id = run_id or _tagged_run_id()
+    spec, paths = operations.prepare_spec(settings, recipe=recipe, seed=seed, overrides=overrides,
+                                          run_id=run_id, stores=stores, evaluate=evaluate)
+    # Every task's timeout derives from the goal (docs/ARCHITECTURE.md section 8): none can hang the run.
+    limits = task_timeouts(spec, resume_bytes=_largest_publication_bytes(stores, spec.run_id))
+    with tags(*_run_tags(spec.run_id)):
+        attached = LearnerProcess.attach(learner_pid, paths) if learner_pid else None
+        try:
+            plan = run_tasks.open_run.with_options(timeout_seconds=limits.open_run_s)(stores, spec, paths)
+        except BaseException:
+            if attached is not None:
+                attached.stop("the attempt could not be opened", grace_s=4.0)
+            raise
+        if plan.attempt.mode == "drain":
+            learner = None
+        elif attached is not None:
+            learner = attached
+        else:
+            learner = run_tasks.start_learner.with_options(timeout_seconds=limits.start_learner_s)(
+                spec.run_id, paths, plan.resume_dir, warm_learner_dir(settings))
+        if spec.evaluate and spec.goal.evaluation_mode == "evaluated":
+            operations.prewarm_evaluation(eval_backend)
+        mode = wandb_mode or settings.wandb_mode or spec.recipe.logging.wandb_mode
+        wandb = operations.wandb_sink(settings, spec, paths, mode, group=cohort_id)
+        attempt_id, epoch = plan.fence
+        evaluate_task = run_tasks.evaluate_checkpoint.with_options(timeout_seconds=limits.evaluate_s + _BACKSTOP_S)
+        request_stop = run_tasks.request_stop.with_options(timeout_seconds=limits.request_stop_s)
+        promote = run_tasks.promote.with_options(timeout_seconds=limits.promote_s)
+        seal = run_tasks.seal_receipt.with_options(timeout_seconds=limits.seal_s)
 
-            def publish(track: CheckpointTrack) -> _Done:
-                publish_task = run_tasks.publish_checkpoint.with_options(
-                    timeout_seconds=limits.publish_s(folder_bytes(track.path)))
-                return _Done(publish_task.submit(stores, spec.run_id, attempt_id, track.step, track.path, epoch))
+        def publish(track: CheckpointTrack) -> _Done:
+            publish_task = run_tasks.publish_checkpoint.with_options(
+                timeout_seconds=limits.publish_s(folder_bytes(track.path)))
+            return _Done(publish_task.submit(stores, spec.run_id, attempt_id, track.step, track.path, epoch))
 
-            def evaluate_track(track: CheckpointTrack) -> _Done:
-                directory = operations.local_checkpoint_dir(stores, paths, track.publication)
-                return _Done(evaluate_task.submit(stores, spec, spec.run_id, track.step, track.publication, directory,
-                                                  eval_backend, limits.evaluate_s))
+        def evaluate_track(track: CheckpointTrack) -> _Done:
+            directory = operations.local_checkpoint_dir(stores, paths, track.publication)
+            return _Done(evaluate_task.submit(stores, spec, spec.run_id, track.step, track.publication, directory,
+                                              eval_backend, limits.evaluate_s))
 
-            driver = AttemptDriver(
-                spec=spec, paths=paths, stores=stores, plan=plan, learner=learner,
-                submit_publish=publish, submit_evaluate=evaluate_track,
-                record_stop=lambda reason: request_stop(stores, spec.run_id, attempt_id, reason),
-                promote=lambda t: promote(stores, spec.run_id, attempt_id, t.step, t.evaluation, t.publication, epoch),
-                seal=lambda fields: seal(stores, spec, spec.run_id, attempt_id, fields, paths),
-                evaluate=spec.evaluate, wandb=wandb, cancel_requested=_cancel_probe(),
-                max_parallel_evals=max(1, (os.cpu_count() or 2) - 1),
-            )
-            started = time.monotonic()
-            with RunArtifacts(spec, paths, stores) as artifacts:  # progress, evaluations, receipt in the Prefect UI
-                receipt = driver.run()
-                artifacts.finish(receipt.model_dump(mode="json"))
-            log.info("run %s attempt %s: %s after %.1f s (%s)", spec.run_id, attempt_id, receipt.outcome,
-                     time.monotonic() - started, receipt.reason)
-            data = receipt.model_dump(mode="json")
-            # The Prefect state mirrors the receipt (the receipt stays the authority): the UI shows a
-            # cancelled or failed run as such instead of "Completed". Its data is an exception carrying
-            # the receipt, which Prefect can raise (a plain dict it cannot, and logs a TypeError).
-            if receipt.outcome == "cancelled":
-                return Cancelled(message=receipt.reason, data=RunNotSucceeded(data))
-            if receipt.outcome != "succeeded":
-                return Failed(message=f"{receipt.outcome}: {receipt.reason}", data=RunNotSucceeded(data))
-            return data
-    finally:
-        forget_flow_run(record)
+        driver = AttemptDriver(
+            spec=spec, paths=paths, stores=stores, plan=plan, learner=learner,
+            submit_publish=publish, submit_evaluate=evaluate_track,
+            record_stop=lambda reason: request_stop(stores, spec.run_id, attempt_id, reason),
+            promote=lambda t: promote(stores, spec.run_id, attempt_id, t.step, t.evaluation, t.publication, epoch),
+            seal=lambda fields: seal(stores, spec, spec.run_id, attempt_id, fields, paths),
+            evaluate=spec.evaluate, wandb=wandb, cancel_requested=_cancel_probe(),
+            max_parallel_evals=max(1, (os.cpu_count() or 2) - 1),
+        )
+        started = time.monotonic()
+        with RunArtifacts(spec, paths, stores) as artifacts:  # progress, evaluations, receipt in the Prefect UI
+            receipt = driver.run()
+            artifacts.finish(receipt.model_dump(mode="json"))
+        log.info("run %s attempt %s: %s after %.1f s (%s)", spec.run_id, attempt_id, receipt.outcome,
+                 time.monotonic() - started, receipt.reason)
+        data = receipt.model_dump(mode="json")
+        # The Prefect state mirrors the receipt (the receipt stays the authority): the UI shows a
+        # cancelled or failed run as such instead of "Completed". Its data is an exception carrying
+        # the receipt, which Prefect can raise (a plain dict it cannot, and logs a TypeError).
+        if receipt.outcome == "cancelled":
+            return Cancelled(message=receipt.reason, data=RunNotSucceeded(data))
+        if receipt.outcome != "succeeded":
+            return Failed(message=f"{receipt.outcome}: {receipt.reason}", data=RunNotSucceeded(data))
+        return data

@@ -139,7 +139,7 @@ def runnable_problems(resolved) -> list:
     (unknown env id, bad provider arguments, missing ROM), or its recipe asks the learner for what
     it refuses here (:func:`gradlab.envs.preflight.training_problems`); found without starting an
     emulator. Empty when it can."""
-    from gradlab.envs.preflight import static_check, training_problems
+    from gradlab.envs.preflight import cuda_present, static_check, training_problems
     from gradlab.errors import ConfigProblem
 
     env, goal_env = resolved.environment, resolved.goal.train.environment
@@ -147,8 +147,15 @@ def runnable_problems(resolved) -> list:
     file = resolved.goal_file if same else ("--set" if resolved.overrides else resolved.recipe_file)
     problems = [ConfigProblem(file=file, key_path=".".join(("train", "environment", key)).rstrip("."), message=message)
                 for key, message in static_check(env)]
-    problems += [ConfigProblem(file="--set" if resolved.overrides else resolved.recipe_file, key_path=key,
-                               message=message) for key, message in training_problems(resolved)]
+    recipe_file = "--set" if resolved.overrides else resolved.recipe_file
+    problems += [ConfigProblem(file=recipe_file, key_path=key, message=message)
+                 for key, message in training_problems(resolved)]
+    train = resolved.recipe.train
+    if train.backend.id == "gradlab.ppo" and train.device == "cuda" and not cuda_present():
+        # This machine only (so not in `validate`: a recipe for a GPU pool validates on a laptop);
+        # gradlab.ppo's own message at set-up (sb3.* fall back to the CPU by themselves).
+        problems.append(ConfigProblem(file=recipe_file, key_path="train.device",
+                                      message="cuda asked for, but torch sees no CUDA device"))
     return problems
 
 

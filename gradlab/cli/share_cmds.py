@@ -37,9 +37,10 @@ def export_command(
 
         resolved = resolve_checkpoint(checkpoint)
         if resolved.fallback:
-            err_console.print(f"note: run {escape(checkpoint)} promoted no checkpoint (no checkpoint passed its "
-                              f"acceptance rule, or the run has not finished): exporting {resolved.fallback}; name "
-                              "one with RUN_ID:STEP", highlight=False)
+            why = ("evaluation was off for this run" if resolved.spec.get("evaluate") is False
+                   else "no checkpoint passed its acceptance rule, or the run has not finished")
+            err_console.print(f"note: run {escape(checkpoint)} promoted no checkpoint ({why}): exporting "
+                              f"{resolved.fallback}; name one with RUN_ID:STEP", highlight=False)
         spec = parse_spec(resolved.spec, source=resolved.spec_source)
         written, files, why = export_checkpoint(resolved.path, spec, out, fmt=fmt, force=force)
     except GradlabError as e:

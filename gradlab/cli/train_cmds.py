@@ -265,7 +265,7 @@ def _cancel_on_ctrl_c() -> None:
     import signal
     import time
 
-    from gradlab.runs.driver import USER_CANCEL
+    from gradlab.runs.driver import USER_CANCEL, cancel_by_user
 
     first: list[float] = []
 
@@ -276,7 +276,7 @@ def _cancel_on_ctrl_c() -> None:
             signal.signal(signal.SIGINT, signal.default_int_handler)
             raise KeyboardInterrupt
         first.append(time.monotonic())
-        USER_CANCEL.set()
+        cancel_by_user()
         err_console.print("cancelling: the learner stops and a cancelled receipt is sealed "
                           "(Ctrl-C again to abort at once, without a receipt)")
 

@@ -324,9 +324,9 @@ def _watch_requester(conn: socket.socket) -> None:
         except OSError:
             pass
         if not _finishing:
-            from gradlab.runs.driver import USER_CANCEL
+            from gradlab.runs.driver import cancel_by_user
 
-            USER_CANCEL.set()
+            cancel_by_user("the `gradlab train` command that started this run ended (killed, or its terminal closed)")
 
     threading.Thread(target=watch, name="gradlab-warm-flow-requester", daemon=True).start()
 

@@ -169,7 +169,7 @@ def static_check(spec: EnvironmentSpec) -> list[tuple[str, str]]:
 IMAGE_PROVIDERS = ("ale", "vizdoom", "retro")
 
 
-def _cuda_present() -> bool:
+def cuda_present() -> bool:
     """An NVIDIA driver is loaded (what ``torch.cuda.is_available()`` needs first), found without torch."""
     from pathlib import Path
 
@@ -193,7 +193,7 @@ def training_problems(resolved: Any) -> list[tuple[str, str]]:
     problems: list[tuple[str, str]] = []
     images = env.provider in IMAGE_PROVIDERS
     if train.backend.config.get("precision") == "fp16-amp" and (
-            train.device == "cpu" or (train.device == "auto" and not (images and _cuda_present()))):
+            train.device == "cpu" or (train.device == "auto" and not (images and cuda_present()))):
         problems.append(("train.backend.config.precision", "fp16-amp needs device cuda; use bf16 on CPU"))
     if train.normalize.observation and images:
         problems.append(("train.normalize.observation", f"gradlab.ppo normalises vector observations only, found "

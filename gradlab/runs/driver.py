@@ -28,9 +28,18 @@ from gradlab.runs.process import LearnerProcess
 from gradlab.runs.supervisor import CheckpointTrack, Future, JournalSink, Supervisor, WandbMetricSink
 from gradlab.stores import Stores
 
-#: Set by ``gradlab train``'s Ctrl-C handler: the attempt supervised in this process is cancelled
-#: at the next tick (a clean ``cancelled`` receipt) instead of being interrupted wherever it is.
+#: Set by ``gradlab train``'s Ctrl-C handler (:func:`cancel_by_user`): the attempt supervised in
+#: this process is cancelled at the next tick (a clean ``cancelled`` receipt) instead of being
+#: interrupted wherever it is.
 USER_CANCEL = threading.Event()
+_user_cancel_reason = ["interrupted by the user (Ctrl-C)"]
+
+
+def cancel_by_user(reason: str = "interrupted by the user (Ctrl-C)") -> None:
+    """Cancel the attempt supervised in this process at its next tick; ``reason`` is the receipt's
+    (after the outcome ``cancelled``, so it does not repeat the word)."""
+    _user_cancel_reason[0] = reason
+    USER_CANCEL.set()
 
 log = logging.getLogger(__name__)
 
@@ -170,14 +179,14 @@ class AttemptDriver:
 
     def _check_cancel(self) -> None:
         if USER_CANCEL.is_set():
-            self.cancelled_reason = "cancelled: interrupted by the user (Ctrl-C)"
+            self.cancelled_reason = _user_cancel_reason[0]
             raise Cancelled(self.cancelled_reason)
         now = time.monotonic()
         if now - self._cancel_checked_at < self.cancel_poll_s:
             return
         self._cancel_checked_at = now
         if self.cancel_requested():
-            self.cancelled_reason = "cancelled: the flow run was cancelled"
+            self.cancelled_reason = "the flow run was cancelled (Prefect)"
             raise Cancelled(self.cancelled_reason)
 
     def _renew_lease(self) -> None:

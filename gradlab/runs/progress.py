@@ -82,6 +82,8 @@ class RunProgress:
                         self.eval_seconds.append(float(metrics["orchestration/eval/seconds"]))
                     self.evaluated = int(metrics.get("orchestration/checkpoints/evaluated", self.evaluated))
                     self.accepted = accepted
+                elif event.kind == "learner_started":  # a new attempt's learner: the last one's end is past
+                    self.stop, self.finished = None, False
                 elif event.kind == "stop_observed":
                     self.stop = str(event.payload.get("reason"))
                 elif event.kind == "learner_finished":

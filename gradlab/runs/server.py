@@ -19,10 +19,11 @@ UI keeps the history of past runs)::
     server.json    ServerState: daemon pid, URL, ready or starting (removed when the daemon exits)
     clients/<pid>  one per command using the server now, holding that process's start time
                    (removed at its exit, or by the daemon once the process is gone)
-    flow-runs/<id> one per flow run a local process is executing: its pid and start time, written
-                   by the flow at its start and removed at its end; a flow run still Running whose
-                   process is gone (kill -9) is marked Crashed by the daemon, which would otherwise
-                   count it as use for ever (:func:`record_flow_run`)
+    flow-runs/<id> one per flow run a local process executes: its pid and start time, written by
+                   the flow as its body starts; a flow run still Running whose process is gone
+                   (kill -9, or its end never reached the server) is set Crashed by the daemon,
+                   which would otherwise count it as use for ever; removed by the daemon once the
+                   process is gone (:func:`record_flow_run`)
     startup.json   the last measured start-up time, seconds: a command waits for a server
                    another command is starting about as long as starting one takes
                    (:func:`expected_startup_s`), then uses Prefect's ephemeral server
@@ -408,9 +409,10 @@ def record_flow_run(settings: Settings, flow_run_id: str) -> Path | None:
     """Record that this process executes flow run ``flow_run_id`` (``flow-runs/<id>``: pid and start
     ticks), so the daemon can tell a Running flow run whose process was killed from a live one.
 
-    The caller removes the file when the flow body ends (:func:`forget_flow_run`); a process killed
-    before that leaves it for the daemon. Returns the file, or None where it could not be written
-    (logged: the daemon then counts that flow run as use until it ends, as before).
+    The file outlives the flow body on purpose: the flow run's final state reaches Prefect only
+    after the body returns, so the daemon removes the file once the process is gone (and sets the
+    run Crashed if it is still Running then). Returns the file, or None where it could not be
+    written (logged: the daemon then counts that flow run as use until it ends, as before).
     """
     directory = flow_runs_dir(prefect_home(settings))
     path = directory / flow_run_id
@@ -421,12 +423,6 @@ def record_flow_run(settings: Settings, flow_run_id: str) -> Path | None:
         log.warning("could not record flow run %s with the local Prefect server: %s", flow_run_id, e)
         return None
     return path
-
-
-def forget_flow_run(path: Path | None) -> None:
-    """Remove a :func:`record_flow_run` file (None: nothing was recorded)."""
-    if path is not None:
-        path.unlink(missing_ok=True)
 
 
 def flow_run_process_gone(path: Path) -> int | None:

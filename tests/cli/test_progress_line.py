@@ -68,6 +68,20 @@ def test_a_run_that_never_evaluates_has_no_evaluations_left(tmp_path: Path) -> N
     outbox.close()
 
 
+def test_a_retried_runs_progress_is_its_new_learners(tmp_path: Path) -> None:
+    """The first attempt's learner stopped (its supervisor lost); the retry's learner trains on."""
+    outbox = Outbox(tmp_path / "outbox.sqlite")
+    outbox.append("learner_started", 0, {"pid": 1})
+    outbox.append("stop_observed", 2048, {"reason": "supervisor_lost"})
+    outbox.append("learner_finished", 2048, {"final_step": 2048, "stop_reason": "supervisor_lost"})
+    outbox.append("learner_started", 2048, {"pid": 2})
+    outbox.append("metrics", 4096, {"metrics": {}})
+    progress = RunProgress(tmp_path / "outbox.sqlite", 100_000).refresh()
+    assert not progress.finished and progress.stop is None and progress.step == 4096
+    assert "learner done" not in _progress_line(progress) and "supervisor_lost" not in _progress_line(progress)
+    outbox.close()
+
+
 def test_off_a_terminal_a_line_is_printed_only_when_something_changed(tmp_path: Path) -> None:
     from gradlab.cli.train_cmds import _LinePrinter
 
