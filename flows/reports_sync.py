@@ -9,6 +9,7 @@ from pathlib import Path
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
+from flows._process import record_this_flow_run
 from tasks._policy import RETRIES, RETRY_DELAYS_S, retry_transient
 
 
@@ -44,6 +45,7 @@ def reports_sync(goal: str | None = None, store_url: str | None = None) -> dict:
     Returns:
         ``{"build", "files", "uploaded", "url", "index"}`` (:func:`gradlab.results.reports.sync_site`).
     """
+    record_this_flow_run()  # the daemon tells a killed process from a live one
     with tempfile.TemporaryDirectory(prefix="gradlab-reports-") as tmp:
         out = Path(tmp) / "site"
         build_reports(out, goal)

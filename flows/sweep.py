@@ -19,6 +19,8 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from flows._process import record_this_flow_run
+
 log = logging.getLogger(__name__)
 
 #: Most seeds one sweep trains at once in this process (the pool's threads; ``max_parallel`` limits further).
@@ -102,6 +104,7 @@ def sweep(
     from gradlab.receipts.models import utcnow
     from gradlab.results.cohorts import new_cohort_id
 
+    record_this_flow_run()  # the daemon tells a killed sweep process from a live one
     created_at = utcnow()
     cohort_id = cohort_id or new_cohort_id()
     seed_list = list(range(first_seed, first_seed + seeds))

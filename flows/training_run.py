@@ -19,6 +19,7 @@ from prefect import flow, tags
 from prefect.states import Cancelled, Failed
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from flows._process import record_this_flow_run
 from flows.run_artifacts import RunArtifacts
 from gradlab.runs.supervisor import CheckpointTrack
 from gradlab.runs.timeouts import folder_bytes, task_timeouts
@@ -175,18 +176,6 @@ def _cancel_probe() -> Any:
     return cancelling
 
 
-def _record_process(settings: Any) -> Any:
-    """Record this process as the one executing the current flow run (``gradlab.runs.server.record_flow_run``)."""
-    from prefect.context import FlowRunContext
-
-    from gradlab.runs.server import record_flow_run
-
-    ctx = FlowRunContext.get()
-    if ctx is None or ctx.flow_run is None:
-        return None
-    return record_flow_run(settings, str(ctx.flow_run.id))
-
-
 class RunNotSucceeded(Exception):  # noqa: N818 - named for what it says, as Prefect's FailedRun
     """The data of a Failed or Cancelled training-run state: the receipt's outcome and reason as the
     message (an exception, which Prefect resolves a failed state into), the receipt itself as
@@ -295,10 +284,7 @@ def training_run(
 
     settings = load_settings()
     secure_home(settings)  # a deployment's worker writes private files too
-    # The daemon tells a killed flow process from a live one by this record. It stays after the body
-    # ends: the daemon removes it once the process is gone and the run is no longer busy, and sets
-    # the run Crashed if its end never reached Prefect (the server stopped first).
-    _record_process(settings)
+    record_this_flow_run(settings)  # the daemon tells a killed flow process from a live one
     stores = open_stores(settings)
     run_id = run_id or _tagged_run_id()
     spec, paths = operations.prepare_spec(settings, recipe=recipe, seed=seed, overrides=overrides,
