@@ -263,10 +263,10 @@ def test_an_s3_outage_longer_than_the_retries_fails_the_task_with_its_cause_and_
     count), the final state is Failed with the transient cause naming the endpoint, nothing is
     written; once the store is back the same call succeeds. The delays are shortened here (the
     policy's are 1, 2, 4, 8 s). Prefect's notice of each failed try is one line, no traceback."""
-    import flows.training_run  # noqa: F401 - installs the training flow's log filters
     from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_API_URL, PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW, temporary_settings
 
+    import flows.training_run  # noqa: F401 - installs the training flow's log filters
     from gradlab.errors import StoreUnavailable
     from gradlab.stores import Stores, open_store
     from tasks import run_tasks
