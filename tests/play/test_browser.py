@@ -100,9 +100,10 @@ def test_catalog_to_playback_controls_scrub_and_a_killed_worker(file_player: Run
             _wait_seq(page, before)
             _wait(page, "() => document.querySelector('#panel-game')?.dataset.t === '0'")
             firsts.append(page.locator("#panel-game img").screenshot())
+            start = _seq(page)  # read before the click: a step drawn before a later read would overshoot
             page.fill("#step-n", "12")
             page.click("#stepN")
-            _wait(page, "(n) => Number(document.querySelector('#panel-game')?.dataset.seq) === n", _seq(page) + 12)
+            _wait(page, "(n) => Number(document.querySelector('#panel-game')?.dataset.seq) === n", start + 12)
         assert firsts[0] == firsts[1]
         assert page.locator("#panel-game img").screenshot() != firsts[0]  # 12 steps later the cart moved
 
