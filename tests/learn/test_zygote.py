@@ -176,7 +176,9 @@ def test_a_zygote_exits_when_its_keeper_is_gone(tmp_path: Path) -> None:
         keeper.wait()
         _wait(lambda: not _alive(pid), 10, "zygote gone after its keeper")
         assert not (tmp_path / f"{pid}.json").exists()
-        assert zygote.ensure_zygote(tmp_path, keeper_pid=None) is not None  # none left: a new one starts
+        # None left: a new one starts (kept by this process, so it cannot outlive the test even if
+        # it is still importing when stop_zygotes below runs).
+        assert zygote.ensure_zygote(tmp_path, keeper_pid=os.getpid()) is not None
     finally:
         keeper.kill()
         zygote.stop_zygotes(tmp_path)
