@@ -5,8 +5,9 @@ way stable-retro does (``stable_retro.data.groom_rom``: SMD headers parsed, NES 
 and matches it against the ``rom.sha`` files of stable-retro's game integrations. A match is
 stored as ``<cache>/<Game>/rom.<ext>`` next to a copy of that game's integration files (states,
 data.json, scenario.json...), and the cache folder is registered with stable-retro as a custom
-integration path when a retro environment is built. ROMs are never written into the repository
-or into site-packages.
+integration path (:func:`register_rom_dir`) when a retro environment is built. ROMs are never
+written into the repository or into site-packages. The ``retro`` provider imports this module,
+never the other way round.
 """
 
 from __future__ import annotations
@@ -28,6 +29,36 @@ def rom_cache_dir() -> Path:
     from gradlab.settings import load_settings
 
     return load_settings().home / "roms" / "retro"
+
+
+def register_rom_dir(roms_dir: str) -> Any:
+    """Register ``roms_dir`` (created if missing) as stable-retro's custom integration path.
+
+    Args:
+        roms_dir: the ROM folder (usually :func:`rom_cache_dir`), as a string.
+
+    Returns:
+        ``stable_retro.data.Integrations.ALL``: the integration type that finds stable-retro's own
+        games and the ones imported into ``roms_dir``.
+
+    Paths registered earlier in this process that no longer exist are dropped first: stable-retro
+    lists every registered folder and fails on a missing one. So is a ROM folder this module
+    registered for another ``GRADLAB_HOME``: its ROMs and save states are not this home's.
+    """
+    from stable_retro.data import Integrations
+
+    os.makedirs(roms_dir, exist_ok=True)
+    Integrations._init()
+    Integrations.CUSTOM_PATHS[:] = [p for p in Integrations.CUSTOM_PATHS
+                                    if os.path.isdir(p) and (p == roms_dir or p not in _REGISTERED)]
+    if roms_dir not in Integrations.CUSTOM_PATHS:
+        Integrations.add_custom_path(roms_dir)
+        _REGISTERED.add(roms_dir)
+    return Integrations.ALL
+
+
+#: ROM folders :func:`register_rom_dir` registered with stable-retro in this process.
+_REGISTERED: set[str] = set()
 
 
 def _groom(path: Path) -> tuple[bytes, str]:
@@ -53,13 +84,11 @@ def import_roms(path: Path, *, cache: Path | None = None) -> list[dict[str, Any]
     """
     from stable_retro.data import get_known_hashes
 
-    from gradlab.envs.providers.retro import _integrations
-
     path = Path(path).expanduser()
     if not path.exists():
         raise NotFound(f"{path}: no such file or folder")
     cache = cache or rom_cache_dir()
-    _integrations(str(cache))
+    register_rom_dir(str(cache))
     files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
     known = get_known_hashes()
     rows = []
@@ -107,9 +136,7 @@ def rom_status(*, cache: Path | None = None) -> list[dict[str, Any]]:
     """
     from stable_retro.data import Integrations, get_file_path, get_romfile_path, list_games
 
-    from gradlab.envs.providers.retro import _integrations
-
-    _integrations(str(cache or rom_cache_dir()))
+    register_rom_dir(str(cache or rom_cache_dir()))
     rows = []
     for game in list_games(Integrations.STABLE):
         try:

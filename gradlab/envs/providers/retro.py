@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 from typing import Any
 
 import numpy as np
@@ -37,6 +36,7 @@ from gradlab.contracts.environment import EnvironmentSpec, RetroPreprocessing
 from gradlab.envs.backend import EnvInfo, LaneBackend, Provider
 from gradlab.envs.frames import FrameStack
 from gradlab.envs.lanes import AsyncLanes, SyncLanes
+from gradlab.envs.roms import missing_rom_error, register_rom_dir, rom_cache_dir, verify_imported
 from gradlab.errors import ConfigError, IntegrityError, NotFound
 
 logger = logging.getLogger(__name__)
@@ -54,29 +54,6 @@ def emulator_in_process() -> bool:
     return _open_lanes > 0
 
 
-def _integrations(roms_dir: str) -> Any:
-    """Register ``roms_dir`` (created if missing) as stable-retro's custom integration path.
-
-    Paths registered earlier in this process that no longer exist are dropped first: stable-retro
-    lists every registered folder and fails on a missing one. So is a ROM folder this module
-    registered for another ``GRADLAB_HOME``: its ROMs and save states are not this home's.
-    """
-    from stable_retro.data import Integrations
-
-    os.makedirs(roms_dir, exist_ok=True)
-    Integrations._init()
-    Integrations.CUSTOM_PATHS[:] = [p for p in Integrations.CUSTOM_PATHS
-                                    if os.path.isdir(p) and (p == roms_dir or p not in _REGISTERED)]
-    if roms_dir not in Integrations.CUSTOM_PATHS:
-        Integrations.add_custom_path(roms_dir)
-        _REGISTERED.add(roms_dir)
-    return Integrations.ALL
-
-
-#: ROM folders :func:`_integrations` registered with stable-retro in this process.
-_REGISTERED: set[str] = set()
-
-
 class RetroLane:
     """One stable-retro emulator with frame skip and image preprocessing (see the module docstring)."""
 
@@ -88,7 +65,7 @@ class RetroLane:
         acts = {"discrete": retro.Actions.DISCRETE, "multi_discrete": retro.Actions.MULTI_DISCRETE,
                 "filtered": retro.Actions.FILTERED}[pre.use_restricted_actions]
         global _open_lanes
-        inttype = _integrations(roms_dir)
+        inttype = register_rom_dir(roms_dir)
         if _open_lanes:
             raise _in_use(game, "a gradlab retro lane of this process is still open")
         try:
@@ -206,13 +183,11 @@ class RetroProvider(Provider):
     def _check(self, spec: EnvironmentSpec) -> tuple[RetroPreprocessing, str]:
         from stable_retro.data import get_file_path, get_romfile_path
 
-        from gradlab.envs.roms import missing_rom_error, rom_cache_dir, verify_imported
-
         if spec.provider_args:
             raise ConfigError(f"retro:{spec.env_id}: provider_args: expected none, found {sorted(spec.provider_args)}")
         pre = RetroPreprocessing.model_validate(spec.preprocessing)
         roms_dir = str(rom_cache_dir())
-        inttype = _integrations(roms_dir)
+        inttype = register_rom_dir(roms_dir)
         if not get_file_path(spec.env_id, "rom.sha", inttype):
             import difflib
 
