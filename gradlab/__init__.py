@@ -21,7 +21,7 @@ Goals as gymnasium environments (imported lazily):
 
 from typing import Any
 
-__version__ = "0.1.0"
+from gradlab.version import __version__
 
 __all__ = ["__version__", "make_env", "make_vector_env"]
 

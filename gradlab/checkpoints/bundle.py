@@ -33,6 +33,7 @@ from gradlab.checkpoints.manifest import (
 )
 from gradlab.errors import Conflict, IntegrityError, NotFound
 from gradlab.fsync import fsync_dir
+from gradlab.version import __version__
 
 logger = logging.getLogger(__name__)
 
@@ -63,9 +64,7 @@ def versions(provider: str | None = None) -> dict[str, str]:
     """Versions recorded in a manifest: gradlab, python, torch, SB3, gymnasium, numpy, provider."""
     from importlib import metadata
 
-    import gradlab
-
-    out = {"gradlab": gradlab.__version__, "python": platform.python_version()}
+    out = {"gradlab": __version__, "python": platform.python_version()}
     for dist in ("torch", "stable-baselines3", "gymnasium", "numpy"):
         try:
             out[dist] = metadata.version(dist)

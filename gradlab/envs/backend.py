@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from gradlab.contracts.environment import EnvironmentSpec
+from gradlab.version import __version__
 
 
 @dataclass(frozen=True)
@@ -158,8 +159,6 @@ class Provider:
 
     def version(self) -> str | None:
         if not self.package:
-            from gradlab import __version__
-
             return __version__
         from importlib.metadata import PackageNotFoundError, version
 
