@@ -28,11 +28,11 @@ def artifact_key(run_id: str, what: str) -> str:
 
 def evaluation_rows(stores: Any, run_id: str) -> list[dict]:
     """One row per recorded evaluation of the run, by checkpoint step."""
-    from gradlab.receipts import rules
+    from gradlab.receipts import list_evaluations
     from gradlab.results.curves import mean_interval
 
     rows = []
-    for intent, record in rules.list_evaluations(stores, run_id):
+    for intent, record in list_evaluations(stores, run_id):
         if record is None:
             rows.append({"checkpoint_step": intent.checkpoint_step, "return_mean": None, "ci95_low": None,
                          "ci95_high": None, "success_rate": None, "verdict": "pending"})

@@ -57,10 +57,10 @@ _BACKSTOP_S = 30.0
 
 def _largest_publication_bytes(stores: Any, run_id: str) -> int:
     """Bytes of the run's largest published checkpoint (what opening a resumed attempt may download)."""
-    from gradlab.receipts import rules
+    from gradlab.receipts import list_publications
 
     try:
-        return max((sum(f.size_bytes for f in p.files.values()) for p in rules.list_publications(stores, run_id)),
+        return max((sum(f.size_bytes for f in p.files.values()) for p in list_publications(stores, run_id)),
                    default=0)
     except Exception:  # noqa: BLE001 - a new run, or a store to be retried by open-run itself
         return 0

@@ -112,7 +112,7 @@ def _materialize(stores: Stores, settings: Settings, run_id: str, step: int, sha
             publication receipt (naming the file and both hashes).
         StoreUnavailable: the model store cannot be reached.
     """
-    from gradlab.receipts import rules
+    from gradlab import receipts as rules
     from gradlab.stores import keys
 
     name = keys.checkpoint_name(step, sha256)
@@ -212,7 +212,7 @@ def resolve_checkpoint(ref: str, *, settings: Settings | None = None, stores: St
         # whose spec the control store holds.
         import json
 
-        from gradlab.receipts import rules
+        from gradlab import receipts as rules
         from gradlab.stores import keys, open_stores
 
         run_id = json.loads((path / "manifest.json").read_text()).get("run_id")
@@ -227,7 +227,7 @@ def resolve_checkpoint(ref: str, *, settings: Settings | None = None, stores: St
     if "/" in ref or ref.startswith("."):
         raise NotFound(f"{ref}: no such checkpoint directory")
 
-    from gradlab.receipts import rules
+    from gradlab import receipts as rules
     from gradlab.settings import load_settings
     from gradlab.stores import keys, open_stores
 

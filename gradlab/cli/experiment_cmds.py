@@ -113,9 +113,9 @@ def _store_view(run_id: str | None) -> dict[str, Any] | None:
     """
     if run_id is None:
         return None
+    from gradlab import receipts as rules
     from gradlab.cli.runs_cmds import _stores, run_view
     from gradlab.errors import NotFound
-    from gradlab.receipts import rules
 
     stores = _stores()
     try:
@@ -145,7 +145,7 @@ def _live_view(stores: Any, run_id: str) -> dict[str, Any] | None:
     """A running attempt's progress from its outbox when the run directory is on this machine:
     ``{"step", "timesteps", "steps_per_s", "learner_done", "checkpoints", "evaluations_left"}``;
     None when it is elsewhere (another worker's machine)."""
-    from gradlab.receipts import rules
+    from gradlab import receipts as rules
     from gradlab.runs.progress import RunProgress
     from gradlab.settings import load_settings
 

@@ -22,7 +22,7 @@ _S3_CHECKPOINT = re.compile(r"/runs/(?P<run>[^/]+)/checkpoints/(?P<step>\d{12})-
 
 def _newest_promoted(stores: Any, recipe: str) -> str:
     """The run id of the newest run of ``GOAL/RECIPE`` with a promotion."""
-    from gradlab.receipts import rules
+    from gradlab import receipts as rules
 
     goal_id, _, recipe_id = recipe.partition("/")
     if not goal_id or not recipe_id:

@@ -27,8 +27,8 @@ def _stores():
 
 def run_view(stores, run_id: str) -> dict:
     """Everything the stores hold about a run: record, attempts with receipts, inventories."""
+    from gradlab import receipts as rules
     from gradlab.errors import NotFound
-    from gradlab.receipts import rules
 
     try:
         record = rules.read_run(stores, run_id)
@@ -79,7 +79,7 @@ def live_attempts(stores, *, now=None) -> list[tuple[str, str]]:
     Raises:
         StoreUnavailable: the control store cannot be reached (transient).
     """
-    from gradlab.receipts import rules
+    from gradlab import receipts as rules
     from gradlab.receipts.lease import read_lease
     from gradlab.receipts.models import utcnow
 
@@ -97,7 +97,7 @@ def live_attempts(stores, *, now=None) -> list[tuple[str, str]]:
 @runs_app.command("list")
 def list_runs(json_out: JsonOption = False) -> None:
     """Every run in the receipt store with its latest attempt's outcome."""
-    from gradlab.receipts import rules
+    from gradlab import receipts as rules
 
     stores = _stores()
     rows = []
@@ -161,9 +161,9 @@ def retry(
 ) -> None:
     """A new attempt of RUN_ID: refused while its lease is live; drain-only if the learner had
     finished; otherwise the learner resumes from the last published checkpoint."""
+    from gradlab import receipts as rules
     from gradlab.cli.train_cmds import LiveProgress, _summary, configure_prefect, run_flow
     from gradlab.errors import NotFound
-    from gradlab.receipts import rules
     from gradlab.receipts.lease import read_lease
     from gradlab.settings import load_settings
 
@@ -245,7 +245,7 @@ def sync(
 @runs_app.command("reconcile")
 def reconcile(run_id: Annotated[str, typer.Argument(help="The run id.")], json_out: JsonOption = False) -> None:
     """Close attempts whose process ended without sealing a receipt (crash, SIGKILL) as failed."""
-    from gradlab.receipts import rules
+    from gradlab import receipts as rules
     from gradlab.receipts.lease import read_lease
 
     stores = _stores()

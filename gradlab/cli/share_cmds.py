@@ -62,10 +62,10 @@ def export_command(
 
 def _accepted_result(stores, spec, sha256: str):
     """The run's accepted evaluation result for checkpoint ``sha256`` (validated), or None."""
+    from gradlab import receipts as rules
     from gradlab.contracts.hashing import sha256_json
     from gradlab.evaluation import validate_result
     from gradlab.evaluation.result import EvalResult
-    from gradlab.receipts import rules
 
     for _intent, record in rules.list_evaluations(stores, spec.run_id):
         if record is None or record.checkpoint_sha256 != sha256 or record.result is None:
@@ -99,10 +99,10 @@ def publish_command(
         except GradlabError as e:
             raise typer.BadParameter(str(e).removeprefix("hf://"), param_hint="--repo") from None
     try:
+        from gradlab import receipts as rules
         from gradlab.checkpoints import read_manifest
         from gradlab.cli.eval_cmds import resolve_checkpoint
         from gradlab.evaluation.runner import parse_spec
-        from gradlab.receipts import rules
         from gradlab.settings import load_settings
         from gradlab.share.hub import build_repo_folder, commit_message, hf_token, upload_folder
         from gradlab.stores import open_stores

@@ -285,7 +285,7 @@ def _cancel_on_ctrl_c() -> None:
 
 def _attempt_opened(run_id: str) -> bool:
     """True when the receipt store holds an attempt of this run (False when it cannot be read)."""
-    from gradlab.receipts import rules
+    from gradlab import receipts as rules
     from gradlab.stores import open_stores
 
     try:
@@ -309,7 +309,7 @@ def _keep_zygote_warm(settings) -> None:
 
 def stored_receipt(run_id: str) -> dict | None:
     """The terminal receipt of the run's latest attempt from the receipt store (None if unsealed)."""
-    from gradlab.receipts import rules
+    from gradlab import receipts as rules
     from gradlab.stores import open_stores
 
     try:

@@ -57,7 +57,7 @@ PRELOAD = (
     "flows.training_run", "flows.run_artifacts", "tasks.run_tasks",
     "gradlab.runs.driver", "gradlab.runs.supervisor", "gradlab.runs.operations", "gradlab.runs.process",
     "gradlab.runs.server", "gradlab.runs.progress", "gradlab.evaluation.backends", "gradlab.evaluation.runner",
-    "gradlab.stores", "gradlab.receipts.rules", "gradlab.metrics.journal", "gradlab.checkpoints",
+    "gradlab.stores", "gradlab.receipts", "gradlab.metrics.journal", "gradlab.checkpoints",
     "gradlab.metrics.wandb_sink", "gradlab.envs.providers.builtin", "wandb",
     # Imported by the flow engine or the CLI on first use:
     "fastapi", "fastapi.routing", "starlette.requests", "prefect.utilities.visualization", "opentelemetry.metrics",

@@ -52,7 +52,7 @@ class Catalog:
     # -- helpers ---------------------------------------------------------------------------
     def _runs(self) -> list[Any]:
         """Every run record in the control store (records are immutable: cached)."""
-        from gradlab.receipts import rules
+        from gradlab import receipts as rules
 
         out = []
         for run_id in rules.list_runs(self.stores):
@@ -112,7 +112,7 @@ class Catalog:
         return GoalPage(project=project, goal_id=goal_id, title=title, error=error, runs=rows)
 
     def _run_row(self, rec: Any) -> RunRow:
-        from gradlab.receipts import rules
+        from gradlab import receipts as rules
 
         attempts = rules.list_attempts(self.stores, rec.run_id)
         terminal = rules.read_terminal(self.stores, rec.run_id, attempts[-1].attempt_id) if attempts else None
@@ -133,7 +133,7 @@ class Catalog:
                       duration_s=round(duration, 1) if duration is not None else None)
 
     def _record(self, run_id: str) -> Any:
-        from gradlab.receipts import rules
+        from gradlab import receipts as rules
 
         try:
             return rules.read_run(self.stores, run_id)
@@ -168,7 +168,7 @@ class Catalog:
                        recipe_id=spec["recipe_id"], seed=int(spec["seed"]), outcome=None, checkpoints=rows)
 
     def run_page(self, run_id: str) -> RunPage:
-        from gradlab.receipts import rules
+        from gradlab import receipts as rules
 
         try:
             rec = self._record(run_id)
@@ -207,8 +207,8 @@ class Catalog:
         i = steps.index(step)
         error = None
         try:
+            from gradlab import receipts as rules
             from gradlab.evaluation.runner import parse_spec
-            from gradlab.receipts import rules
 
             pinned = self.pinned.get((run_id, step))
             spec = pinned.spec if pinned is not None else rules.read_run_spec(self.stores, run_id)

@@ -4,6 +4,9 @@ One lease per run (``runs/<run_id>/lease.json`` in the control store). A live le
 ``now < expires_at``) held by another attempt refuses acquisition; an expired or released one is
 taken over with ``generation + 1``. Every write is a compare-and-swap against the etag read, so two
 acquirers racing for an expired lease produce exactly one holder.
+
+Fencing: the generation is the holder's epoch; a store write made for an attempt whose epoch is no
+longer the lease's is refused (:func:`require_epoch`, ``LeaseLost``).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from datetime import datetime, timedelta
 from gradlab.errors import Conflict, NotFound
 from gradlab.receipts.io import dump_model, read_model_with_etag
 from gradlab.receipts.models import Lease, utcnow
-from gradlab.stores import ObjectStore, keys
+from gradlab.stores import ObjectStore, Stores, keys
 
 logger = logging.getLogger(__name__)
 
@@ -197,3 +200,17 @@ def release_lease(store: ObjectStore, held: HeldLease, *, now: datetime | None =
     at = now or utcnow()
     new = held.lease.model_copy(update={"released": True, "heartbeat_at": at, "expires_at": at})
     return _update(store, held, new)
+
+
+def require_epoch(stores: Stores, run_id: str, attempt_id: str, epoch: int) -> None:
+    """Refuse a write made for an attempt whose lease epoch is no longer current (fencing).
+
+    Raises:
+        LeaseLost: the lease is held by another attempt or epoch (or released), naming both.
+    """
+    held = read_lease(stores.control, run_id)
+    if held is None or (held.lease.holder, held.lease.generation) != (attempt_id, epoch) or held.lease.released:
+        found = "no lease" if held is None else (f"{held.lease.holder} epoch {held.lease.generation}"
+                                                 f"{' (released)' if held.lease.released else ''}")
+        raise LeaseLost(f"{stores.control.url(keys.lease(run_id))}: write for {attempt_id} epoch {epoch} refused: "
+                        f"the lease is {found}")

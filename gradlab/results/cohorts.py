@@ -105,7 +105,7 @@ def build_cohort_receipt(stores, *, cohort_id: str, recipe: str, overrides: Sequ
     Args:
         launched: one ``{"run_id", "seed", "flow_run_id"}`` per seed, as the sweep started them.
     """
-    from gradlab.receipts import rules
+    from gradlab.receipts import list_attempts, read_terminal
     from gradlab.receipts.models import utcnow
 
     goal_id, recipe_id = recipe.split("/")
@@ -113,9 +113,9 @@ def build_cohort_receipt(stores, *, cohort_id: str, recipe: str, overrides: Sequ
     for item in launched:
         outcome = None
         try:
-            attempts = rules.list_attempts(stores, item["run_id"])
+            attempts = list_attempts(stores, item["run_id"])
             receipt = next((r for a in reversed(attempts)
-                            if (r := rules.read_terminal(stores, item["run_id"], a.attempt_id))), None)
+                            if (r := read_terminal(stores, item["run_id"], a.attempt_id))), None)
             outcome = receipt.outcome if receipt is not None else None
         except NotFound:
             pass
@@ -198,7 +198,7 @@ def require_goal(stores, goal_id: str) -> None:
     """
     from gradlab.contracts.experiments import check_id
     from gradlab.errors import GradlabError
-    from gradlab.receipts import rules
+    from gradlab.receipts import list_runs, read_run
 
     try:
         check_id("goal", goal_id)
@@ -211,9 +211,9 @@ def require_goal(stores, goal_id: str) -> None:
         experiments, known = None, []
     if goal_id in known:
         return
-    for run_id in rules.list_runs(stores):
+    for run_id in list_runs(stores):
         try:
-            if rules.read_run(stores, run_id).goal_id == goal_id:
+            if read_run(stores, run_id).goal_id == goal_id:
                 return
         except NotFound:
             continue
@@ -241,11 +241,11 @@ def require_recipe(stores, ref: str) -> None:
         known = []
     if recipe_id in known:
         return
-    from gradlab.receipts import rules
+    from gradlab.receipts import list_runs, read_run
 
-    for run_id in rules.list_runs(stores):
+    for run_id in list_runs(stores):
         try:
-            record = rules.read_run(stores, run_id)
+            record = read_run(stores, run_id)
         except NotFound:
             continue
         if (record.goal_id, record.recipe_id) == (goal_id, recipe_id):
@@ -299,13 +299,13 @@ def seed_result(stores, run_id: str, *, objective: tuple[str, str] | None = None
     Raises:
         NotFound: no run ``run_id``.
     """
-    from gradlab.receipts import rules
+    from gradlab.receipts import list_attempts, read_promotion, read_run, read_terminal
     from gradlab.receipts.io import read_optional
     from gradlab.receipts.models import EvaluationRecord
 
-    record = rules.read_run(stores, run_id)
-    attempts = rules.list_attempts(stores, run_id)
-    receipt = next((r for a in reversed(attempts) if (r := rules.read_terminal(stores, run_id, a.attempt_id))), None)
+    record = read_run(stores, run_id)
+    attempts = list_attempts(stores, run_id)
+    receipt = next((r for a in reversed(attempts) if (r := read_terminal(stores, run_id, a.attempt_id))), None)
     if receipt is None:
         return None
     metric, _ = objective or goal_objective(record.goal_id)
@@ -325,7 +325,7 @@ def seed_result(stores, run_id: str, *, objective: tuple[str, str] | None = None
                                     f"{rec.checkpoint_sha256[:16]}, the receipt lists {shas.get(chosen.checkpoint_step)}")
         aggregates = (rec.result or {}).get("aggregates", {}) if rec is not None else {}
     seconds = None
-    promotion = rules.read_promotion(stores, run_id) if receipt.promotion is not None else None
+    promotion = read_promotion(stores, run_id) if receipt.promotion is not None else None
     if promotion is not None and attempts:
         seconds = (promotion.promoted_at - attempts[0].started_at).total_seconds()
     score = aggregates.get(metric)
@@ -347,13 +347,13 @@ def seed_result(stores, run_id: str, *, objective: tuple[str, str] | None = None
 
 def goal_results(stores, goal_id: str | None = None, run_ids: Iterable[str] | None = None) -> list[SeedResult]:
     """Per-seed results of every sealed run (of ``goal_id`` when given), latest run per seed and cohort."""
-    from gradlab.receipts import rules
+    from gradlab.receipts import list_runs, read_run
 
     objectives: dict[str, tuple[str, str]] = {}
     latest: dict[tuple, SeedResult] = {}
-    for run_id in run_ids if run_ids is not None else rules.list_runs(stores):
+    for run_id in run_ids if run_ids is not None else list_runs(stores):
         try:
-            record = rules.read_run(stores, run_id)
+            record = read_run(stores, run_id)
         except NotFound:
             continue
         if goal_id is not None and record.goal_id != goal_id:
@@ -531,17 +531,17 @@ def leaders_checkpoints(stores, goal_id: str, *, limit: int = 10) -> list[Checkp
     Raises:
         NotFound: an unknown goal (:func:`require_goal`), or the goal has no sealed runs.
     """
-    from gradlab.receipts import rules
+    from gradlab.receipts import list_attempts, list_runs, read_run, read_terminal
 
     require_goal(stores, goal_id)
     found: list[CheckpointLeader] = []
     any_run = False
-    for run_id in rules.list_runs(stores):
-        record = rules.read_run(stores, run_id)
+    for run_id in list_runs(stores):
+        record = read_run(stores, run_id)
         if record.goal_id != goal_id:
             continue
-        attempts = rules.list_attempts(stores, run_id)
-        receipt = next((r for a in reversed(attempts) if (r := rules.read_terminal(stores, run_id, a.attempt_id))), None)
+        attempts = list_attempts(stores, run_id)
+        receipt = next((r for a in reversed(attempts) if (r := read_terminal(stores, run_id, a.attempt_id))), None)
         if receipt is None:
             continue
         any_run = True

@@ -148,14 +148,14 @@ def open_journal(settings: Settings, stores: Stores | None, run_id: str, *, rela
 
     receipt = attempt = None
     if stores is not None:
-        from gradlab.receipts import rules
+        from gradlab.receipts import list_attempts, read_run, read_terminal
 
         try:
-            rules.read_run(stores, run_id)
+            read_run(stores, run_id)
         except NotFound:
             raise NotFound(f"no run {run_id} in {stores.control.base_url}; `gradlab runs list` lists the runs there") from None
-        for candidate in reversed(rules.list_attempts(stores, run_id)):
-            receipt = rules.read_terminal(stores, run_id, candidate.attempt_id)
+        for candidate in reversed(list_attempts(stores, run_id)):
+            receipt = read_terminal(stores, run_id, candidate.attempt_id)
             if receipt is not None:
                 attempt = candidate
                 break

@@ -347,7 +347,7 @@ class AttemptDriver:
         return receipt
 
     def _receipt_stored(self) -> bool:
-        from gradlab.receipts.rules import read_terminal
+        from gradlab.receipts.terminal import read_terminal
 
         try:
             return read_terminal(self.stores, self.spec.run_id, self.plan.attempt.attempt_id) is not None

@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gradlab import receipts as rules
 from gradlab.contracts.hashing import sha256_json
 from gradlab.contracts.run_spec import InitFrom, RunSpec
 from gradlab.errors import ContractViolation, NotFound
 from gradlab.outbox import Outbox
-from gradlab.receipts import rules
 from gradlab.receipts.lease import HeldLease
 from gradlab.receipts.models import (
     Attempt,
@@ -195,7 +195,7 @@ def open_attempt(stores: Stores, spec: RunSpec, paths: RunPaths) -> AttemptPlan:
     missing or differs). Newer published checkpoints that fail verification are passed over and
     named in the attempt receipt (``skipped_checkpoints``). A retried attempt never inherits an
     earlier attempt's stop request, and attempts that ended without sealing a receipt are
-    reconciled first (:func:`gradlab.receipts.rules.reconcile_run`; docs/ARCHITECTURE.md section 8).
+    reconciled first (:func:`gradlab.receipts.terminal.reconcile_run`; docs/ARCHITECTURE.md section 8).
 
     Raises:
         LeaseHeld: another attempt's lease is live (a retry is refused while it is).
@@ -397,7 +397,7 @@ def prewarm_evaluation(backend: str, count: int = 1) -> None:
 
 def publish(stores: Stores, run_id: str, attempt_id: str, checkpoint_dir: Path, *,
             epoch: int | None = None) -> CheckpointPublication:
-    """Publish one checkpoint (copy, verify, receipt, index). See ``rules.publish_checkpoint``.
+    """Publish one checkpoint (copy, verify, receipt, index). See :func:`gradlab.receipts.publication.publish_checkpoint`.
 
     Raises:
         LeaseLost: ``epoch`` is no longer the lease's (a newer attempt holds the run).
@@ -595,7 +595,7 @@ def close_abandoned_attempt(stores: Stores, paths: RunPaths | None, run_id: str,
     The attempt is the lease holder's, closed only once its flow process is known to be gone
     (owner identity: boot id + pid + start time, :mod:`gradlab.receipts.owner`) or is this process,
     whose flow body has ended: its learner is stopped first, the receipt lists what that
-    attempt did itself (:func:`gradlab.receipts.rules.close_attempt`), and the lease is released
+    attempt did itself (:func:`gradlab.receipts.terminal.close_attempt`), and the lease is released
     so a retry may start at once. An attempt held from another host is left to the reconciler.
 
     Returns:

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from gradlab import receipts as rules
 from gradlab.outbox import Outbox
-from gradlab.receipts import rules
 from gradlab.runs.server import start_server, stop_server
 from gradlab.settings import load_settings
 from gradlab.stores import open_stores

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gradlab.receipts import rules
+from gradlab import receipts as rules
 from tests.deploy.test_queued_runs import UUID_RE, Queue, _final_flow_run, queue, stores_of  # noqa: F401  (fixtures)
 from tests.runs.conftest import last_json_line, wait_for
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from gradlab import receipts as rules
 from gradlab.outbox import Outbox
-from gradlab.receipts import rules
 from gradlab.receipts.lease import LeaseLost, release_lease
 from gradlab.runs import operations
 from gradlab.runs.paths import RunPaths

@@ -7,9 +7,9 @@ import functools
 import gc
 from pathlib import Path
 
+from gradlab import receipts as rules
 from gradlab.metrics.journal import Journal
 from gradlab.outbox import Outbox
-from gradlab.receipts import rules
 from gradlab.receipts.lease import release_lease
 from gradlab.runs import operations
 from gradlab.runs.paths import RunPaths

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from gradlab import receipts as rules
 from gradlab.checkpoints import file_sha256, list_checkpoints
 from gradlab.errors import ContractViolation, IntegrityError
-from gradlab.receipts import read_index, rules
+from gradlab.receipts import read_index
 from gradlab.receipts.lease import read_lease, release_lease
 from gradlab.runs import operations
 from gradlab.runs.paths import RunPaths

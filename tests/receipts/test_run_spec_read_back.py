@@ -7,10 +7,10 @@ import json
 
 import pytest
 
+from gradlab import receipts as rules
 from gradlab.contracts import Experiments
 from gradlab.contracts.run_spec import RunSpec
 from gradlab.errors import ContractViolation, IntegrityError
-from gradlab.receipts import rules
 from gradlab.settings import load_settings
 from gradlab.stores import keys, open_stores
 

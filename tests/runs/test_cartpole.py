@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from gradlab import receipts as rules
 from gradlab.contracts import Experiments
-from gradlab.receipts import rules
 from gradlab.stores import open_stores
 from tests.runs.conftest import gradlab_env, last_json_line, run_gradlab
 

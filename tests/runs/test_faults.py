@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from gradlab import receipts as rules
 from gradlab.outbox import Outbox
-from gradlab.receipts import rules
 from gradlab.stores import open_stores
 from tests.runs.conftest import (
     gradlab_env,

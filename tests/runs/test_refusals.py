@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from gradlab import receipts as rules
 from gradlab.cli.app import app
 from gradlab.contracts.run_spec import new_run_id
-from gradlab.receipts import rules
 from gradlab.receipts.lease import acquire_lease, read_lease
 from gradlab.receipts.models import utcnow
 from gradlab.runs import operations
@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 #: alive (the lease's owner still runs) until its standard input is closed.
 _OPEN_IN_ANOTHER_PROCESS = """
 import sys
-from gradlab.receipts import rules
+from gradlab import receipts as rules
 from gradlab.stores import open_stores
 rules.begin_attempt(open_stores(), sys.argv[1], mode="fresh")
 print("opened", flush=True)

@@ -79,7 +79,7 @@ def stores(cohort: Cohort, monkeypatch: pytest.MonkeyPatch):
 
 
 def test_sweep_seals_three_run_receipts_and_a_cohort_receipt(cohort: Cohort, stores) -> None:
-    from gradlab.receipts import rules
+    from gradlab import receipts as rules
     from gradlab.results.cohorts import list_cohorts, read_cohort
 
     receipt = cohort.doc["cohort"]
@@ -108,7 +108,7 @@ def test_leaders_rank_the_recipe_and_its_checkpoints(cohort: Cohort, stores) -> 
     out = cli(["leaders", "checkpoints", "--goal", GOAL, "--limit", "2", "--json"], cohort.env)
     rows = json.loads(out.stdout)
     assert len(rows) == 2 and all(r["promoted"] and r["run_id"] in cohort.run_ids for r in rows)
-    from gradlab.receipts import rules
+    from gradlab import receipts as rules
 
     for r in rows:
         promotion = rules.read_promotion(stores, r["run_id"])
@@ -196,7 +196,7 @@ def test_training_runs_show_progress_evaluations_and_receipt_artifacts(cohort: C
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from gradlab.receipts import rules
+    from gradlab import receipts as rules
 
     run_id = cohort.run_ids[2]
     receipt = rules.read_terminal(stores, run_id, "attempt-001")

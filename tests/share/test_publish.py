@@ -22,8 +22,7 @@ from gradlab.checkpoints import list_checkpoints, read_manifest
 from gradlab.contracts.hashing import sha256_json
 from gradlab.contracts.run_spec import RunSpec
 from gradlab.evaluation import EvalRequest, build_manifest, run_evaluation
-from gradlab.receipts.models import CheckpointRef, EvaluationIntent, Promotion
-from gradlab.receipts.rules import (
+from gradlab.receipts import (
     begin_attempt,
     make_evaluation_record,
     open_run,
@@ -32,6 +31,7 @@ from gradlab.receipts.rules import (
     register_evaluation,
     write_promotion,
 )
+from gradlab.receipts.models import CheckpointRef, EvaluationIntent, Promotion
 from gradlab.stores import keys, open_stores
 from tests.share.conftest import gradlab, train_run
 

@@ -62,7 +62,7 @@ def test_a_new_home_is_private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
         "from gradlab.cli.app import _secure_home; _secure_home()\n"
         "from gradlab.settings import load_settings\n"
         "from gradlab.stores import open_stores\n"
-        "from gradlab.receipts import rules\n"
+        "from gradlab import receipts as rules\n"
         "from gradlab.runs.operations import prepare_spec\n"
         "spec, paths = prepare_spec(load_settings(), recipe='gradlab__bandit/ppo')\n"
         "rules.open_run(open_stores(), spec)\n"
