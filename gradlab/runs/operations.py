@@ -577,16 +577,6 @@ def write_local_receipt(paths: RunPaths, receipt: TerminalReceipt) -> bool:
     return True
 
 
-def wait_for(predicate, timeout_s: float, interval_s: float = 0.1) -> bool:
-    """Poll ``predicate`` until true or ``timeout_s`` seconds pass."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval_s)
-    return bool(predicate())
-
-
 def close_abandoned_attempt(stores: Stores, paths: RunPaths | None, run_id: str, *, outcome: str,
                             reason: str) -> TerminalReceipt | None:
     """Seal the run's open attempt after its flow ended without sealing it (Prefect's state hooks:
