@@ -1,4 +1,5 @@
-"""The training run's tasks: each wraps one domain call from ``gradlab.runs.operations``.
+"""The training run's tasks: each wraps one domain call from a phase of ``gradlab.runs.operations``
+(opening, publishing, evaluating, promoting, sealing).
 
 Timeouts: the flow sets every task's ``timeout_seconds`` from the goal with ``with_options``
 (:func:`gradlab.runs.timeouts.task_timeouts`); a timed-out task raises ``TimeoutError``, which the
@@ -14,8 +15,8 @@ from prefect.cache_policies import NO_CACHE
 
 from gradlab.contracts.run_spec import RunSpec
 from gradlab.receipts.models import CheckpointPublication, EvaluationRecord, Promotion, TerminalReceipt
-from gradlab.runs import operations
-from gradlab.runs.operations import AttemptPlan
+from gradlab.runs.operations import evaluating, opening, promoting, publishing, sealing
+from gradlab.runs.operations.opening import AttemptPlan
 from gradlab.runs.paths import RunPaths
 from gradlab.runs.process import LearnerProcess
 from gradlab.stores import Stores
@@ -28,7 +29,7 @@ _COMMON = dict(cache_policy=NO_CACHE, retries=RETRIES, retry_delay_seconds=RETRY
 @task(name="open-run", task_run_name="open-run-{spec.run_id}", **_COMMON)
 def open_run(stores: Stores, spec: RunSpec, paths: RunPaths) -> AttemptPlan:
     """Open the run and its next attempt under the writer lease."""
-    return operations.open_attempt(stores, spec, paths)
+    return opening.open_attempt(stores, spec, paths)
 
 
 @task(name="start-learner", task_run_name="start-learner-{run_id}", cache_policy=NO_CACHE, persist_result=False)
@@ -41,7 +42,7 @@ def start_learner(run_id: str, paths: RunPaths, resume_from: Path | None, zygote
 def publish_checkpoint(stores: Stores, run_id: str, attempt_id: str, step: int, checkpoint_dir: Path,
                        epoch: int | None = None) -> CheckpointPublication:
     """Copy a checkpoint to the model store, verify it, write its receipt, update the index."""
-    return operations.publish(stores, run_id, attempt_id, checkpoint_dir, epoch=epoch)
+    return publishing.publish(stores, run_id, attempt_id, checkpoint_dir, epoch=epoch)
 
 
 @task(name="evaluate-checkpoint", task_run_name="evaluate-{run_id}-step{step}", **_COMMON)
@@ -49,23 +50,23 @@ def evaluate_checkpoint(stores: Stores, spec: RunSpec, run_id: str, step: int, p
                         checkpoint_dir: Path, backend: str, timeout_s: float | None = None) -> EvaluationRecord:
     """Evaluate a published checkpoint once (keyed by content) and record the result; the backend
     gets ``timeout_s`` (the task's own ``timeout_seconds`` is set a little above it, as a backstop)."""
-    return operations.evaluate(stores, spec, publication, checkpoint_dir, backend=backend, timeout_s=timeout_s)
+    return evaluating.evaluate(stores, spec, publication, checkpoint_dir, backend=backend, timeout_s=timeout_s)
 
 
 @task(name="request-stop", task_run_name="request-stop-{run_id}", **_COMMON)
 def request_stop(stores: Stores, run_id: str, attempt_id: str, reason: str) -> None:
     """Record the run's stop request in the receipt store (the outbox has it already)."""
-    operations.record_stop(stores, run_id, attempt_id, reason)
+    evaluating.record_stop(stores, run_id, attempt_id, reason)
 
 
 @task(name="promote", task_run_name="promote-{run_id}-step{step}", **_COMMON)
 def promote(stores: Stores, run_id: str, attempt_id: str, step: int, record: EvaluationRecord,
             publication: CheckpointPublication, epoch: int | None = None) -> Promotion:
     """Promote the lowest-step accepted checkpoint (create-only; exactly once per run)."""
-    return operations.promote(stores, run_id, attempt_id, record, publication, epoch=epoch)
+    return promoting.promote(stores, run_id, attempt_id, record, publication, epoch=epoch)
 
 
 @task(name="seal-receipt", task_run_name="seal-receipt-{run_id}", **_COMMON)
 def seal_receipt(stores: Stores, spec: RunSpec, run_id: str, attempt_id: str, fields: dict, paths: RunPaths) -> TerminalReceipt:
     """Seal the attempt's terminal receipt from the store's inventories."""
-    return operations.seal(stores, spec, attempt_id, paths=paths, **fields)
+    return sealing.seal(stores, spec, attempt_id, paths=paths, **fields)

@@ -22,7 +22,8 @@ from gradlab.errors import GradlabError, IntegrityError, describe_failure
 from gradlab.outbox import Outbox
 from gradlab.receipts.lease import LeaseLost, release_lease, renew_lease
 from gradlab.receipts.models import LearnerExit, TerminalMetrics, TerminalReceipt
-from gradlab.runs.operations import AttemptPlan, record_unusable
+from gradlab.runs.operations.evaluating import record_unusable
+from gradlab.runs.operations.opening import AttemptPlan
 from gradlab.runs.paths import RunPaths
 from gradlab.runs.process import LearnerProcess
 from gradlab.runs.supervisor import CheckpointTrack, Future, JournalSink, Supervisor, WandbMetricSink

@@ -156,7 +156,7 @@ class Supervisor:
     max_parallel_evals: int = 1
     request_stop: Callable[[str], None] | None = None
     #: Records a published checkpoint found not usable (fails verification) as a failed evaluation;
-    #: returns the record (``gradlab.runs.operations.record_unusable``).
+    #: returns the record (``gradlab.runs.operations.evaluating.record_unusable``).
     on_unusable: Callable[[CheckpointTrack, str], EvaluationRecord] | None = None
     clock: Callable[[], float] = time.monotonic
     tracks: dict[int, CheckpointTrack] = field(default_factory=dict)
