@@ -42,6 +42,13 @@ default; :mod:`gradlab.results.stats` bootstraps one sample of seeds, this the d
 BOOTSTRAP_SEED = 0
 
 
+def milestones(steps: int, every: int) -> list[int]:
+    """The env steps the curves are judged at: every ``every`` steps up to ``steps``, and ``steps`` itself
+    (the area statistic's points, and the command's milestone tables)."""
+    out = list(range(every, steps + 1, every))
+    return out if out and out[-1] == steps else [*out, steps]
+
+
 @dataclass(frozen=True)
 class Curve:
     """One run's episodes: ``steps`` (E,) int env steps at each episode's end, ``returns`` (E,) float."""

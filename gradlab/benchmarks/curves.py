@@ -12,10 +12,11 @@ backend either way, so the hyperparameters are the recipe's), trained for ``--st
 ``train.timesteps`` horizon and the learner stops at ``--steps``; ``--schedule-horizon steps``
 anneals them over ``--steps`` instead) by gradlab's own learner (:func:`gradlab.learn.learner.run_learner`: outbox, metric checks,
 early-stop monitor, one final checkpoint, device cpu, ``--threads`` torch threads) in a fresh
-process, ``--jobs`` processes at a time. The learner's vector env is wrapped by
-:class:`EpisodeLog`, which records each training episode's env step (lane steps so far, as the
-learner's ``num_timesteps``) and raw return (the provider's native score summed over the episode,
-before the task program's reward clipping: the game score). At the end of a run the recorded
+process (:mod:`gradlab.benchmarks.curve_worker`; sides and run specs: :mod:`gradlab.benchmarks.curve_sides`),
+``--jobs`` processes at a time. The learner's vector env is wrapped by
+:class:`~gradlab.benchmarks.curve_worker.EpisodeLog`, which records each training episode's env step
+(lane steps so far, as the learner's ``num_timesteps``) and raw return (the provider's native score
+summed over the episode, before the task program's reward clipping: the game score). At the end of a run the recorded
 episodes are checked against the learner's own outbox: the mean of the last 100 recorded raw
 returns must equal the last ``train/episode/return/raw/mean`` metric (``outbox_check`` in the JSON).
 
@@ -46,307 +47,33 @@ starts no queued run (status ``not run``), and writes the JSON (``complete`` fal
 ``status``, ``judged_at``: the step every started run reached, where the summary judges) and the
 plot (its title says so); it prints the interruption and that step, and exits 130. A second
 interrupt kills the runs in flight (status ``killed``; their curves end at their last record, at
-most :data:`WORKER_FLUSH_S` old). ``complete`` is true only when every run
-trained its budget (status ``done``).
+most :data:`~gradlab.benchmarks.curve_worker.WORKER_FLUSH_S` old). ``complete`` is true only when
+every run trained its budget (status ``done``).
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from gradlab.benchmarks.curve_stats import WINDOW, Curve, compare_area, compare_at, verdict
+from gradlab.benchmarks.curve_sides import Side, run_key, run_spec
+from gradlab.benchmarks.curve_stats import WINDOW, Curve, compare_area, compare_at, milestones, verdict
+from gradlab.benchmarks.curve_worker import write_json
 from gradlab.errors import ConfigError
 
-BACKENDS = ("sb3.ppo", "gradlab.ppo")
-PRECISIONS = ("fp32", "bf16")
-RECIPES = {"sb3.ppo": ("ppo-sb3", "ppo"), "gradlab.ppo": ("ppo",)}
-"""Per backend, the goal's recipes to train, the first the goal has."""
-WORKER_FLUSH_S = 10.0
-STALL_S = 2.0
-TICK_S = 0.5
 TERM_EVERY_S = 2.0
 """Seconds between the SIGTERMs an interrupted command sends each run still in flight."""
 
 
-@dataclass(frozen=True)
-class Side:
-    """One side: a backend and (gradlab.ppo only) a precision; ``label`` is how it was written."""
-
-    backend: str
-    precision: str = "fp32"
-
-    @property
-    def label(self) -> str:
-        return self.backend if self.precision == "fp32" else f"{self.backend}:{self.precision}"
-
-    @classmethod
-    def parse(cls, text: str) -> Side:
-        """``BACKEND[:PRECISION]``.
-
-        Raises:
-            ConfigError: an unknown backend or precision, or a precision on sb3.ppo.
-        """
-        backend, _, precision = text.partition(":")
-        precision = precision or "fp32"
-        if backend not in BACKENDS:
-            raise ConfigError(f"--side {text!r}: expected a backend of {', '.join(BACKENDS)}, found {backend!r}")
-        if precision not in PRECISIONS:
-            raise ConfigError(f"--side {text!r}: expected a precision of {', '.join(PRECISIONS)}, found {precision!r}")
-        if backend == "sb3.ppo" and precision != "fp32":
-            raise ConfigError(f"--side {text!r}: sb3.ppo trains in fp32 only")
-        return cls(backend, precision)
-
-
-def run_key(side: Side, seed: int) -> str:
-    return f"{side.label.replace(':', '-')}-s{seed}"
-
-
-def side_ref(goal: str, side: Side) -> str:
-    """``GOAL/RECIPE`` for ``side`` (:data:`RECIPES`).
-
-    Raises:
-        NotFound: an unknown goal (as ``gradlab train`` reports it: did-you-mean or the known goals),
-            or the goal has none of the backend's recipes.
-    """
-    from gradlab.contracts.experiments import Experiments
-    from gradlab.errors import NotFound
-
-    exp = Experiments()
-    exp.goal_path(goal)  # NotFound: unknown goal 'X' (the resolver `gradlab train` goes through)
-    names = set(exp.recipe_ids(goal))
-    for recipe in RECIPES[side.backend]:
-        if recipe in names:
-            return f"{goal}/{recipe}"
-    raise NotFound(f"{goal}: expected one of the recipes {', '.join(RECIPES[side.backend])} for {side.label}, found none")
-
-
-HORIZONS = ("recipe", "steps")
-
-
-def run_spec(goal: str, side: Side, seed: int, steps: int, threads: int, horizon: str = "recipe") -> Any:
-    """The run spec of one run: the side's recipe, one final checkpoint, device cpu, ``threads`` torch
-    threads, the side's backend and precision.
-
-    ``horizon`` sets ``train.timesteps``, the length the learning-rate, clip-range and entropy
-    schedules run over: ``recipe`` keeps the recipe's (the run then stops at ``steps``, so the curve
-    is the first ``steps`` of the recipe's own run; at least ``steps``), ``steps`` sets it to
-    ``steps`` (the schedules reach their final values at the end of the curve).
-
-    Raises:
-        ConfigError: an unknown ``horizon``, or an override the recipe rejects. NotFound: no recipe.
-    """
-    from gradlab.contracts.experiments import Experiments
-    from gradlab.contracts.run_spec import RunSpec
-
-    if horizon not in HORIZONS:
-        raise ConfigError(f"--schedule-horizon: expected {' or '.join(HORIZONS)}, found {horizon!r}")
-    overrides = [f"train.checkpoint_freq={steps}", "train.device=cpu", f"train.torch_threads={threads}",
-                 f"train.backend.id={side.backend}"]
-    if side.backend == "gradlab.ppo":
-        overrides += [f"train.backend.config.threads={threads}", f"train.backend.config.precision={side.precision}"]
-    exp, ref = Experiments(), side_ref(goal, side)
-    resolved = exp.resolve(ref, overrides)
-    if horizon == "steps" or resolved.recipe.train.timesteps < steps:
-        resolved = exp.resolve(ref, [f"train.timesteps={steps}", *overrides])
-    return RunSpec.from_resolved(resolved, seed=seed)
-
-
-# -- the worker: one run in its own process ---------------------------------------------------
-class EpisodeLog:
-    """A gradlab ``VectorEnv`` that records every finished episode's env step and raw return.
-
-    Every attribute but :meth:`step` is the wrapped env's. ``steps`` counts lane steps (``num_envs``
-    per :meth:`step`); ``episode_steps[i]`` (int) is ``steps`` after the step that ended episode i,
-    ``returns[i]`` (float) its ``EpisodeRecord.raw_return``. ``on_step`` (optional) is called after
-    each step.
-    """
-
-    def __init__(self, venv: Any, on_step: Any = None):
-        self._venv = venv
-        self._on_step = on_step
-        self.steps = 0
-        self.episode_steps: list[int] = []
-        self.returns: list[float] = []
-        # Lane groups (gradlab.envs.groups): gradlab.ppo's rollout steps each group on its own, so
-        # every group's step_wait is where episodes are recorded (LaneGroups.step goes through them).
-        self._groups = list(getattr(venv, "groups", None) or [])
-        for group in self._groups:
-            group.step_wait = functools.partial(self._group_wait, group, group.step_wait)
-
-    def _record(self, res: Any, lanes: int) -> None:
-        self.steps += lanes
-        for ep in res.episodes:
-            self.episode_steps.append(self.steps)
-            self.returns.append(float(ep.raw_return))
-        if self._on_step is not None:
-            self._on_step()
-
-    def _group_wait(self, group: Any, wait: Any) -> Any:
-        res = wait()
-        self._record(res, group.num_envs)
-        return res
-
-    def step(self, actions: Any) -> Any:
-        res = self._venv.step(actions)
-        if not self._groups:
-            self._record(res, self._venv.num_envs)
-        return res
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "venv":  # gradlab.ppo unwraps an SB3VecEnv through .venv: this is no adapter
-            raise AttributeError(name)
-        return getattr(self._venv, name)
-
-
-class _Heartbeat(threading.Thread):
-    """Adds to ``stalled_s`` every stretch longer than :data:`STALL_S` in which this process did not run."""
-
-    def __init__(self) -> None:
-        super().__init__(daemon=True, name="curves-heartbeat")
-        self.stalled_s = 0.0
-
-    def run(self) -> None:
-        last = time.monotonic()
-        while True:
-            time.sleep(TICK_S)
-            now = time.monotonic()
-            if now - last > STALL_S:
-                self.stalled_s += now - last - TICK_S
-            last = now
-
-
-def _cpu_seconds() -> float:
-    import resource
-
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
-
-
-def _write_json(path: Path, doc: dict) -> None:
-    """Atomically (:func:`gradlab.fsync.write_atomic`): a reader never sees half a file."""
-    from gradlab.fsync import write_atomic
-
-    write_atomic(path, json.dumps(doc).encode())
-
-
-def _outbox_check(outbox_path: Path, returns: list[float]) -> dict:
-    """The learner's last ``train/episode/return/raw/mean`` against the mean of the last 100 recorded."""
-    from gradlab.outbox import Outbox
-
-    outbox = Outbox(outbox_path, readonly=True)
-    try:
-        last = None
-        for event in outbox.read(0, limit=10_000_000, kind="metrics"):
-            value = event.payload.get("metrics", {}).get("train/episode/return/raw/mean")
-            if value is not None:
-                last = float(value)
-    finally:
-        outbox.close()
-    recorded = sum(returns[-WINDOW:]) / len(returns[-WINDOW:]) if returns else None
-    match = (last is None and recorded is None) or (
-        last is not None and recorded is not None and math.isclose(last, recorded, rel_tol=1e-9, abs_tol=1e-9))
-    return {"outbox_raw_mean": last, "recorded_raw_mean": recorded, "match": match}
-
-
-_EARLY_STOP = [False]
-"""Set by :func:`_early_stop`, the worker process's SIGTERM/SIGINT handler until the learner installs its own."""
-
-
-def _early_stop(signum: int, frame: Any) -> None:
-    _EARLY_STOP[0] = True
-
-
-def _ignore_stops() -> None:
-    """Trained: later SIGTERMs (the command repeats them) must not kill the process while it writes its
-    record or exits (Python puts its own handlers back to the default at exit; an ignored signal stays so)."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def worker(goal: str, side: Side, seed: int, steps: int, threads: int, out: Path, parent_pid: int,
-           horizon: str = "recipe") -> dict:
-    """Train one run for ``steps`` env steps (:func:`run_spec`), keeping ``out`` (its JSON record)
-    current; returns the final record (``status`` ``done`` once ``steps`` were trained).
-
-    Raises:
-        ContractViolation / ConfigError / NotFound: as :func:`run_learner` and :func:`run_spec`.
-    """
-    import tempfile
-
-    from gradlab.envs import make_vector_env
-    from gradlab.learn.learner import OUTBOX_FILE, run_learner
-
-    spec = run_spec(goal, side, seed, steps, threads, horizon)
-    heartbeat = _Heartbeat()
-    record: dict[str, Any] = {"side": side.label, "backend": side.backend, "precision": side.precision, "seed": seed,
-                              "ref": f"{spec.goal_id}/{spec.recipe_id}", "threads": threads, "budget": steps,
-                              "schedule_timesteps": spec.recipe.train.timesteps,
-                              "status": "running", "pid": os.getpid()}
-    c0, t0 = _cpu_seconds(), time.monotonic()
-    last_flush = [t0]
-
-    def snapshot(status: str) -> dict:
-        seconds = time.monotonic() - t0
-        active = max(seconds - heartbeat.stalled_s, 1e-9)
-        record.update(status=status, steps=log.steps, episode_steps=log.episode_steps, returns=log.returns,
-                      seconds=seconds, cpu_seconds=_cpu_seconds() - c0, stalled_s=heartbeat.stalled_s,
-                      steps_per_s=log.steps / active)
-        return record
-
-    def on_step() -> None:
-        now = time.monotonic()
-        if now - last_flush[0] >= WORKER_FLUSH_S:
-            last_flush[0] = now
-            _write_json(out, snapshot("running"))
-
-    # Each side's own vector env: gradlab.ppo's is two lane groups on ale-py (its pipelined rollout).
-    if side.backend == "gradlab.ppo":
-        from gradlab.learn.ppo import PPOBackend
-
-        venv = PPOBackend.make_env(spec)
-    else:
-        venv = make_vector_env(spec.environment, seed=spec.seed)
-    log = EpisodeLog(venv, on_step)
-    heartbeat.start()
-    _write_json(out, snapshot("running"))
-    if side.backend == "sb3.ppo":
-        from gradlab.envs.sb3 import SB3VecEnv
-
-        env: Any = SB3VecEnv(log)  # type: ignore[arg-type]  # an EpisodeLog is a VectorEnv by delegation
-    else:
-        env = log
-    if _EARLY_STOP[0]:  # SIGTERM/SIGINT before the learner's own handler was in place: train nothing
-        _ignore_stops()
-        record.update(stop_reason="sigterm", final_step=0)
-        final = snapshot("stopped")
-        _write_json(out, final)
-        return final
-    with tempfile.TemporaryDirectory(prefix="gradlab-curves-") as tmp:
-        result = run_learner(spec, Path(tmp) / "run", env=env, stop_at_step=steps, watch_parent=True,
-                             parent_pid=parent_pid)
-        _ignore_stops()
-        record["stop_reason"] = result.stop_reason
-        record["final_step"] = result.final_step
-        record["outbox_check"] = _outbox_check(Path(tmp) / "run" / OUTBOX_FILE, log.returns)
-    done = result.final_step >= steps and result.stop_reason in ("budget", "stop_requested")
-    final = snapshot("done" if done else "stopped")
-    _write_json(out, final)
-    return final
-
-
-# -- the command: runs as processes, progress, milestones, JSON, plot -------------------------
 @dataclass
 class _Run:
     side: Side
@@ -388,11 +115,6 @@ def default_out(goal: str) -> Path:
 
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     return load_settings().home / "benchmarks" / f"curves-{goal}-{stamp}"
-
-
-def milestones(steps: int, every: int) -> list[int]:
-    out = list(range(every, steps + 1, every))
-    return out if out and out[-1] == steps else [*out, steps]
 
 
 def summarize(runs: list[_Run], sides: list[Side], marks: list[int], window: int = WINDOW,
@@ -555,7 +277,7 @@ def run(goal: str, sides: list[Side], seeds: list[int], steps: int, threads: int
 
     def flush(complete: bool = False) -> dict:
         doc = document(complete)
-        _write_json(out / "curves.json", doc)
+        write_json(out / "curves.json", doc)
         if any(r.record and r.record.get("returns") for r in runs):
             plot(runs, sides, out / "curves.png", title, window)
         return doc
@@ -608,7 +330,7 @@ def run(goal: str, sides: list[Side], seeds: list[int], steps: int, threads: int
                                        "threads": threads, "out": str(r.path), "parent_pid": os.getpid(),
                                        "horizon": horizon})
                     with open(r.log, "w") as logf:
-                        r.proc = subprocess.Popen([sys.executable, "-m", "gradlab.benchmarks.curves", args],
+                        r.proc = subprocess.Popen([sys.executable, "-m", "gradlab.benchmarks.curve_worker", args],
                                                   stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                                   env={**os.environ, "PYTHONWARNINGS": "ignore"})
                     r.status = "running"
@@ -677,14 +399,3 @@ def run(goal: str, sides: list[Side], seeds: list[int], steps: int, threads: int
     if failed:
         raise RuntimeError(f"runs failed: {', '.join(failed)} (logs in {out / 'runs'})")
     return doc
-
-
-if __name__ == "__main__":  # one run: python -m gradlab.benchmarks.curves '{"goal": ..., "side": ..., ...}'
-    import logging
-
-    signal.signal(signal.SIGTERM, _early_stop)
-    signal.signal(signal.SIGINT, _early_stop)
-    logging.basicConfig(level=logging.WARNING)
-    _a = json.loads(sys.argv[1])
-    worker(_a["goal"], Side.parse(_a["side"]), int(_a["seed"]), int(_a["steps"]), int(_a["threads"]), Path(_a["out"]),
-           int(_a["parent_pid"]), _a["horizon"])

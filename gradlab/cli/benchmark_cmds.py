@@ -73,7 +73,8 @@ def curves(
                                          "--steps of the recipe's run); steps: they anneal over --steps."),
 ) -> None:
     """Learning curves (raw training return vs env steps) per side and seed, and whether sides agree within noise."""
-    from gradlab.benchmarks.curves import Side, run
+    from gradlab.benchmarks.curve_sides import Side
+    from gradlab.benchmarks.curves import run
     from gradlab.errors import ConfigError
 
     items = [x.strip() for text in seeds for x in text.split(",")]

@@ -7,15 +7,16 @@ import math
 import numpy as np
 import pytest
 
+from gradlab.benchmarks.curve_sides import Side
 from gradlab.benchmarks.curve_stats import (
     Curve,
     compare_area,
     compare_at,
     episode_comparison,
+    milestones,
     seed_comparison,
     verdict,
 )
-from gradlab.benchmarks.curves import Side, milestones
 from gradlab.errors import ConfigError
 
 

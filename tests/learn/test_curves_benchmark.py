@@ -57,7 +57,7 @@ def test_two_sides_survive_a_pause_and_leave_json_png_and_verdict(tmp_path: Path
         assert r["outbox_check"]["match"] is True, r["outbox_check"]  # the learner's own window mean agrees
         assert r["steps_per_s"] == pytest.approx(r["steps"] / (r["seconds"] - r["stalled_s"]))
         assert r["cpu_seconds"] > 0
-    from gradlab.benchmarks.curves import Side, side_ref
+    from gradlab.benchmarks.curve_sides import Side, side_ref
 
     # ppo-sb3 for sb3.ppo where the goal has one (main's bandit does), else ppo; ppo for gradlab.ppo.
     assert runs["sb3.ppo"]["ref"] == side_ref("gradlab__bandit", Side.parse("sb3.ppo"))
@@ -94,7 +94,7 @@ def test_two_sides_survive_a_pause_and_leave_json_png_and_verdict(tmp_path: Path
 
 
 def test_run_spec_keeps_the_recipes_schedule_horizon_unless_told() -> None:
-    from gradlab.benchmarks.curves import Side, run_spec
+    from gradlab.benchmarks.curve_sides import Side, run_spec
 
     spec = run_spec("Breakout-Atari2600-v0", Side.parse("gradlab.ppo:bf16"), 1, 1_000_000, 2)
     train = spec.recipe.train
