@@ -12,7 +12,13 @@ import typer
 
 from gradlab.console import console, err_console, print_json
 
-__all__ = ["console", "err_console", "fail", "fail_with_problems", "print_json"]
+__all__ = ["console", "err_console", "fail", "fail_with_problems", "print_json", "say"]
+
+
+def say(line: str) -> None:
+    """Print one note on stderr as it is (rich markup, no highlighting): what a domain call's
+    ``say``/``warn`` callback is given by the commands."""
+    err_console.print(line, highlight=False)
 
 
 def fail(message: str, code: int = 1) -> NoReturn:

@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
-from gradlab.cli.output import console, err_console, fail
+from gradlab.cli.output import console, err_console, fail, say
 
 _S3_CHECKPOINT = re.compile(r"/runs/(?P<run>[^/]+)/checkpoints/(?P<step>\d{12})-[0-9a-f]{16}/?$")
 
@@ -36,7 +36,7 @@ def _newest_promoted(stores: Any, recipe: str) -> str:
 
 
 def _resolve(source: str, settings: Any, stores: Any) -> Any:
-    from gradlab.cli.eval_cmds import ResolvedCheckpoint, resolve_checkpoint
+    from gradlab.checkpoints.resolve import ResolvedCheckpoint, resolve_checkpoint
 
     if source.startswith("hf://"):  # a published repository: every file checked against gradlab.json
         from gradlab.share.hub import load_repo
@@ -45,7 +45,7 @@ def _resolve(source: str, settings: Any, stores: Any) -> Any:
         return ResolvedCheckpoint(path=hub.checkpoint, spec=hub.spec, spec_source=f"{source} run_spec.json",
                                   origin="hub")
     if not source.startswith("s3://"):
-        return resolve_checkpoint(source, settings=settings, stores=stores)
+        return resolve_checkpoint(source, settings=settings, stores=stores, warn=say)
     from gradlab.checkpoints import read_manifest
     from gradlab.errors import ConfigError, NotFound
 
@@ -59,7 +59,7 @@ def _resolve(source: str, settings: Any, stores: Any) -> Any:
         raise ConfigError(f"{source}: names the model store {store}, but the configured model store is "
                           f"{stores.model.base_url} (set GRADLAB_MODEL_STORE_URL and GRADLAB_CONTROL_STORE_URL "
                           "to play from another store)")
-    resolved = resolve_checkpoint(f"{m['run']}:{int(m['step'])}", settings=settings, stores=stores)
+    resolved = resolve_checkpoint(f"{m['run']}:{int(m['step'])}", settings=settings, stores=stores, warn=say)
     sha16 = source.rstrip("/").rsplit("-", 1)[1]
     found = read_manifest(resolved.path).sha256
     if not found.startswith(sha16):

@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from gradlab.cli.output import err_console, fail, print_json
+from gradlab.cli.output import err_console, fail, print_json, say
 from gradlab.errors import GradlabError
 
 
@@ -31,11 +31,11 @@ def export_command(
     try:
         import json
 
-        from gradlab.cli.eval_cmds import resolve_checkpoint
+        from gradlab.checkpoints.resolve import resolve_checkpoint
         from gradlab.evaluation.runner import parse_spec
         from gradlab.share.export import export_checkpoint
 
-        resolved = resolve_checkpoint(checkpoint)
+        resolved = resolve_checkpoint(checkpoint, warn=say)
         if resolved.fallback:
             why = ("evaluation was off for this run" if resolved.spec.get("evaluate") is False
                    else "no checkpoint passed its acceptance rule, or the run has not finished")
@@ -100,7 +100,7 @@ def publish_command(
             raise typer.BadParameter(str(e).removeprefix("hf://"), param_hint="--repo") from None
     try:
         from gradlab.checkpoints import read_manifest
-        from gradlab.cli.eval_cmds import resolve_checkpoint
+        from gradlab.checkpoints.resolve import resolve_checkpoint
         from gradlab.evaluation.runner import parse_spec
         from gradlab.receipts import rules
         from gradlab.settings import load_settings
@@ -108,7 +108,7 @@ def publish_command(
         from gradlab.stores import open_stores
 
         settings = load_settings()
-        resolved = resolve_checkpoint(checkpoint)
+        resolved = resolve_checkpoint(checkpoint, warn=say)
         spec = parse_spec(resolved.spec, source=resolved.spec_source)
         manifest = read_manifest(resolved.path)
         stores = open_stores(settings)

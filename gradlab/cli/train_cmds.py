@@ -22,7 +22,7 @@ import typer
 from rich.markup import escape
 
 from gradlab.cli.contracts_cmds import SetOption, resolve_or_exit, runnable_or_exit
-from gradlab.cli.output import err_console, fail, print_json
+from gradlab.cli.output import err_console, fail, print_json, say
 from gradlab.errors import ConfigError
 
 
@@ -227,7 +227,7 @@ def resolve_init_from(source: str, *, ref: str, overrides: list[str], optimizer:
     ``source`` is ``RUN[:STEP]`` or a checkpoint folder (as ``gradlab eval`` reads them) or
     ``hf://OWNER/NAME`` (a published repository, hashes verified). Exits 1 with the error.
     """
-    from gradlab.cli.eval_cmds import resolve_checkpoint
+    from gradlab.checkpoints.resolve import resolve_checkpoint
     from gradlab.contracts import Experiments
     from gradlab.contracts.run_spec import InitFrom
     from gradlab.errors import GradlabError
@@ -244,7 +244,7 @@ def resolve_init_from(source: str, *, ref: str, overrides: list[str], optimizer:
             if optimizer:
                 fail(f"--init-optimizer: {source} is a published repository, which holds no optimizer state")
         else:
-            folder = resolve_checkpoint(source).path
+            folder = resolve_checkpoint(source, warn=say).path
             manifest = verify_checkpoint(folder)
         check_spaces(folder, Experiments().resolve(ref, overrides).environment, source=source)
     except GradlabError as e:

@@ -196,7 +196,7 @@ def test_promotion_rereads_the_published_objects(stores: Stores, trained: Path, 
 
 def test_eval_of_a_run_refuses_a_local_copy_that_differs_from_the_publication(stores: Stores, trained: Path,
                                                                               tmp_path: Path) -> None:
-    from gradlab.cli.eval_cmds import resolve_checkpoint
+    from gradlab.checkpoints.resolve import resolve_checkpoint
     from gradlab.settings import load_settings
 
     paths, pubs = _published(stores, trained, tmp_path)
