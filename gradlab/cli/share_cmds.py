@@ -60,26 +60,6 @@ def export_command(
         print_json(json.loads((Path(out) / "gradlab_export.json").read_text()))
 
 
-def _accepted_result(stores, spec, sha256: str):
-    """The run's accepted evaluation result for checkpoint ``sha256`` (validated), or None."""
-    from gradlab.contracts.hashing import sha256_json
-    from gradlab.evaluation import validate_result
-    from gradlab.evaluation.result import EvalResult
-    from gradlab.receipts import rules
-
-    for _intent, record in rules.list_evaluations(stores, spec.run_id):
-        if record is None or record.checkpoint_sha256 != sha256 or record.result is None:
-            continue
-        if record.result_sha256 != sha256_json(record.result):
-            from gradlab.errors import IntegrityError
-
-            raise IntegrityError(f"run {spec.run_id}: the evaluation record of {sha256[:16]} does not match its result hash")
-        result = EvalResult.from_json(record.result, source=f"run {spec.run_id} evaluation")
-        validate_result(result, expected={"checkpoint_sha256": sha256, **spec.hashes}, goal=spec.goal)
-        return result
-    return None
-
-
 def publish_command(
     checkpoint: Annotated[str, typer.Argument(help="RUN_ID[:STEP] (default: the promoted checkpoint) or a checkpoint folder.")],
     repo: Annotated[str | None, typer.Option("--repo", help="OWNER/NAME on the Hugging Face Hub to upload to (needs HF_TOKEN or `hf auth login`).")] = None,
@@ -104,6 +84,7 @@ def publish_command(
         from gradlab.evaluation.runner import parse_spec
         from gradlab.receipts import rules
         from gradlab.settings import load_settings
+        from gradlab.share.evidence import accepted_result
         from gradlab.share.hub import build_repo_folder, commit_message, hf_token, upload_folder
         from gradlab.stores import open_stores
 
@@ -120,7 +101,7 @@ def publish_command(
             fail(f"run {spec.run_id}: checkpoint step {manifest.step} ({manifest.sha16}) is not promoted ({which}); "
                  "only promoted checkpoints publish: pass --allow-unaccepted to publish it anyway (the model card "
                  "then says it was not accepted)")
-        result = _accepted_result(stores, spec, manifest.sha256) if promoted else None
+        result = accepted_result(stores, spec, manifest.sha256) if promoted else None
         if result is None:
             from gradlab.evaluation import EvalRequest, run_evaluation
 
