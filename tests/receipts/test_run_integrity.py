@@ -138,7 +138,7 @@ def test_corrupt_newest_checkpoint_falls_back_to_the_newest_that_verifies(stores
     assert note.startswith(f"step {newest.step}: {stores.model.url(key)}: sha256 expected")
     stored = [a for a in rules.list_attempts(stores, RUN) if a.attempt_id == plan.attempt.attempt_id]
     assert stored[0].skipped_checkpoints == [note]  # said in the attempt receipt itself
-    from gradlab.cli.runs_cmds import run_view
+    from gradlab.runs.view import run_view
 
     assert run_view(stores, RUN)["attempts"][-1]["skipped_checkpoints"] == [note]  # and by `gradlab runs show`
 
