@@ -109,14 +109,14 @@ def sweep(
     resolve_or_exit(ref, overrides)
     if seeds == 1:
         err_console.print("note: a cohort of one seed has no intervals (they are undefined); use --seeds 3 or more")
-    from gradlab.cli.train_cmds import _cancel_on_ctrl_c, configure_prefect
+    from gradlab.cli.local_flow import cancel_on_ctrl_c, configure_prefect
     from gradlab.contracts.run_spec import new_run_id
     from gradlab.results.cohorts import new_cohort_id
 
     cohort_id = new_cohort_id()
     run_ids = [new_run_id() for _ in range(seeds)]
     api = configure_prefect()
-    _cancel_on_ctrl_c()  # Ctrl-C: every local seed stops its learner and seals `cancelled`
+    cancel_on_ctrl_c()  # Ctrl-C: every local seed stops its learner and seals `cancelled`
     if deployment:
         _require_deployment(deployment, api)
     err_console.print(f"cohort [bold]{cohort_id}[/]: {plural(seeds, 'seed')} of {escape(ref)} "

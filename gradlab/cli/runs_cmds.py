@@ -84,7 +84,8 @@ def retry(
 ) -> None:
     """A new attempt of RUN_ID: refused while its lease is live; drain-only if the learner had
     finished; otherwise the learner resumes from the last published checkpoint."""
-    from gradlab.cli.train_cmds import LiveProgress, _summary, configure_prefect, run_flow
+    from gradlab.cli.local_flow import configure_prefect, run_flow
+    from gradlab.cli.run_display import LiveProgress, print_summary
     from gradlab.errors import NotFound
     from gradlab.receipts import rules
     from gradlab.receipts.lease import read_lease
@@ -123,7 +124,7 @@ def retry(
     if receipt is None:
         why = f": {state.message}" if state is not None and state.message else ""
         fail(f"run {run_id}: the retry sealed no receipt{why}; see `gradlab runs show {run_id}`")
-    _summary(receipt, time.monotonic() - started)
+    print_summary(receipt, time.monotonic() - started)
     if json_out:
         print_json(receipt)
     raise typer.Exit(0 if receipt["outcome"] == "succeeded" else 1)
