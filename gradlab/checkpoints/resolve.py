@@ -19,7 +19,8 @@ verifies. A Hugging Face repository (``hf://OWNER/NAME``) is not resolved here: 
 :func:`gradlab.share.hub.load_repo`'s, a floor above.
 
 ``gradlab eval``, ``export``, ``publish``, ``train --init-from``, ``play`` and the player's catalog
-resolve through :func:`resolve_checkpoint`. Importing this module imports neither torch nor the
+resolve through :func:`resolve_checkpoint`; ``gradlab play`` also takes a checkpoint's URI in the
+model store (``s3://.../runs/<run_id>/checkpoints/<step>-<sha16>/``, :func:`resolve_store_uri`). Importing this module imports neither torch nor the
 stores.
 """
 
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,6 +47,9 @@ logger = logging.getLogger(__name__)
 SPEC_FILE = "spec.json"
 CACHE_DIR = Path("cache") / "checkpoints"
 """Downloaded checkpoints, under ``$GRADLAB_HOME``: ``cache/checkpoints/<run_id>/<step:012d>-<sha16>/``."""
+
+#: A checkpoint's URI in a model store: ``.../runs/<run_id>/checkpoints/<step:012d>-<sha16>/``.
+_S3_CHECKPOINT = re.compile(r"/runs/(?P<run>[^/]+)/checkpoints/(?P<step>\d{12})-[0-9a-f]{16}/?$")
 
 #: Called with a one-line note when a copy is passed over (a damaged local or cached copy, a
 #: publication receipt that could not be read); the commands print it on stderr.
@@ -300,3 +305,43 @@ def resolve_checkpoint(ref: str, *, settings: Settings | None = None, stores: St
         return local_newest(local, "the newest checkpoint", fallback=True)
     raise NotFound(f"run {run_id}: no checkpoint (no promotion or publication under "
                    f"{stores.control.url(keys.run_prefix(run_id))}, nothing under {run_dir / 'checkpoints'})")
+
+
+def resolve_store_uri(uri: str, *, stores: Stores, settings: Settings | None = None,
+                      warn: Warn | None = None) -> ResolvedCheckpoint:
+    """A checkpoint named by its URI in the configured model store, as :func:`resolve_checkpoint`
+    resolves ``RUN_ID:STEP``, then checked to be the checkpoint the URI names.
+
+    Args:
+        uri: ``s3://BUCKET/PREFIX/runs/<run_id>/checkpoints/<step:012d>-<sha16>/``.
+        stores: the configured stores (their publication receipts are the authority).
+        settings: default :func:`gradlab.settings.load_settings`.
+        warn: as for :func:`resolve_checkpoint`.
+
+    Returns:
+        The verified local folder (possibly downloaded) with the run spec JSON.
+
+    Raises:
+        NotFound: not a checkpoint URI, or the run's checkpoint at that step is not that sha16
+            (and as :func:`resolve_checkpoint`).
+        ConfigError: the URI names another model store than the configured one.
+    """
+    from gradlab.checkpoints import read_manifest
+
+    m = _S3_CHECKPOINT.search(uri)
+    if m is None:
+        raise NotFound(f"{uri}: expected a checkpoint URI .../runs/<run_id>/checkpoints/<step>-<sha16>/")
+    # The URI is looked up in the configured stores (their publication receipts are the authority), so
+    # it must name the configured model store and the exact checkpoint, not just a run and a step.
+    store = uri[:m.start()]
+    if store != stores.model.base_url.rstrip("/"):
+        raise ConfigError(f"{uri}: names the model store {store}, but the configured model store is "
+                          f"{stores.model.base_url} (set GRADLAB_MODEL_STORE_URL and GRADLAB_CONTROL_STORE_URL "
+                          "to play from another store)")
+    resolved = resolve_checkpoint(f"{m['run']}:{int(m['step'])}", settings=settings, stores=stores, warn=warn)
+    sha16 = uri.rstrip("/").rsplit("-", 1)[1]
+    found = read_manifest(resolved.path).sha256
+    if not found.startswith(sha16):
+        raise NotFound(f"{uri}: run {m['run']} has no checkpoint {sha16} at step {int(m['step'])} "
+                       f"(its checkpoint there is {found[:16]})")
+    return resolved

@@ -98,17 +98,15 @@ def eval_command(
         return
     try:
         from gradlab.checkpoints import read_manifest
-        from gradlab.checkpoints.resolve import ResolvedCheckpoint, resolve_checkpoint
+        from gradlab.checkpoints.resolve import resolve_checkpoint
         from gradlab.evaluation import EvalRequest
         from gradlab.evaluation.runner import parse_spec
 
         verify = "full"
         if checkpoint.startswith("hf://"):  # a published repository: weights-only files, verified against gradlab.json
-            from gradlab.share.hub import load_repo
+            from gradlab.share.hub import resolve_repo
 
-            hub = load_repo(checkpoint)
-            resolved = ResolvedCheckpoint(path=hub.checkpoint, spec=hub.spec, spec_source=f"{checkpoint} run_spec.json",
-                                          origin="hub")
+            resolved = resolve_repo(checkpoint)
             verify = "weights_only"
         else:
             resolved = resolve_checkpoint(checkpoint, warn=say)
