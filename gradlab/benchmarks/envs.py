@@ -302,7 +302,7 @@ def machine() -> str:
 
 def main(*, cases: tuple[str, ...], seconds: float, as_json: bool, rounds: int = 3) -> None:
     """Run the cases and print a table (or one JSON document)."""
-    from gradlab.cli.output import console, print_json
+    from gradlab.console import console, print_json
 
     rows = run(cases, seconds, rounds)
     if as_json:

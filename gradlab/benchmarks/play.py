@@ -167,7 +167,7 @@ def main(*, cases: tuple[str, ...], seconds: float, settle_s: float, as_json: bo
     from rich.table import Table
 
     from gradlab.benchmarks.envs import machine
-    from gradlab.cli.output import console, err_console, print_json
+    from gradlab.console import console, err_console, print_json
 
     chromium = os.environ.get("GRADLAB_CHROMIUM", "/usr/bin/chromium")
     args = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",

@@ -14,6 +14,8 @@ Public names:
     is_trusted, require_trust, load_sb3_model: trust rules for pickle-based files.
     write_sb3_zip(model, path): the one writer of ``policy.zip`` (self-contained, deterministic).
     CheckpointManifest, Policy, PolicySpec: the models.
+    resolve.resolve_checkpoint(ref) -> resolve.ResolvedCheckpoint: the verified local folder and run
+        spec that ``RUN_ID[:STEP]`` or a folder names (downloaded from the model store when needed).
 
 Importing this package does not import torch.
 """

@@ -114,15 +114,15 @@ def _store_view(run_id: str | None) -> dict[str, Any] | None:
     if run_id is None:
         return None
     from gradlab import receipts as rules
-    from gradlab.cli.runs_cmds import _stores, run_view
+    from gradlab.cli.store_reads import open_stores_or_exit, run_view_or_exit
     from gradlab.errors import NotFound
 
-    stores = _stores()
+    stores = open_stores_or_exit()
     try:
         rules.read_run(stores, run_id)
     except NotFound:
         return None
-    view = run_view(stores, run_id)
+    view = run_view_or_exit(stores, run_id)
     latest = view["attempts"][-1] if view["attempts"] else None
     live = _live_view(stores, run_id) if latest and not latest["outcome"] else None
     receipt = view["receipt"] if latest and latest["outcome"] and view["receipt"] and \
@@ -486,7 +486,7 @@ def retry(
     flow run of it is live or its lease is held; resumes from the last published checkpoint, or only
     drains when the learner had finished (docs/ARCHITECTURE.md section 8)."""
     from gradlab.cli.prefect_runs import FLOW_NAME, deployment_names
-    from gradlab.cli.runs_cmds import _stores
+    from gradlab.cli.store_reads import open_stores_or_exit
     from gradlab.receipts.lease import read_lease
 
     with _prefect() as (client, api_url):
@@ -497,7 +497,7 @@ def retry(
                  f"{live[0].state.name if live[0].state else 'new'}; wait for it or cancel it first")
         if run_id is None or _store_view(run_id) is None:
             fail(f"run {run_id or run} was never opened in the stores: launch it again instead")
-        held = read_lease(_stores().control, run_id)
+        held = read_lease(open_stores_or_exit().control, run_id)
         if held is not None and held.lease.in_force():
             fail(f"run {run_id}: attempt {held.lease.holder} still holds the lease until "
                  f"{held.lease.expires_at.isoformat()}; retry after it ends or expires")

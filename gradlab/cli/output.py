@@ -1,24 +1,24 @@
-"""Shared CLI output helpers: rich console on stderr for humans, JSON on stdout for machines."""
+"""Shared CLI output helpers: rich console on stderr for humans, JSON on stdout for machines.
+
+The consoles and :func:`print_json` are :mod:`gradlab.console`'s (below the CLI, so the benchmarks
+print through them too); this module adds the error exits of the commands.
+"""
 
 from __future__ import annotations
 
-import json
-import sys
 from typing import Any, NoReturn
 
 import typer
-from rich.console import Console
 
-# No emoji codes (":abc:" in a message stays text); a wide page when output is not a terminal, so
-# piped tables and hashes are not cut at 80 columns.
-console = Console(emoji=False, width=None if sys.stdout.isatty() else 200)
-err_console = Console(stderr=True, emoji=False, width=None if sys.stderr.isatty() else 200)
+from gradlab.console import console, err_console, print_json
+
+__all__ = ["console", "err_console", "fail", "fail_with_problems", "print_json", "say"]
 
 
-def print_json(value: Any) -> None:
-    """One JSON document on stdout, nothing else."""
-    sys.stdout.write(json.dumps(value, indent=None, sort_keys=False, default=str) + "\n")
-    sys.stdout.flush()
+def say(line: str) -> None:
+    """Print one note on stderr as it is (rich markup, no highlighting): what a domain call's
+    ``say``/``warn`` callback is given by the commands."""
+    err_console.print(line, highlight=False)
 
 
 def fail(message: str, code: int = 1) -> NoReturn:

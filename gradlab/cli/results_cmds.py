@@ -14,21 +14,13 @@ from rich.table import Table
 
 from gradlab.cli.contracts_cmds import SetOption, resolve_or_exit
 from gradlab.cli.output import console, err_console, fail, print_json
+from gradlab.cli.store_reads import open_stores_or_exit
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON document.")]
 GoalOption = Annotated[str, typer.Option("--goal", help="The goal id, e.g. gradlab__bandit.")]
 
 leaders_app = typer.Typer(help="Rank recipes (cohorts of seeds) and accepted checkpoints of a goal.", no_args_is_help=True)
 reports_app = typer.Typer(help="Static HTML reports: build them, publish them to a store.", no_args_is_help=True)
-
-
-def _stores():
-    from gradlab.stores import open_stores
-
-    try:
-        return open_stores()
-    except Exception as e:  # noqa: BLE001 - reported with the store's own message
-        fail(f"cannot open the stores: {e}")
 
 
 def plural(n: int, word: str) -> str:
@@ -79,7 +71,7 @@ def curves(
     target = out.absolute()
     if target.suffix.lower() not in (".png", ".svg"):
         fail(f"--out {out}: expected a .png or .svg file", code=2)
-    found = _domain(lambda: run_curves(settings, _stores(), run_ids, metric or DEFAULT_METRICS, x))
+    found = _domain(lambda: run_curves(settings, open_stores_or_exit(), run_ids, metric or DEFAULT_METRICS, x))
     _domain(lambda: plot_curves(found, target, title=", ".join(run_ids)))
     if json_out:
         print_json({"out": str(target), "curves": [c.as_json() for c in found]})
@@ -117,14 +109,14 @@ def sweep(
     resolve_or_exit(ref, overrides)
     if seeds == 1:
         err_console.print("note: a cohort of one seed has no intervals (they are undefined); use --seeds 3 or more")
-    from gradlab.cli.train_cmds import _cancel_on_ctrl_c, configure_prefect
+    from gradlab.cli.local_flow import cancel_on_ctrl_c, configure_prefect
     from gradlab.contracts.run_spec import new_run_id
     from gradlab.results.cohorts import new_cohort_id
 
     cohort_id = new_cohort_id()
     run_ids = [new_run_id() for _ in range(seeds)]
     api = configure_prefect()
-    _cancel_on_ctrl_c()  # Ctrl-C: every local seed stops its learner and seals `cancelled`
+    cancel_on_ctrl_c()  # Ctrl-C: every local seed stops its learner and seals `cancelled`
     if deployment:
         _require_deployment(deployment, api)
     err_console.print(f"cohort [bold]{cohort_id}[/]: {plural(seeds, 'seed')} of {escape(ref)} "
@@ -150,7 +142,7 @@ def sweep(
     if not state.is_completed():
         fail(f"cohort {cohort_id}: the sweep flow ended {state.type.value}: {state.message}")
     receipt = state.result()
-    stores = _stores()
+    stores = open_stores_or_exit()
     from gradlab.results.cohorts import cohort_stats, seed_result
 
     results = [r for run in receipt["runs"] if (r := seed_result(stores, run["run_id"])) is not None]
@@ -243,7 +235,7 @@ def compare(
             fail(f"{ref!r}: expected GOAL/RECIPE", code=2)
     if ref_a.split("/")[0] != ref_b.split("/")[0]:
         fail(f"compare: {ref_a} and {ref_b} are of different goals; only cohorts of one goal are comparable")
-    stores = _stores()
+    stores = open_stores_or_exit()
     a = _domain(lambda: find_cohort(stores, ref_a, set_a))
     b = _domain(lambda: find_cohort(stores, ref_b, set_b))
     p = _domain(lambda: compare_cohorts(a, b))
@@ -273,7 +265,7 @@ def leaders_runs(
     """Recipes of a goal ranked by the cohort IQM of the goal's objective, with 95% intervals."""
     from gradlab.results.cohorts import leaders_runs as rank
 
-    found = _domain(lambda: rank(_stores(), goal, min_seeds=min_seeds))
+    found = _domain(lambda: rank(open_stores_or_exit(), goal, min_seeds=min_seeds))
     if json_out:
         print_json([c.as_json() for c in found])
         return
@@ -300,7 +292,7 @@ def leaders_checkpoints(
 
     if limit < 1:
         fail(f"--limit: expected at least 1, found {limit}", code=2)
-    found = _domain(lambda: rank(_stores(), goal, limit=limit))
+    found = _domain(lambda: rank(open_stores_or_exit(), goal, limit=limit))
     if json_out:
         print_json([c.as_json() for c in found])
         return
@@ -331,7 +323,7 @@ def reports_build(
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err_console,
                   transient=True) as bar:
         bar.add_task("building the reports", total=None)
-        site = _domain(lambda: build_site(load_settings(), _stores(), out, goal=goal))
+        site = _domain(lambda: build_site(load_settings(), open_stores_or_exit(), out, goal=goal))
     for note in site.notes:
         err_console.print(f"warning: left out: {escape(note)}", highlight=False)
     if json_out:
@@ -364,7 +356,7 @@ def reports_sync(
         root = site
         if root is None:
             root = Path(tmp) / "site"
-            _domain(lambda: build_site(settings, _stores(), root, goal=goal))
+            _domain(lambda: build_site(settings, open_stores_or_exit(), root, goal=goal))
         result = _domain(lambda: sync_site(root, target))
     if json_out:
         print_json(result)

@@ -9,6 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from gradlab.cli.output import console, err_console, fail, print_json
+from gradlab.cli.store_reads import open_stores_or_exit, run_view_or_exit
 
 runs_app = typer.Typer(help="List, inspect, retry and reconcile runs (read from the receipt store).",
                        no_args_is_help=True)
@@ -16,90 +17,12 @@ runs_app = typer.Typer(help="List, inspect, retry and reconcile runs (read from 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON document.")]
 
 
-def _stores():
-    from gradlab.stores import open_stores
-
-    try:
-        return open_stores()
-    except Exception as e:  # noqa: BLE001 - reported with the store's own message
-        fail(f"cannot open the stores: {e}")
-
-
-def run_view(stores, run_id: str) -> dict:
-    """Everything the stores hold about a run: record, attempts with receipts, inventories."""
-    from gradlab import receipts as rules
-    from gradlab.errors import NotFound
-
-    try:
-        record = rules.read_run(stores, run_id)
-    except NotFound:
-        fail(f"no run {run_id} in {stores.control.base_url}; `gradlab runs list` lists the runs there")
-    attempts = []
-    receipt = None
-    for attempt in rules.list_attempts(stores, run_id):
-        terminal = rules.read_terminal(stores, run_id, attempt.attempt_id)
-        attempts.append({"attempt_id": attempt.attempt_id, "mode": attempt.mode, "started_at": attempt.started_at.isoformat(),
-                         "outcome": terminal.outcome if terminal else None,
-                         # What integrity checks found when the attempt opened (docs/SECURITY.md).
-                         "skipped_checkpoints": list(attempt.skipped_checkpoints),
-                         "outbox_replaced": attempt.outbox_replaced})
-        if terminal is not None:
-            receipt = terminal.model_dump(mode="json")
-    from gradlab.runs.operations import inventory
-
-    checkpoints, evaluations, promotion = inventory(stores, run_id)
-    try:
-        init_from = rules.read_run_spec(stores, run_id).get("init_from")
-    except NotFound:
-        init_from = None
-    return {
-        "run": record.model_dump(mode="json"),
-        "init_from": init_from,
-        "attempts": attempts,
-        "receipt": receipt,
-        "checkpoints": [c.model_dump(mode="json") for c in checkpoints],
-        "evaluations": [e.model_dump(mode="json") for e in evaluations],
-        "promotion": promotion.model_dump(mode="json") if promotion else None,
-    }
-
-
-def live_attempts(stores, *, now=None) -> list[tuple[str, str]]:
-    """Every attempt that is training now: ``(run_id, attempt_id)``, sorted by run id.
-
-    An attempt is live when it has no terminal receipt and holds the run's writer lease, not
-    released and not expired at ``now`` (the rule :func:`gradlab.receipts.rules.reconcile_run` uses to
-    leave an attempt open). The lease is taken before ``attempt.json`` is written, so an attempt
-    still starting counts too. An attempt ``gradlab runs list`` shows as running whose lease expired
-    (its process died without a receipt) is not live.
-
-    Args:
-        stores: :class:`gradlab.stores.Stores` (only the control store is read).
-        now: the time leases are judged at (default: now, UTC).
-
-    Raises:
-        StoreUnavailable: the control store cannot be reached (transient).
-    """
-    from gradlab import receipts as rules
-    from gradlab.receipts.lease import read_lease
-    from gradlab.receipts.models import utcnow
-
-    at = now or utcnow()
-    live = []
-    for run_id in rules.list_runs(stores):
-        held = read_lease(stores.control, run_id)
-        if held is None or not held.lease.in_force(at):
-            continue
-        if rules.read_terminal(stores, run_id, held.lease.holder) is None:
-            live.append((run_id, held.lease.holder))
-    return live
-
-
 @runs_app.command("list")
 def list_runs(json_out: JsonOption = False) -> None:
     """Every run in the receipt store with its latest attempt's outcome."""
     from gradlab import receipts as rules
 
-    stores = _stores()
+    stores = open_stores_or_exit()
     rows = []
     for run_id in rules.list_runs(stores):
         record = rules.read_run(stores, run_id)
@@ -124,7 +47,7 @@ def list_runs(json_out: JsonOption = False) -> None:
 @runs_app.command("show")
 def show(run_id: Annotated[str, typer.Argument(help="The run id.")], json_out: JsonOption = False) -> None:
     """A run's receipt, checkpoints, evaluations and promotion."""
-    view = run_view(_stores(), run_id)
+    view = run_view_or_exit(open_stores_or_exit(), run_id)
     if json_out:
         print_json(view)
         return
@@ -162,13 +85,14 @@ def retry(
     """A new attempt of RUN_ID: refused while its lease is live; drain-only if the learner had
     finished; otherwise the learner resumes from the last published checkpoint."""
     from gradlab import receipts as rules
-    from gradlab.cli.train_cmds import LiveProgress, _summary, configure_prefect, run_flow
+    from gradlab.cli.local_flow import configure_prefect, run_flow
+    from gradlab.cli.run_display import LiveProgress, print_summary
     from gradlab.errors import NotFound
     from gradlab.receipts.lease import read_lease
     from gradlab.settings import load_settings
 
-    stores = _stores()
-    view = run_view(stores, run_id)
+    stores = open_stores_or_exit()
+    view = run_view_or_exit(stores, run_id)
     if view["receipt"] is not None and view["receipt"]["outcome"] == "succeeded":
         fail(f"run {run_id} already succeeded ({view['receipt']['attempt_id']}): nothing to retry")
     held = read_lease(stores.control, run_id)
@@ -200,7 +124,7 @@ def retry(
     if receipt is None:
         why = f": {state.message}" if state is not None and state.message else ""
         fail(f"run {run_id}: the retry sealed no receipt{why}; see `gradlab runs show {run_id}`")
-    _summary(receipt, time.monotonic() - started)
+    print_summary(receipt, time.monotonic() - started)
     if json_out:
         print_json(receipt)
     raise typer.Exit(0 if receipt["outcome"] == "succeeded" else 1)
@@ -221,7 +145,7 @@ def sync(
     run_dir = settings.run_dir(run_id)
     if not (run_dir / "journal.jsonl").is_file():
         fail(f"run {run_id}: no journal at {run_dir / 'journal.jsonl'} (sync runs on the machine that trained it)")
-    run_view(_stores(), run_id)  # exits 1 for an unknown run
+    run_view_or_exit(open_stores_or_exit(), run_id)  # exits 1 for an unknown run
     import json
 
     try:  # the project the run logged to, as the training flow chose it
@@ -248,8 +172,8 @@ def reconcile(run_id: Annotated[str, typer.Argument(help="The run id.")], json_o
     from gradlab import receipts as rules
     from gradlab.receipts.lease import read_lease
 
-    stores = _stores()
-    run_view(stores, run_id)  # exits 1 for an unknown run
+    stores = open_stores_or_exit()
+    run_view_or_exit(stores, run_id)  # exits 1 for an unknown run
     _refuse_if_owner_alive(read_lease(stores.control, run_id), run_id)
     sealed = rules.reconcile_run(stores, run_id)
     if json_out:

@@ -98,7 +98,7 @@ def refuse_while_training(settings) -> None:
     Args:
         settings: :class:`gradlab.settings.Settings` whose stores are read (control store only).
     """
-    from gradlab.cli.runs_cmds import live_attempts
+    from gradlab.runs.view import live_attempts
     from gradlab.stores import open_stores
 
     try:

@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from gradlab.cli.output import err_console, fail, print_json
+from gradlab.cli.output import err_console, fail, print_json, say
 from gradlab.errors import GradlabError
 
 
@@ -31,11 +31,11 @@ def export_command(
     try:
         import json
 
-        from gradlab.cli.eval_cmds import resolve_checkpoint
+        from gradlab.checkpoints.resolve import resolve_checkpoint
         from gradlab.evaluation.runner import parse_spec
         from gradlab.share.export import export_checkpoint
 
-        resolved = resolve_checkpoint(checkpoint)
+        resolved = resolve_checkpoint(checkpoint, warn=say)
         if resolved.fallback:
             why = ("evaluation was off for this run" if resolved.spec.get("evaluate") is False
                    else "no checkpoint passed its acceptance rule, or the run has not finished")
@@ -60,26 +60,6 @@ def export_command(
         print_json(json.loads((Path(out) / "gradlab_export.json").read_text()))
 
 
-def _accepted_result(stores, spec, sha256: str):
-    """The run's accepted evaluation result for checkpoint ``sha256`` (validated), or None."""
-    from gradlab import receipts as rules
-    from gradlab.contracts.hashing import sha256_json
-    from gradlab.evaluation import validate_result
-    from gradlab.evaluation.result import EvalResult
-
-    for _intent, record in rules.list_evaluations(stores, spec.run_id):
-        if record is None or record.checkpoint_sha256 != sha256 or record.result is None:
-            continue
-        if record.result_sha256 != sha256_json(record.result):
-            from gradlab.errors import IntegrityError
-
-            raise IntegrityError(f"run {spec.run_id}: the evaluation record of {sha256[:16]} does not match its result hash")
-        result = EvalResult.from_json(record.result, source=f"run {spec.run_id} evaluation")
-        validate_result(result, expected={"checkpoint_sha256": sha256, **spec.hashes}, goal=spec.goal)
-        return result
-    return None
-
-
 def publish_command(
     checkpoint: Annotated[str, typer.Argument(help="RUN_ID[:STEP] (default: the promoted checkpoint) or a checkpoint folder.")],
     repo: Annotated[str | None, typer.Option("--repo", help="OWNER/NAME on the Hugging Face Hub to upload to (needs HF_TOKEN or `hf auth login`).")] = None,
@@ -101,14 +81,15 @@ def publish_command(
     try:
         from gradlab import receipts as rules
         from gradlab.checkpoints import read_manifest
-        from gradlab.cli.eval_cmds import resolve_checkpoint
+        from gradlab.checkpoints.resolve import resolve_checkpoint
         from gradlab.evaluation.runner import parse_spec
         from gradlab.settings import load_settings
+        from gradlab.share.evidence import accepted_result
         from gradlab.share.hub import build_repo_folder, commit_message, hf_token, upload_folder
         from gradlab.stores import open_stores
 
         settings = load_settings()
-        resolved = resolve_checkpoint(checkpoint)
+        resolved = resolve_checkpoint(checkpoint, warn=say)
         spec = parse_spec(resolved.spec, source=resolved.spec_source)
         manifest = read_manifest(resolved.path)
         stores = open_stores(settings)
@@ -120,7 +101,7 @@ def publish_command(
             fail(f"run {spec.run_id}: checkpoint step {manifest.step} ({manifest.sha16}) is not promoted ({which}); "
                  "only promoted checkpoints publish: pass --allow-unaccepted to publish it anyway (the model card "
                  "then says it was not accepted)")
-        result = _accepted_result(stores, spec, manifest.sha256) if promoted else None
+        result = accepted_result(stores, spec, manifest.sha256) if promoted else None
         if result is None:
             from gradlab.evaluation import EvalRequest, run_evaluation
 

@@ -9,8 +9,8 @@ daemon (docs/ARCHITECTURE.md section 11): it imports :data:`PRELOAD` (Prefect, `
 ``tasks``, the supervisor; torch, SB3 and gymnasium for the evaluation worker it forks) and no
 more (no client, no thread: it checks), then waits on its Unix socket.
 
-The command (:func:`hand_off`, called by ``gradlab train`` after its cheap option checks and
-before anything imports Prefect or torch) sends ``{"op": "run", "argv", "env", "cwd"}`` with its
+The command (:func:`gradlab.cli.warm_handoff.hand_off`, called by ``gradlab train`` after its
+cheap option checks and before anything imports Prefect or torch) sends ``{"op": "run", "argv", "env", "cwd"}`` with its
 stdin, stdout and stderr (``SCM_RIGHTS``); the zygote checks the peer's uid (``SO_PEERCRED``) and
 forks a child that takes those descriptors, the environment and the working directory, starts a
 session of its own, and runs the ``gradlab`` command line with the same arguments, in-process as
@@ -27,8 +27,14 @@ so the first two checkpoints' evaluations start at once (later ones start a proc
 
 Fallback: no warm flow is ready (``GRADLAB_DAEMON=0``, no local server yet or a daemon starting
 for someone else, the zygote still importing), its code fingerprint is stale (it is retired) or it
-was started with other import-time settings, or the request fails before ``ok``: :func:`hand_off`
+was started with other import-time settings, or the request fails before ``ok``: ``hand_off``
 returns None and the command runs the flow in its own process, as before.
+
+This module is the serving side, a process entry point (``python -m gradlab.cli.warm_flow``,
+started by :mod:`gradlab.runs.server`; ``gradlab.learn.zygote.FLOW_MODULE``): nothing in
+``gradlab.cli`` imports it. What a command uses (the requester, :func:`warm_handoff.after_reply`,
+the Prefect settings it was imported with) is :mod:`gradlab.cli.warm_handoff`, which this module
+sets up in the child.
 
 Files in ``$GRADLAB_HOME/zygote/flow``: as a learner zygote's (``<pid>.json``, ``<pid>.pending``,
 ``zygote.log``), plus ``<child pid>.exit`` (the zygote's record of a child's exit status).
@@ -41,15 +47,15 @@ import os
 import signal
 import socket
 import sys
-import time
 import traceback
-from pathlib import Path
 
+from gradlab.cli import warm_handoff
 from gradlab.learn import zygote
 
 #: What the warm flow imports before it serves: the flow and everything it imports on its way to
 #: the first checkpoint, and what an evaluation worker needs (forked from the flow's child). Not
-#: ``gradlab.cli.*``: its consoles are made for the requester's terminal, in the child.
+#: the commands (``gradlab.cli.app`` and what it imports): their consoles (``gradlab.console``) are
+#: made for the requester's terminal, in the child.
 PRELOAD = (
     *zygote.PRELOAD,
     "prefect", "prefect.flow_engine", "prefect.task_engine", "prefect.client.orchestration", "prefect.futures",
@@ -64,153 +70,13 @@ PRELOAD = (
     "typer", "rich.progress", "rich.table",
 )
 
-#: Set in the warm child's environment (the zygote's pid): that process never hands off again.
-CHILD_ENV = "GRADLAB_WARM_FLOW"
-
-#: Signals the requester relays to the child.
-RELAYED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
-
 #: Seconds the child's clean-up after its reply may take (threads joined, exit handlers) before it
 #: exits regardless.
 CLEANUP_S = 30.0
 
-#: Seconds a requester waits for the zygote's exit record of a child that ended without a word.
-EXIT_RECORD_WAIT_S = 3.0
-
-
-# --------------------------------------------------------------------------------------------
-# Requester side (the ``gradlab train`` command)
-
-
-def hand_off(argv: list[str], *, home: Path | None = None) -> int | None:
-    """Run ``gradlab ARGV`` in a warm flow process, relaying signals; its exit code, or None.
-
-    None means no warm flow could take it (see the module docstring): the caller runs the
-    command itself. Cheap: reads a few files, imports neither Prefect nor torch.
-    """
-    if os.environ.get(CHILD_ENV):
-        return None
-    if home is None:
-        from gradlab.settings import load_settings
-
-        settings = load_settings()
-        if not settings.daemon:
-            return None
-        home = settings.home
-    directory = zygote.flow_zygote_dir(home)
-    if not directory.is_dir():
-        return None
-    ready = zygote.ready_zygotes(directory)
-    if not ready:
-        return None
-    _clear_exit_records(directory)
-    mine, wanted = zygote.kind_fingerprint(zygote.FLOW_MODULE), zygote.import_env(os.environ)
-    for info in ready:
-        if info.fingerprint != mine:
-            zygote.log.info("warm flow %d runs other code than this checkout: retiring it", info.pid)
-            zygote.retire(info)
-            continue
-        if info.import_env != wanted:
-            continue
-        request = {"op": "run", "argv": list(argv), "env": {**os.environ, CHILD_ENV: str(info.pid)},
-                   "cwd": os.getcwd()}
-        try:
-            sock, pid = _request_run(info.address, request)
-        except (OSError, ValueError) as e:
-            zygote.log.warning("warm flow %d did not take the run (%s): running it in this process", info.pid, e)
-            continue
-        with sock:
-            return _relay(sock, pid, directory)
-    return None
-
-
-def _request_run(address: str, payload: dict) -> tuple[socket.socket, int]:
-    """Send the request with fds 0, 1, 2; confirm the child. Returns the open connection and its pid."""
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        s.settimeout(zygote.REQUEST_TIMEOUT_S)
-        s.connect(address)
-        socket.send_fds(s, [json.dumps(payload).encode() + b"\n"], [0, 1, 2])
-        answer = json.loads(zygote._read_line(s) or b"{}")
-        if "pid" not in answer:
-            raise ValueError(answer.get("error") or "no answer")
-        s.sendall(b"go\n")
-        if zygote._read_line(s) != b"ok":
-            raise OSError(f"warm flow child {answer['pid']} was not confirmed")
-    except BaseException:
-        s.close()
-        raise
-    return s, int(answer["pid"])
-
-
-def _relay(sock: socket.socket, pid: int, directory: Path) -> int:
-    """Relay signals to the child until it reports its exit code (or its connection closes)."""
-
-    def forward(signum, frame) -> None:  # noqa: ARG001 - signal handler signature
-        try:
-            os.kill(pid, signum)
-        except ProcessLookupError:
-            pass
-
-    previous = {sig: signal.signal(sig, forward) for sig in RELAYED}
-    try:
-        sock.settimeout(None)
-        line = zygote._read_line(sock)  # PEP 475: a relayed signal does not end the wait
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    try:
-        return int(json.loads(line)["exit"])
-    except (ValueError, KeyError, TypeError):
-        pass
-    record = directory / f"{pid}.exit"
-    deadline = time.monotonic() + EXIT_RECORD_WAIT_S
-    while not record.is_file() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    try:
-        code = int(record.read_text())
-    except (OSError, ValueError):
-        code = None
-    from gradlab.cli.output import err_console
-
-    err_console.print(f"[bold red]error:[/] the warm flow process {pid} ended without reporting a result "
-                      f"(exit status {code if code is not None else 'unknown'}; its log: "
-                      f"{directory / 'zygote.log'})", highlight=False)
-    if code is None:
-        return 1
-    return 128 - code if code < 0 else code
-
-
-def _clear_exit_records(directory: Path) -> None:
-    """Remove the exit records of children that are gone (their requesters had their answer)."""
-    from gradlab.learn.watch import pid_alive
-
-    for path in directory.glob("*.exit"):
-        try:
-            if not pid_alive(int(path.stem)):
-                path.unlink(missing_ok=True)
-        except (ValueError, OSError):
-            continue
-
 
 # --------------------------------------------------------------------------------------------
 # Zygote side
-
-
-_IMPORTED_PREFECT_ENV: dict[str, str] | None = None
-
-
-def prefect_env(env) -> dict[str, str]:
-    """The part of an environment Prefect reads its settings from (``PREFECT_*``, ``DO_NOT_TRACK``),
-    less the ephemeral server's (a command with the local server never starts one)."""
-    return {k: v for k, v in env.items()
-            if (k.startswith("PREFECT_") and not k.startswith("PREFECT_SERVER_EPHEMERAL_")) or k == "DO_NOT_TRACK"}
-
-
-def imported_prefect_env() -> dict[str, str] | None:
-    """In the warm flow and its children: :func:`prefect_env` of the environment Prefect was
-    imported with; elsewhere None."""
-    return _IMPORTED_PREFECT_ENV
 
 
 class _FlowZygote(zygote._Zygote):
@@ -218,8 +84,7 @@ class _FlowZygote(zygote._Zygote):
     preload = PRELOAD
 
     def serve(self) -> int:
-        global _IMPORTED_PREFECT_ENV
-        _IMPORTED_PREFECT_ENV = prefect_env(os.environ)
+        warm_handoff.note_prefect_env(os.environ)
         # multiprocessing's resource tracker (a process, started by the first evaluation worker):
         # started here, its children share it, and none holds the requester's terminal or pipes.
         from multiprocessing import resource_tracker
@@ -271,8 +136,7 @@ def _become_flow(argv: list[str], env: dict[str, str], cwd: str, stdio: list[int
         os.environ.update(env)
 
     zygote.set_up_then_wait_for_go(setup, ready_w, go_r, what="flow")
-    global _in_child
-    _in_child = True
+    warm_handoff.enter_child()
     code = 1
     try:
         import logging
@@ -332,17 +196,6 @@ def _watch_requester(conn: socket.socket) -> None:
 
 
 _finishing = False
-_in_child = False
-_after_reply: list = []
-
-
-def after_reply(fn) -> None:
-    """Call ``fn()`` once the command's result has reached its requester (in the warm flow's child:
-    after the exit code is reported, so the command's wall time does not include it), else now."""
-    if _in_child:
-        _after_reply.append(fn)
-    else:
-        fn()
 
 
 def _finish(conn: socket.socket, code: int) -> None:
@@ -370,7 +223,7 @@ def _finish(conn: socket.socket, code: int) -> None:
         watchdog = threading.Timer(CLEANUP_S, os._exit, args=(code,))
         watchdog.daemon = True
         watchdog.start()
-        for fn in _after_reply:
+        for fn in warm_handoff.deferred_calls():
             try:
                 fn()
             except Exception:  # noqa: BLE001 - conveniences for the next command only

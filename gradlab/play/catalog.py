@@ -224,13 +224,14 @@ class Catalog:
         """The verified local checkpoint folder and run spec (downloaded and verified when needed).
 
         Returns:
-            ``ResolvedCheckpoint`` (``path``, ``spec``, ``spec_source``, ``origin``).
+            :class:`gradlab.checkpoints.resolve.ResolvedCheckpoint` (``path``, ``spec``, ``spec_source``,
+            ``origin``); a copy passed over (damaged) is logged as a warning.
 
         Raises:
             NotFound, IntegrityError: as ``gradlab eval`` resolves ``RUN_ID[:STEP]``.
         """
         # The one resolver of RUN_ID[:STEP] (promoted, newest, local copies, verified downloads).
-        from gradlab.cli.eval_cmds import resolve_checkpoint
+        from gradlab.checkpoints.resolve import resolve_checkpoint
 
         if step is not None and (run_id, step) in self.pinned:
             return self.pinned[(run_id, step)]

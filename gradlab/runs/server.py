@@ -436,8 +436,8 @@ def flow_run_process_gone(path: Path) -> int | None:
     return None if _runs(pid, ticks.strip()) else pid
 
 
-#: Prefect settings every gradlab command sets for itself unless already set (``gradlab train``'s
-#: ``configure_prefect``): quiet logs, no telemetry. The warm flow imports Prefect with them.
+#: Prefect settings every gradlab command sets for itself unless already set
+#: (``gradlab.cli.local_flow.configure_prefect``): quiet logs, no telemetry. The warm flow imports Prefect with them.
 PREFECT_CLIENT_DEFAULTS = {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
     "DO_NOT_TRACK": "1",

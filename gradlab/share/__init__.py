@@ -4,6 +4,7 @@ Public names:
     lineage.check_spaces(parent_dir, environment): refuse a warm start across observation/action spaces.
     export.export_checkpoint(...): the rl-zoo3 layout (or the SB3 files only) of a checkpoint.
     hub.build_repo_folder(...), hub.upload_folder(...), hub.load_repo(...): Hugging Face model repos.
+    evidence.accepted_result(stores, spec, sha256): a promoted checkpoint's recorded, validated result.
 
 Importing this package imports neither torch nor huggingface_hub.
 """

@@ -18,7 +18,8 @@ Repository layout (``gradlab publish``; docs/ARCHITECTURE.md section 12)::
 ``HF_HUB_OFFLINE=1`` or no network) and refuses a repository whose files do not match
 ``gradlab.json``, whose policy files do not match the checkpoint manifest, or whose goal and
 recipe do not hash to the recorded hashes, naming the file. Nothing in it is unpickled: playback
-and evaluation use the weights-only policy.
+and evaluation use the weights-only policy. :func:`resolve_repo` gives the same as a resolved
+checkpoint (:mod:`gradlab.checkpoints.resolve`, a floor below, resolves every other reference).
 """
 
 from __future__ import annotations
@@ -28,10 +29,13 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gradlab.checkpoints import file_sha256
 from gradlab.errors import ConfigError, ContractViolation, IntegrityError, NotFound
+
+if TYPE_CHECKING:
+    from gradlab.checkpoints.resolve import ResolvedCheckpoint
 
 INDEX_FILE = "gradlab.json"
 REPO_FORMAT = "gradlab.hf-repo/1"
@@ -318,3 +322,20 @@ def load_repo(ref: str) -> HubModel:
         except LocalEntryNotFoundError:
             raise NotFound(f"{ref}: not reachable on the hub ({type(first).__name__}) and not in the local hub cache") from None
     return verify_repo_folder(Path(folder))
+
+
+def resolve_repo(ref: str) -> ResolvedCheckpoint:
+    """``hf://OWNER/NAME`` as the commands take a checkpoint: :func:`load_repo`'s verified
+    weights-only folder and run spec, with origin ``hub``.
+
+    Returns:
+        :class:`gradlab.checkpoints.resolve.ResolvedCheckpoint` (``spec_source``:
+        ``"<ref> run_spec.json"``); the folder holds no resume files, so it is used weights-only.
+
+    Raises:
+        As :func:`load_repo`.
+    """
+    from gradlab.checkpoints.resolve import ResolvedCheckpoint
+
+    hub = load_repo(ref)
+    return ResolvedCheckpoint(path=hub.checkpoint, spec=hub.spec, spec_source=f"{ref} run_spec.json", origin="hub")

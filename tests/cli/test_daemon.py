@@ -122,7 +122,7 @@ def test_opt_out_starts_nothing(settings) -> None:
     out = gradlab("experiment", "list", env=_env(GRADLAB_DAEMON="0"))
     assert out.returncode == 1
     assert "no Prefect server" in out.stderr and "GRADLAB_DAEMON=0" in out.stderr
-    code = "from gradlab.cli.train_cmds import configure_prefect; print(configure_prefect())"
+    code = "from gradlab.cli.local_flow import configure_prefect; print(configure_prefect())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
                          env=_env(GRADLAB_DAEMON="0"), timeout=60)
     assert out.returncode == 0, out.stderr

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gradlab.cli.train_cmds import _progress_line
+from gradlab.cli.run_display import _progress_line
 from gradlab.outbox import Outbox
 from gradlab.runs.progress import RunProgress
 
@@ -83,7 +83,7 @@ def test_a_retried_runs_progress_is_its_new_learners(tmp_path: Path) -> None:
 
 
 def test_off_a_terminal_a_line_is_printed_only_when_something_changed(tmp_path: Path) -> None:
-    from gradlab.cli.train_cmds import _LinePrinter
+    from gradlab.cli.run_display import _LinePrinter
 
     outbox = _finished_run(tmp_path / "outbox.sqlite")
     progress = RunProgress(tmp_path / "outbox.sqlite", 3000)

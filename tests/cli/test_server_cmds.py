@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from gradlab.cli.runs_cmds import live_attempts
 from gradlab.receipts import (
     LearnerExit,
     TerminalMetrics,
@@ -25,6 +24,7 @@ from gradlab.receipts import (
     release_lease,
     seal_terminal,
 )
+from gradlab.runs.view import live_attempts
 from gradlab.stores import Stores, open_stores
 
 REPO = Path(__file__).resolve().parents[2]

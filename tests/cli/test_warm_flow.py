@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import typer
 
-from gradlab.cli import train_cmds, warm_flow
+from gradlab.cli import train_cmds
+from gradlab.cli import warm_handoff as warm_flow
 from gradlab.cli.app import app
 from gradlab.learn import zygote
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from gradlab.checkpoints import verify_checkpoint
-from gradlab.cli.eval_cmds import resolve_checkpoint
+from gradlab.checkpoints.resolve import resolve_checkpoint
 from gradlab.contracts.run_spec import RunSpec
 from gradlab.errors import IntegrityError, NotFound
 from gradlab.evaluation import build_manifest

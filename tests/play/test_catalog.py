@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gradlab.cli.eval_cmds import ResolvedCheckpoint
+from gradlab.checkpoints.resolve import ResolvedCheckpoint
 from gradlab.errors import NotFound
 from gradlab.play.catalog import Catalog
 from gradlab.settings import load_settings

@@ -139,7 +139,7 @@ def test_corrupt_newest_checkpoint_falls_back_to_the_newest_that_verifies(stores
     assert note.startswith(f"step {newest.step}: {stores.model.url(key)}: sha256 expected")
     stored = [a for a in rules.list_attempts(stores, RUN) if a.attempt_id == plan.attempt.attempt_id]
     assert stored[0].skipped_checkpoints == [note]  # said in the attempt receipt itself
-    from gradlab.cli.runs_cmds import run_view
+    from gradlab.runs.view import run_view
 
     assert run_view(stores, RUN)["attempts"][-1]["skipped_checkpoints"] == [note]  # and by `gradlab runs show`
 
@@ -197,7 +197,7 @@ def test_promotion_rereads_the_published_objects(stores: Stores, trained: Path, 
 
 def test_eval_of_a_run_refuses_a_local_copy_that_differs_from_the_publication(stores: Stores, trained: Path,
                                                                               tmp_path: Path) -> None:
-    from gradlab.cli.eval_cmds import resolve_checkpoint
+    from gradlab.checkpoints.resolve import resolve_checkpoint
     from gradlab.settings import load_settings
 
     paths, pubs = _published(stores, trained, tmp_path)

@@ -1,0 +1,142 @@
+"""A supervising flow run inside the command's own process (``train``, ``runs retry``, ``sweep``):
+Prefect pointed at its API, the first Ctrl-C turned into a clean cancel, the training-run flow
+called and its terminal receipt read back.
+
+Prefect and the flows are imported only when a function here runs.
+"""
+
+from __future__ import annotations
+
+import os
+
+from rich.markup import escape
+
+from gradlab.cli.output import err_console
+
+
+def configure_prefect() -> str:
+    """Point Prefect at its API for this command; quiet its logs and telemetry.
+
+    The API is ``PREFECT_API_URL`` / ``[prefect] api_url`` when configured, else the local server
+    kept in the background (started now if none is up, which says so in one line on stderr; see
+    :mod:`gradlab.runs.server`), else (``GRADLAB_DAEMON=0``, or it did not answer in time)
+    Prefect's ephemeral server, started inside this command.
+
+    Returns:
+        A short description of the API in use (its URL, or why it is the ephemeral server).
+    """
+    from gradlab.runs.server import PREFECT_CLIENT_DEFAULTS
+    from gradlab.settings import load_settings
+
+    settings = load_settings()
+    # Quiet logs; Prefect's client telemetry (and its first-run notice, printed into the progress
+    # display) off, as the server's analytics are; a user who wants it sets DO_NOT_TRACK=0.
+    for key, value in PREFECT_CLIENT_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+    # Prefect waits 20 s for its ephemeral server by default; a loaded 2-core box needs longer.
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", f"{settings.server_start_timeout_s:.0f}")
+    try:
+        if os.environ.get("PREFECT_API_URL"):
+            return os.environ["PREFECT_API_URL"]
+        from gradlab.runs.server import ensure_server
+
+        if settings.prefect_api_url:
+            os.environ["PREFECT_API_URL"] = settings.prefect_api_url
+            return settings.prefect_api_url
+        state = ensure_server(settings, say=lambda line: err_console.print(escape(line), highlight=False))
+        if state is not None:
+            os.environ["PREFECT_API_URL"] = state.api_url
+            return state.api_url
+        why = "GRADLAB_DAEMON=0" if not settings.daemon else "no local server answered in time"
+        return f"ephemeral ({why}: Prefect starts a server inside this command)"
+    finally:
+        _reread_prefect_settings()
+
+
+def _reread_prefect_settings() -> None:
+    """In a process that imported Prefect before this command's environment was set (the warm
+    flow, ``gradlab.cli.warm_flow``): Prefect's settings and logging read again from it. Prefect
+    reads its settings once, at import (``prefect.context.GLOBAL_SETTINGS_CONTEXT``)."""
+    import sys
+
+    if "prefect.context" not in sys.modules:
+        return
+    from gradlab.cli import warm_handoff
+
+    if warm_handoff.imported_prefect_env() == warm_handoff.prefect_env(os.environ):
+        return  # imported with these very settings (the warm flow's usual case)
+    from prefect.context import refresh_global_settings_context
+    from prefect.logging.configuration import PROCESS_LOGGING_CONFIG, setup_logging
+
+    refresh_global_settings_context()
+    if PROCESS_LOGGING_CONFIG:
+        setup_logging(incremental=False)
+
+
+def run_flow(**params):
+    """Call the training-run flow in this process.
+
+    Args:
+        params: the ``training-run`` flow's parameters (:func:`flows.training_run.training_run`).
+
+    Returns:
+        (the terminal receipt JSON, else the one sealed in the receipt store, else None; the flow
+        run's final Prefect state).
+    """
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+    from flows.training_run import training_run
+
+    # The engine joins a heartbeat thread at flow end (~1 s, docs/ARCHITECTURE.md, field notes): off for local runs.
+    with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+        state = training_run(**params, return_state=True)
+    receipt = state.result(raise_on_failure=False) if state.is_completed() else None
+    if not isinstance(receipt, dict):
+        receipt = stored_receipt(params["run_id"]) if params.get("run_id") else None
+    return receipt, state
+
+
+def stored_receipt(run_id: str) -> dict | None:
+    """The terminal receipt of the run's latest attempt from the receipt store.
+
+    Returns:
+        The receipt JSON; None when it is not sealed or the store cannot be read (said on stderr).
+    """
+    from gradlab.runs.view import latest_terminal_receipt
+    from gradlab.stores import open_stores
+
+    try:
+        return latest_terminal_receipt(open_stores(), run_id)
+    except Exception as e:  # noqa: BLE001 - reported as 'no receipt'
+        err_console.print(f"cannot read the receipt store: {escape(str(e))}")
+    return None
+
+
+DUPLICATE_SIGINT_S = 0.5
+"""A SIGINT this soon after the first is the same Ctrl-C delivered twice: once by the terminal to
+the process group and once relayed by a parent in it (``uv run`` relays SIGINT when it has no
+TTY), so it does not count as the second Ctrl-C."""
+
+
+def cancel_on_ctrl_c() -> None:
+    """First Ctrl-C: cancel cleanly (the supervisor stops the learner and seals ``cancelled``);
+    second (more than :data:`DUPLICATE_SIGINT_S` later): interrupt at once."""
+    import signal
+    import time
+
+    from gradlab.runs.driver import USER_CANCEL, cancel_by_user
+
+    first: list[float] = []
+
+    def on_sigint(signum, frame) -> None:  # noqa: ARG001 - signal handler signature
+        if USER_CANCEL.is_set():
+            if first and time.monotonic() - first[0] < DUPLICATE_SIGINT_S:
+                return
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            raise KeyboardInterrupt
+        first.append(time.monotonic())
+        cancel_by_user()
+        err_console.print("cancelling: the learner stops and a cancelled receipt is sealed "
+                          "(Ctrl-C again to abort at once, without a receipt)")
+
+    signal.signal(signal.SIGINT, on_sigint)

@@ -1,0 +1,159 @@
+"""A run's progress and outcome on the terminal: the live progress of ``train`` and ``runs retry``
+(a rich bar on a terminal, else a line when something changed) and the summary table of its
+terminal receipt.
+
+Presentation only: the readings are :class:`gradlab.runs.progress.RunProgress`'s (the run's
+outbox); everything goes to stderr.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+from rich.markup import escape
+
+from gradlab.cli.output import err_console
+
+
+def print_summary(receipt: dict, elapsed_s: float) -> None:
+    """The table of a finished run on stderr: outcome, final step, checkpoints, evaluations,
+    promotion, metrics delivery and wall time.
+
+    Args:
+        receipt: the terminal receipt JSON (``TerminalReceipt`` dumped with ``mode="json"``).
+        elapsed_s: the command's wall time, in seconds.
+    """
+    from rich.table import Table
+
+    colour = {"succeeded": "green", "cancelled": "yellow", "stopped": "yellow"}.get(receipt["outcome"], "red")
+    table = Table(show_header=False, box=None)
+    table.add_row("run", receipt["run_id"] + f" ({receipt['attempt_id']})")
+    table.add_row("outcome", f"[{colour}]{receipt['outcome']}[/]: {escape(receipt['reason'])}")
+    table.add_row("final step", str(receipt["final_step"]))
+    table.add_row("checkpoints", str(len(receipt["checkpoints"])))
+    evals = receipt["evaluations"]
+    table.add_row("evaluations", ", ".join(f"{e['checkpoint_step']}: {e['status']}"
+                                           + (f" ({e['return_mean']:.1f})" if e.get("return_mean") is not None else "")
+                                           for e in evals) or "none")
+    promo = receipt.get("promotion")
+    table.add_row("promotion", f"step {promo['checkpoint_step']} ({promo['sha256'][:16]})" if promo else "none")
+    metrics = receipt["metrics"]
+    pending = f"; pending remotely: {', '.join(metrics['pending'])}" if metrics.get("pending") else ""
+    table.add_row("metrics", f"{metrics['local_high_water']} events delivered locally{pending}")
+    table.add_row("wall time", f"{elapsed_s:.1f} s")
+    err_console.print(table)
+
+
+def _finishing(progress) -> str:
+    """What a finished learner's run still waits for: the evaluations left and their expected time."""
+    left, each = progress.evaluations_left, progress.eval_seconds_mean
+    if not left:
+        return "learner done, finishing"
+    expected = f", ~{left * each:,.0f} s at {each:,.1f} s each" if each is not None else ""
+    return f"learner done, {left} evaluation{'s' if left != 1 else ''} left{expected}"
+
+
+def _progress_line(progress) -> str:
+    """One line, most important first (so a narrow terminal cuts the least useful part)."""
+    rate = progress.steps_per_s
+    return " · ".join(filter(None, [
+        f"step {progress.step:,}/{progress.timesteps:,}",
+        f"accepted {progress.accepted}" + (f" (stop: {progress.stop})" if progress.stop else ""),
+        _finishing(progress) if progress.finished else (f"{rate:,.0f} steps/s" if rate else None),
+        f"return {progress.recent_return:.1f}" if progress.recent_return is not None else None,
+        f"checkpoints {progress.checkpoints}, published {progress.published}, evaluated {progress.evaluated}",
+    ]))
+
+
+class _LinePrinter:
+    """Progress off a terminal (a log file, CI): a line only when something changed. A milestone
+    (checkpoint, publication, evaluation, stop, the learner's end) prints at once; steps and
+    rate alone at most every ``every_s`` seconds; the same line is never printed twice."""
+
+    def __init__(self, every_s: float = 10.0, out=None):
+        self.every_s = every_s
+        self.out = out or (lambda line: err_console.print(line, highlight=False))
+        self.last_line: str | None = None
+        self.last_milestones: tuple | None = None
+        self.printed_at = float("-inf")
+
+    def offer(self, progress, now: float) -> bool:
+        """Print ``progress``'s line if it says something new; True when printed."""
+        line = _progress_line(progress)
+        if line == self.last_line:
+            return False
+        if progress.milestones == self.last_milestones and now - self.printed_at < self.every_s:
+            return False
+        self.out(line)
+        self.last_line, self.last_milestones, self.printed_at = line, progress.milestones, now
+        return True
+
+
+class LiveProgress:
+    """A run's progress on stderr from ``start()`` until ``stop()`` (:func:`_show_progress` in a
+    thread); off a terminal, ``stop()`` prints the final line (the last periodic one may be 10 s
+    old). ``stop()`` twice is harmless.
+
+    Args:
+        outbox_path: the run's ``outbox.sqlite`` (read only; it may not exist yet).
+        timesteps: the run's total env steps (the bar's length).
+    """
+
+    def __init__(self, outbox_path: Path, timesteps: int) -> None:
+        self.outbox_path, self.timesteps = outbox_path, timesteps
+        self._stop = threading.Event()
+        self._printer = _LinePrinter()
+        self._thread = threading.Thread(target=_show_progress, args=(outbox_path, timesteps, self._stop, self._printer),
+                                        daemon=True)
+
+    def start(self) -> LiveProgress:
+        """Start showing the progress (a daemon thread); returns ``self``."""
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop showing it (waits up to 2 s for the thread); off a terminal, print the final line."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self._thread.join(timeout=2)
+        if not err_console.is_terminal:
+            _print_final_progress(self.outbox_path, self.timesteps, self._printer)
+
+
+def _print_final_progress(outbox_path, timesteps: int, printer: _LinePrinter) -> None:
+    from gradlab.runs.progress import RunProgress
+
+    try:
+        printer.offer(RunProgress(outbox_path, timesteps).refresh(), float("inf"))
+    except Exception:  # noqa: BLE001 - the display must never disturb the run
+        pass
+
+
+def _show_progress(outbox_path, timesteps: int, stop: threading.Event, printer: _LinePrinter | None = None) -> None:
+    """Live progress on stderr: a rich progress bar on a terminal, else a line when something changed."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from gradlab.runs.progress import RunProgress
+
+    progress = RunProgress(outbox_path, timesteps)
+    if not err_console.is_terminal:  # readings every second (for steps/s); a line only when it says something new
+        printer = printer or _LinePrinter()
+        while not stop.wait(1.0):
+            try:
+                printer.offer(progress.refresh(), time.monotonic())
+            except Exception:  # noqa: BLE001 - the display must never disturb the run
+                continue
+        return
+    columns = (BarColumn(bar_width=20), MofNCompleteColumn(), TimeRemainingColumn(), TextColumn("{task.fields[info]}"))
+    with Progress(*columns, console=err_console, transient=False) as bar:
+        task = bar.add_task("train", total=timesteps, info="")
+        while not stop.wait(0.5):
+            try:
+                progress.refresh()
+            except Exception:  # noqa: BLE001 - the display must never disturb the run
+                continue
+            info = _progress_line(progress).split(" · ", 1)[-1]  # the bar shows the step itself
+            bar.update(task, completed=min(progress.step, timesteps), info=info)
