@@ -42,6 +42,7 @@ from gradlab.contracts.hashing import sha256_json
 from gradlab.contracts.run_spec import RunSpec
 from gradlab.errors import ContractViolation, IntegrityError
 from gradlab.evaluation.early_stop import EarlyStopMonitor
+from gradlab.learn.backend import Backend, make_backend
 from gradlab.learn.watch import ProcessWatch
 from gradlab.metrics.registry import check_names
 from gradlab.outbox import Outbox
@@ -92,14 +93,6 @@ class _SignalFlag:
             signal.signal(sig, old)
 
 
-def make_training_env(spec: RunSpec) -> Any:
-    """The SB3 ``VecEnv`` the learner trains on: gradlab's vector env (task program applied)."""
-    from gradlab.envs import make_vector_env
-    from gradlab.envs.sb3 import SB3VecEnv
-
-    return SB3VecEnv(make_vector_env(spec.environment, seed=spec.seed))
-
-
 def backend_config_sha256(spec: RunSpec) -> str:
     """sha256 of the backend id and its validated config (canonical JSON)."""
     backend = spec.recipe.train.backend
@@ -134,8 +127,6 @@ def run_learner(spec: RunSpec, run_dir: Path, *, resume_from: Path | None = None
             metric name is not registered.
     """
     import torch
-
-    from gradlab.learn.sb3 import make_backend
 
     supervisor = ProcessWatch(parent_pid or os.getppid()) if watch_parent else None
     run_dir = Path(run_dir)
@@ -254,7 +245,7 @@ def run_learner(spec: RunSpec, run_dir: Path, *, resume_from: Path | None = None
         outbox.close()
 
 
-def _checkpoint(backend: Any, monitor: EarlyStopMonitor, run_dir: Path, outbox: Outbox, step: int, purpose: str,
+def _checkpoint(backend: Backend, monitor: EarlyStopMonitor, run_dir: Path, outbox: Outbox, step: int, purpose: str,
                 fields: dict) -> str:
     def write_files(folder: Path) -> None:
         backend.save(folder)

@@ -51,10 +51,13 @@ from gradlab.contracts.recipe import GradlabPPOConfig
 from gradlab.contracts.run_spec import RunSpec
 from gradlab.errors import ConfigError, ContractViolation
 from gradlab.learn import ppo_mlp
+from gradlab.learn.backend_config import validate_backend_config
 from gradlab.learn.ppo_net import build_network, is_image, log_prob_entropy, sample_actions
-from gradlab.learn.ppo_state import LANES_SAVED, VECNORMALIZE_FILE, Normaliser, restore_lanes, save_lanes
-from gradlab.learn.sb3 import EpisodeStats, RolloutStats, rng_state, set_rng_state, validate_backend_config
+from gradlab.learn.ppo_state import VECNORMALIZE_FILE, Normaliser, restore_lanes, save_lanes
+from gradlab.learn.resume_state import LANES_SAVED, load_resume_policy, rng_state, set_rng_state
 from gradlab.learn.schedules import schedule_fn
+from gradlab.learn.stats import EpisodeStats, RolloutStats
+from gradlab.learn.warm_start import check_warm_start_tensors, read_warm_start_parent
 
 logger = logging.getLogger(__name__)
 
@@ -684,8 +687,6 @@ class PPOBackend:
         """
         from safetensors.torch import load_file
 
-        from gradlab.learn.sb3 import check_warm_start_tensors, read_warm_start_parent
-
         # Every file present is verified; the optimizer file is then required of a gradlab.ppo parent.
         path, parent = read_warm_start_parent(init, extra=[f"{RESUME_DIR}/{STATE_FILE}"] if init.optimizer else [])
         check_warm_start_tensors(self.net.state_dict(), parent, source=init.source)
@@ -721,8 +722,6 @@ class PPOBackend:
                 file is malformed or does not fit this env (each naming the file).
         """
         from safetensors.torch import load_file
-
-        from gradlab.learn.sb3 import load_resume_policy
 
         del allow_env_pickle
         resume = Path(checkpoint) / RESUME_DIR
