@@ -9,6 +9,8 @@ Public names:
     SB3Backend(backend_id): the ``sb3.ppo`` / ``sb3.a2c`` backend (collect → update → save/restore).
     gradlab.learn.ppo.PPOBackend: the ``gradlab.ppo`` backend (same interface; tensor-native PPO;
         its network in gradlab.learn.ppo_net, hand-written MLP gradients in gradlab.learn.ppo_mlp).
+    EarlyStopMonitor, EarlyStopDecision: threshold/plateau early stop over training metrics
+        (``gradlab.learn.early_stop``).
     schedule_fn(value): a recipe schedule (constant or linear) as SB3's ``progress_remaining`` callable.
     make_training_env(spec): the SB3 VecEnv over gradlab's vector env (``gradlab.learn.sb3``).
 
@@ -26,8 +28,8 @@ import importlib
 from typing import Any
 
 __all__ = [
-    "Backend", "LearnerResult", "SB3Backend", "make_backend", "make_training_env", "registered_backends",
-    "run_learner", "schedule_fn",
+    "Backend", "EarlyStopDecision", "EarlyStopMonitor", "LearnerResult", "SB3Backend", "make_backend",
+    "make_training_env", "registered_backends", "run_learner", "schedule_fn",
 ]
 
 _MODULES = {
@@ -38,6 +40,8 @@ _MODULES = {
     "registered_backends": "gradlab.learn.backend",
     "SB3Backend": "gradlab.learn.sb3",
     "make_training_env": "gradlab.learn.sb3",
+    "EarlyStopMonitor": "gradlab.learn.early_stop",
+    "EarlyStopDecision": "gradlab.learn.early_stop",
     "schedule_fn": "gradlab.learn.schedules",
 }
 

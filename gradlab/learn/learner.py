@@ -7,7 +7,7 @@ Order of one iteration (the one place that orders the phases)::
 * ``stop_requested`` (outbox control table), SIGTERM/SIGINT, the supervisor check and the early-stop
   rules are read only after an update, so a checkpoint always holds a consistent
   model/optimizer/RNG state.
-* Early stop: one :class:`gradlab.evaluation.early_stop.EarlyStopMonitor` over the goal's
+* Early stop: one :class:`gradlab.learn.early_stop.EarlyStopMonitor` over the goal's
   ``train.early_stop.conditions`` is updated once per rollout after the update; its
   ``train/early_stop/{condition}/...`` metrics go into that rollout's ``metrics`` event, and a
   ``stop`` condition that triggers ends the run with ``early_stop:<name>`` (``observe`` conditions
@@ -41,8 +41,8 @@ from gradlab.checkpoints.manifest import RESUME_DIR, CheckpointManifest
 from gradlab.contracts.hashing import sha256_json
 from gradlab.contracts.run_spec import RunSpec
 from gradlab.errors import ContractViolation, IntegrityError
-from gradlab.evaluation.early_stop import EarlyStopMonitor
 from gradlab.learn.backend import Backend, make_backend
+from gradlab.learn.early_stop import EarlyStopMonitor
 from gradlab.learn.watch import ProcessWatch
 from gradlab.metrics.registry import check_names
 from gradlab.outbox import Outbox
