@@ -8,7 +8,9 @@ Public names:
     registered_backends() -> list[str]: backend ids, for tests over every backend.
     SB3Backend(backend_id): the ``sb3.ppo`` / ``sb3.a2c`` backend (collect → update → save/restore).
     gradlab.learn.ppo.PPOBackend: the ``gradlab.ppo`` backend (same interface; tensor-native PPO;
-        its network in gradlab.learn.ppo_net, hand-written MLP gradients in gradlab.learn.ppo_mlp).
+        its network in gradlab.learn.ppo_net, its rollout in gradlab.learn.ppo_rollout, its update
+        in gradlab.learn.ppo_update with hand-written MLP gradients in gradlab.learn.ppo_mlp, its
+        checkpoint files in gradlab.learn.ppo_checkpoint).
     EarlyStopMonitor, EarlyStopDecision: threshold/plateau early stop over training metrics
         (``gradlab.learn.early_stop``).
     schedule_fn(value): a recipe schedule (constant or linear) as SB3's ``progress_remaining`` callable.
