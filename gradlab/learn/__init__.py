@@ -18,7 +18,8 @@ Public names:
 
 Shared by the backends: ``gradlab.learn.backend_config`` (config checks), ``gradlab.learn.stats``
 (training statistics), ``gradlab.learn.resume_state`` (RNG streams, normalisation statistics,
-resume policy) and ``gradlab.learn.warm_start``. The warm learner is ``gradlab.learn.zygote``.
+resume policy) and ``gradlab.learn.warm_start``. The warm learner is ``gradlab.learn.zygote``
+(requester side) and ``gradlab.learn.zygote_server`` (the zygote process).
 
 The process entry point is ``python -m gradlab.learn --spec RUN_SPEC.json --run-dir DIR``.
 Importing this package does not import torch or stable-baselines3.
