@@ -69,7 +69,8 @@ def _render(result: Any, goal: Any, *, protocol: bool, success_defined: bool, ti
     reasons = {k.split("/")[3]: v for k, v in agg.items() if k.startswith("eval/outcome/failure/") and k.count("/") == 4}
     if reasons:
         table.add_row("failure reasons", ", ".join(f"{r} {v:.3f}" for r, v in sorted(reasons.items())))
-    from gradlab.evaluation.acceptance import compare, rule_value
+    from gradlab.contracts.goal import compare
+    from gradlab.evaluation.acceptance import rule_value
 
     for rule in goal.eval.acceptance:
         value = rule_value(rule, agg)

@@ -50,7 +50,7 @@ import sys
 import traceback
 
 from gradlab.cli import warm_handoff
-from gradlab.learn import zygote
+from gradlab.learn import zygote, zygote_server
 
 #: What the warm flow imports before it serves: the flow and everything it imports on its way to
 #: the first checkpoint, and what an evaluation worker needs (forked from the flow's child). Not
@@ -79,7 +79,7 @@ CLEANUP_S = 30.0
 # Zygote side
 
 
-class _FlowZygote(zygote._Zygote):
+class _FlowZygote(zygote_server.Zygote):
     module = zygote.FLOW_MODULE
     preload = PRELOAD
 
@@ -135,7 +135,7 @@ def _become_flow(argv: list[str], env: dict[str, str], cwd: str, stdio: list[int
         os.environ.clear()
         os.environ.update(env)
 
-    zygote.set_up_then_wait_for_go(setup, ready_w, go_r, what="flow")
+    zygote_server.set_up_then_wait_for_go(setup, ready_w, go_r, what="flow")
     warm_handoff.enter_child()
     code = 1
     try:
@@ -237,7 +237,7 @@ def _finish(conn: socket.socket, code: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from gradlab.learn.zygote import serve_main
+    from gradlab.learn.zygote_server import serve_main
 
     return serve_main(argv, prog="python -m gradlab.cli.warm_flow", description=__doc__.splitlines()[0],
                       folder="warm flow's folder ($GRADLAB_HOME/zygote/flow)", label="warm-flow",

@@ -1,20 +1,39 @@
-"""The goal contract: environment, task program, evaluation protocol and acceptance rule."""
+"""The goal contract: environment, task program, evaluation protocol and acceptance rule.
+
+Also the comparison its operators name (:func:`compare`), which acceptance and early stop share.
+"""
 
 from __future__ import annotations
 
+import operator as _op
 from typing import Literal
 
 from pydantic import Field, model_validator
 
 from gradlab.contracts.base import Contract
 from gradlab.contracts.environment import EnvironmentSpec
+from gradlab.errors import ContractViolation
 
 Operator = Literal[">=", ">", "<=", "<", "=="]
+#: What each :data:`Operator` computes (acceptance rules and threshold early-stop conditions).
+OPERATORS = {">=": _op.ge, ">": _op.gt, "<=": _op.le, "<": _op.lt, "==": _op.eq}
 
 #: Evaluation seeds start here; training lane seeds are kept below it, so the two never overlap.
 EVAL_SEED_OFFSET = 2**31
 #: Largest run seed; with at most 1024 lanes, training seeds stay below EVAL_SEED_OFFSET.
 MAX_RUN_SEED = 2**20
+
+
+def compare(value: float, operator: str, threshold: float) -> bool:
+    """``value <operator> threshold`` for ``>=, >, <=, <, ==``.
+
+    Raises:
+        ContractViolation: an unknown operator.
+    """
+    try:
+        return bool(OPERATORS[operator](value, threshold))
+    except KeyError:
+        raise ContractViolation(f"unknown operator {operator!r}; expected one of {sorted(OPERATORS)}") from None
 
 
 class Objective(Contract):

@@ -1,4 +1,4 @@
-"""Evaluation: fixed episode manifests, the runner, acceptance, statistics, early stop, backends.
+"""Evaluation: fixed episode manifests, the runner, acceptance, statistics, backends.
 
 Public names (shipped defaults in brackets):
     build_manifest, EpisodeManifest, EpisodeIdentity: the goal's fixed episode list (``manifest``).
@@ -7,11 +7,10 @@ Public names (shipped defaults in brackets):
     evaluate_policy(...): the same for any object with ``act(obs, *, deterministic, rng)`` (``runner``).
     validate_result(result, *, expected, goal): recompute aggregates and verdict; refuse mismatches.
     compute_aggregates, wilson_interval, requires_perfect_success: statistics and acceptance.
-    EarlyStopMonitor, EarlyStopDecision: threshold/plateau early stop over training metrics.
     get_backend(name) [local]: ``local`` (process pool on spare cores) or ``modal`` (``backends``).
 
 Importing this package does not import torch or any environment library; the runner imports them
-when it runs.
+when it runs. Early stop on training metrics is the learner's (:mod:`gradlab.learn.early_stop`).
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ from __future__ import annotations
 from typing import Any
 
 from gradlab.evaluation.acceptance import requires_perfect_success, rules_pass
-from gradlab.evaluation.early_stop import EarlyStopDecision, EarlyStopMonitor
 from gradlab.evaluation.manifest import PROTOCOL_VERSION, EpisodeIdentity, EpisodeManifest, build_manifest
 from gradlab.evaluation.result import (
     EpisodeRow,
@@ -48,8 +46,8 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "PROTOCOL_VERSION", "EarlyStopDecision", "EarlyStopMonitor", "EpisodeIdentity", "EpisodeManifest",
-    "EpisodeRow", "EvalRequest", "EvalResult", "build_manifest", "build_result", "compute_aggregates",
-    "evaluate_policy", "get_backend", "requires_perfect_success", "rules_pass", "run_episodes",
-    "run_evaluation", "validate_result", "wilson_interval",
+    "PROTOCOL_VERSION", "EpisodeIdentity", "EpisodeManifest", "EpisodeRow", "EvalRequest", "EvalResult",
+    "build_manifest", "build_result", "compute_aggregates", "evaluate_policy", "get_backend",
+    "requires_perfect_success", "rules_pass", "run_episodes", "run_evaluation", "validate_result",
+    "wilson_interval",
 ]

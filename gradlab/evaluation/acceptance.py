@@ -1,31 +1,20 @@
-"""Acceptance rules ``{metric, operator, threshold}`` over evaluation aggregates, and fail-fast."""
+"""Acceptance rules ``{metric, operator, threshold}`` over evaluation aggregates, and fail-fast.
+
+The operators compare as :func:`gradlab.contracts.goal.compare` says.
+"""
 
 from __future__ import annotations
 
-import operator as _op
 import re
 from collections.abc import Mapping, Sequence
 
-from gradlab.contracts.goal import AcceptanceRule
+from gradlab.contracts.goal import AcceptanceRule, compare
 from gradlab.errors import ContractViolation
 from gradlab.evaluation import names
 
-_OPERATORS = {">=": _op.ge, ">": _op.gt, "<=": _op.le, "<": _op.lt, "==": _op.eq}
 # Rates of outcomes that did not happen are absent from the aggregates and read as 0.0.
 _ABSENT_IS_ZERO = re.compile(r"^eval/(outcome/failure/[^/]+/rate|start/[^/]+/success/rate)$")
 _SUCCESS_RATE = re.compile(r"^eval/(outcome/success/rate|start/[^/]+/success/rate)$")
-
-
-def compare(value: float, operator: str, threshold: float) -> bool:
-    """``value <operator> threshold`` for ``>=, >, <=, <, ==``.
-
-    Raises:
-        ContractViolation: an unknown operator.
-    """
-    try:
-        return bool(_OPERATORS[operator](value, threshold))
-    except KeyError:
-        raise ContractViolation(f"unknown operator {operator!r}; expected one of {sorted(_OPERATORS)}") from None
 
 
 def rule_value(rule: AcceptanceRule, aggregates: Mapping[str, float]) -> float:
@@ -68,4 +57,4 @@ def requires_perfect_success(rules: Sequence[AcceptanceRule]) -> bool:
     return all(perfect(r) for r in rules)
 
 
-__all__ = ["compare", "names", "requires_perfect_success", "rule_value", "rules_pass"]
+__all__ = ["names", "requires_perfect_success", "rule_value", "rules_pass"]

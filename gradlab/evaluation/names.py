@@ -1,7 +1,8 @@
-"""Metric names evaluation and early stopping emit (mirrored in METRICS.md and the code registry).
+"""Metric names evaluation emits (mirrored in METRICS.md and the code registry).
 
-A ``{start}``, ``{reason}`` or ``{condition}`` placeholder matches one path segment; values put into
-one are made safe by :func:`segment` (characters outside ``[A-Za-z0-9_.-]`` become ``_``).
+A ``{start}`` or ``{reason}`` placeholder matches one path segment; values put into one are made
+safe by :func:`segment` (characters outside ``[A-Za-z0-9_.-]`` become ``_``). Early stop's
+``train/early_stop/{condition}/...`` names are the learner's: :mod:`gradlab.learn.early_stop`.
 """
 
 from __future__ import annotations
@@ -28,11 +29,6 @@ EVAL_PLANNED = "eval/acceptance/episodes/planned"
 EVAL_COMPLETED = "eval/acceptance/episodes/completed"
 EVAL_CHECKPOINT_STEP = "eval/checkpoint_step"
 
-EARLY_STOP_VALUE = "train/early_stop/{condition}/value"
-EARLY_STOP_BEST = "train/early_stop/{condition}/best"
-EARLY_STOP_PROGRESS = "train/early_stop/{condition}/patience/progress"
-EARLY_STOP_WOULD_TRIGGER = "train/early_stop/{condition}/would_trigger"
-
 #: Every name this part emits: exact names and templates, in METRICS.md order.
 EVAL_METRIC_NAMES: tuple[str, ...] = (
     *EVAL_RETURN.values(),
@@ -50,12 +46,6 @@ EVAL_METRIC_NAMES: tuple[str, ...] = (
     EVAL_PLANNED,
     EVAL_COMPLETED,
     EVAL_CHECKPOINT_STEP,
-)
-EARLY_STOP_METRIC_NAMES: tuple[str, ...] = (
-    EARLY_STOP_VALUE,
-    EARLY_STOP_BEST,
-    EARLY_STOP_PROGRESS,
-    EARLY_STOP_WOULD_TRIGGER,
 )
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.\-]")

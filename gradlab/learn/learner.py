@@ -7,7 +7,7 @@ Order of one iteration (the one place that orders the phases)::
 * ``stop_requested`` (outbox control table), SIGTERM/SIGINT, the supervisor check and the early-stop
   rules are read only after an update, so a checkpoint always holds a consistent
   model/optimizer/RNG state.
-* Early stop: one :class:`gradlab.evaluation.early_stop.EarlyStopMonitor` over the goal's
+* Early stop: one :class:`gradlab.learn.early_stop.EarlyStopMonitor` over the goal's
   ``train.early_stop.conditions`` is updated once per rollout after the update; its
   ``train/early_stop/{condition}/...`` metrics go into that rollout's ``metrics`` event, and a
   ``stop`` condition that triggers ends the run with ``early_stop:<name>`` (``observe`` conditions
@@ -41,7 +41,8 @@ from gradlab.checkpoints.manifest import RESUME_DIR, CheckpointManifest
 from gradlab.contracts.hashing import sha256_json
 from gradlab.contracts.run_spec import RunSpec
 from gradlab.errors import ContractViolation, IntegrityError
-from gradlab.evaluation.early_stop import EarlyStopMonitor
+from gradlab.learn.backend import Backend, make_backend
+from gradlab.learn.early_stop import EarlyStopMonitor
 from gradlab.learn.watch import ProcessWatch
 from gradlab.metrics.registry import check_names
 from gradlab.outbox import Outbox
@@ -92,14 +93,6 @@ class _SignalFlag:
             signal.signal(sig, old)
 
 
-def make_training_env(spec: RunSpec) -> Any:
-    """The SB3 ``VecEnv`` the learner trains on: gradlab's vector env (task program applied)."""
-    from gradlab.envs import make_vector_env
-    from gradlab.envs.sb3 import SB3VecEnv
-
-    return SB3VecEnv(make_vector_env(spec.environment, seed=spec.seed))
-
-
 def backend_config_sha256(spec: RunSpec) -> str:
     """sha256 of the backend id and its validated config (canonical JSON)."""
     backend = spec.recipe.train.backend
@@ -134,8 +127,6 @@ def run_learner(spec: RunSpec, run_dir: Path, *, resume_from: Path | None = None
             metric name is not registered.
     """
     import torch
-
-    from gradlab.learn.sb3 import make_backend
 
     supervisor = ProcessWatch(parent_pid or os.getppid()) if watch_parent else None
     run_dir = Path(run_dir)
@@ -254,7 +245,7 @@ def run_learner(spec: RunSpec, run_dir: Path, *, resume_from: Path | None = None
         outbox.close()
 
 
-def _checkpoint(backend: Any, monitor: EarlyStopMonitor, run_dir: Path, outbox: Outbox, step: int, purpose: str,
+def _checkpoint(backend: Backend, monitor: EarlyStopMonitor, run_dir: Path, outbox: Outbox, step: int, purpose: str,
                 fields: dict) -> str:
     def write_files(folder: Path) -> None:
         backend.save(folder)

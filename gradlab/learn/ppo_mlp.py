@@ -3,7 +3,7 @@
 For a small MLP on a CPU (CartPole: 4 → 64 → 64 → 2 and → 1, 256 samples), autograd's graph and
 engine cost more than the matrix products themselves: measured here, a gradient step through
 autograd took ~0.9 ms against ~0.35 ms for its matrix products. This module computes the same loss
-terms and gradients as :func:`gradlab.learn.ppo.ppo_update`'s autograd path with the chain rule
+terms and gradients as :func:`gradlab.learn.ppo_update.ppo_update`'s autograd path with the chain rule
 written out; ``tests/learn/test_ppo_parity.py`` checks both against stable-baselines3's
 ``PPO.train`` (loss terms, gradients, updated parameters).
 

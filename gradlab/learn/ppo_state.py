@@ -28,10 +28,9 @@ from typing import Any
 import numpy as np
 
 from gradlab.errors import ContractViolation
-from gradlab.learn.sb3 import LANES_SAVED, load_vecnormalize_state, vecnormalize_state
+from gradlab.learn.resume_state import load_vecnormalize_state, vecnormalize_state
 
-__all__ = ["LANES_SAVED", "LAST_OBS_FILE", "VECNORMALIZE_FILE", "Normaliser", "read_last_obs", "restore_lanes",
-           "save_lanes"]
+__all__ = ["LAST_OBS_FILE", "VECNORMALIZE_FILE", "Normaliser", "read_last_obs", "restore_lanes", "save_lanes"]
 
 LAST_OBS_FILE = "last_obs.npy"
 VECNORMALIZE_FILE = "vecnormalize.json"
@@ -58,10 +57,11 @@ class Normaliser:
       step's update (:meth:`normalize_obs`), as ``VecNormalize`` normalises
       ``infos[i]["terminal_observation"]``.
 
-    The attributes have ``VecNormalize``'s names, so ``sb3.py``'s JSON writer and reader
-    (``vecnormalize_state``, ``load_vecnormalize_state``) serve both backends; unlike
-    ``VecNormalize``, ``obs_rms`` exists even when only rewards are normalised (it then stays at
-    its initial values, is not applied, and is written as null like ``sb3.ppo``'s).
+    The attributes have ``VecNormalize``'s names, so one JSON writer and reader
+    (``vecnormalize_state``, ``load_vecnormalize_state`` in :mod:`gradlab.learn.resume_state`)
+    serve both backends; unlike ``VecNormalize``, ``obs_rms`` exists even when only rewards are
+    normalised (it then stays at its initial values, is not applied, and is written as null like
+    ``sb3.ppo``'s).
 
     Attributes:
         obs_rms: ``RunningMeanStd`` of shape obs_shape. ret_rms: ``RunningMeanStd`` of shape ().

@@ -13,122 +13,55 @@ plain data (:mod:`gradlab.learn.lane_state`), ``lanes.json`` + ``lanes.npz`` + `
 so the lanes continue mid-episode exactly. The policy parameters come from
 ``policy.safetensors``. Resume reads no pickle (docs/ARCHITECTURE.md section 6): JSON, npz with
 ``allow_pickle=False``, safetensors, and the optimizer state dict through torch's weights-only
-loader; ``policy.zip`` is not read at all (the model is rebuilt from the recipe).
+loader; ``policy.zip`` is not read at all (the model is rebuilt from the recipe). The pieces both
+training backends share (:mod:`gradlab.learn.stats`, :mod:`gradlab.learn.resume_state`,
+:mod:`gradlab.learn.warm_start`) are their own modules; the registry that builds this class by id
+is :mod:`gradlab.learn.backend`.
 """
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
-import random
 import time
-from collections import deque
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from gradlab.checkpoints.manifest import POLICY_FILE, RESUME_DIR, WEIGHTS_FILE
-from gradlab.contracts.recipe import A2CConfig, PPOConfig, RecipeTrain
+from gradlab.checkpoints.manifest import POLICY_FILE, RESUME_DIR
+from gradlab.contracts.recipe import PPOConfig
 from gradlab.contracts.run_spec import RunSpec
 from gradlab.errors import ConfigError, ContractViolation
+from gradlab.learn.backend_config import validate_backend_config
+from gradlab.learn.resume_state import (
+    LANES_SAVED,
+    load_resume_policy,
+    load_vecnormalize_state,
+    rng_state,
+    set_rng_state,
+    vecnormalize_state,
+)
 from gradlab.learn.schedules import schedule_fn
+from gradlab.learn.stats import EpisodeStats, RolloutStats
+from gradlab.learn.warm_start import check_warm_start_tensors, read_warm_start_parent
 
 logger = logging.getLogger(__name__)
 
-WINDOW = 100
-"""Episodes in the rolling windows of the training episode metrics."""
-
-LANES_SAVED = "lanes"
-"""``state.json``'s ``env_state`` when ``lanes.json``/``lanes.npz`` hold the lane state."""
+ALGORITHMS: dict[str, str] = {"sb3.ppo": "ppo", "sb3.a2c": "a2c"}
+"""This module's backend ids → algorithm names (the ``{algorithm}`` metric segment)."""
 
 
-@dataclass
-class EpisodeStats:
-    """Rolling training-episode statistics (saved in resume state so curves continue)."""
+def make_training_env(spec: RunSpec) -> Any:
+    """The SB3 ``VecEnv`` an ``sb3.*`` backend trains on: gradlab's vector env (task program applied).
 
-    count: int = 0
-    returns: deque = field(default_factory=lambda: deque(maxlen=WINDOW))
-    raw_returns: deque = field(default_factory=lambda: deque(maxlen=WINDOW))
-    lengths: deque = field(default_factory=lambda: deque(maxlen=WINDOW))
-    successes: deque = field(default_factory=lambda: deque(maxlen=WINDOW))
-    outcomes: dict[str, int] = field(default_factory=lambda: {"success": 0, "failure": 0, "timeout": 0, "ended": 0})
-    reasons: dict[str, int] = field(default_factory=dict)
-
-    def add(self, record: dict[str, Any]) -> None:
-        self.count += 1
-        self.returns.append(float(record["return"]))
-        self.raw_returns.append(float(record.get("raw_return", record["return"])))
-        self.lengths.append(int(record["length"]))
-        outcome = str(record.get("outcome", "ended"))
-        self.successes.append(outcome == "success")
-        self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
-        reason = str(record.get("reason") or outcome)
-        self.reasons[reason] = self.reasons.get(reason, 0) + 1
-
-    def as_json(self) -> dict[str, Any]:
-        return {"count": self.count, "returns": list(self.returns), "raw_returns": list(self.raw_returns),
-                "lengths": list(self.lengths), "successes": list(self.successes), "outcomes": dict(self.outcomes),
-                "reasons": dict(self.reasons)}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> EpisodeStats:
-        s = cls(count=int(data["count"]), outcomes=dict(data["outcomes"]), reasons=dict(data["reasons"]))
-        s.returns.extend(data["returns"])
-        s.raw_returns.extend(data["raw_returns"])
-        s.lengths.extend(data["lengths"])
-        s.successes.extend(data["successes"])
-        return s
-
-    def metrics(self) -> dict[str, float]:
-        out: dict[str, float] = {"train/episode/count": float(self.count)}
-        if self.returns:
-            out["train/episode/return/shaped/mean"] = float(np.mean(self.returns))
-            out["train/episode/return/raw/mean"] = float(np.mean(self.raw_returns))
-            out["train/episode/length/mean"] = float(np.mean(self.lengths))
-            out["train/outcome/success/window_100/rate"] = float(np.mean(self.successes))
-        for outcome, n in self.outcomes.items():
-            out[f"train/outcome/{outcome}/count"] = float(n)
-        for reason, n in self.reasons.items():
-            out[f"train/episode/reason/{_segment(reason)}/count"] = float(n)
-        return out
-
-
-def _segment(text: str) -> str:
-    """A reason as one metric path segment (``/`` and spaces replaced)."""
-    return "".join(c if (c.isalnum() or c in "_.-:") else "_" for c in text) or "unknown"
-
-
-@dataclass
-class RolloutStats:
-    """Per-rollout accumulators filled by the step callback.
-
-    The step callback only keeps each step's reward array (one float64 copy, ``(n_envs,)``); the
-    reward statistics are computed once per rollout in :meth:`metrics` (four array reductions per
-    env step cost more than the rest of the callback).
+    Returns:
+        A :class:`gradlab.envs.sb3.SB3VecEnv` over ``spec.environment``'s lanes, seeded from ``spec.seed``.
     """
+    from gradlab.envs import make_vector_env
+    from gradlab.envs.sb3 import SB3VecEnv
 
-    steps: int = 0
-    env_seconds: float = 0.0
-    chunks: list = field(default_factory=list)
-
-    def add_rewards(self, r: np.ndarray) -> None:
-        """Record one env step's rewards, (n_envs,) float (copied as float64)."""
-        r = np.array(r, dtype=np.float64)
-        self.steps += r.size
-        self.chunks.append(r)
-
-    def metrics(self) -> dict[str, float]:
-        """``train/reward/shaped/{mean,std,min,max}`` over the rollout's rewards (population std)."""
-        if not self.steps:
-            return {}
-        r = np.concatenate(self.chunks).ravel()
-        mean = float(r.sum()) / self.steps
-        var = max(float(np.dot(r, r)) / self.steps - mean * mean, 0.0)
-        return {"train/reward/shaped/mean": mean, "train/reward/shaped/std": float(np.sqrt(var)),
-                "train/reward/shaped/min": float(r.min()), "train/reward/shaped/max": float(r.max())}
+    return SB3VecEnv(make_vector_env(spec.environment, seed=spec.seed))
 
 
 def _make_callback_class() -> type:
@@ -196,57 +129,6 @@ def _timed_vec_env_class() -> type:
     return TimedVecEnv
 
 
-def rng_state() -> dict[str, Any]:
-    """Python's, NumPy's global and torch's (CPU, and CUDA when initialised) RNG states as JSON data."""
-    import torch
-
-    py = random.getstate()
-    np_state = np.random.get_state()
-    state = {
-        "python": [py[0], list(py[1]), py[2]],
-        "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
-        "torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode("ascii"),
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["torch_cuda"] = [base64.b64encode(s.numpy().tobytes()).decode("ascii") for s in torch.cuda.get_rng_state_all()]
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore the RNG states :func:`rng_state` returned (CUDA's only when CUDA is available)."""
-    import torch
-
-    py = state["python"]
-    random.setstate((py[0], tuple(py[1]), py[2]))
-    n = state["numpy"]
-    np.random.set_state((n[0], np.asarray(n[1], dtype=np.uint32), n[2], n[3], n[4]))
-    torch.set_rng_state(torch.from_numpy(np.frombuffer(base64.b64decode(state["torch"]), dtype=np.uint8).copy()))
-    if "torch_cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([
-            torch.from_numpy(np.frombuffer(base64.b64decode(s), dtype=np.uint8).copy()) for s in state["torch_cuda"]
-        ])
-
-
-def validate_backend_config(train: RecipeTrain, n_envs: int) -> PPOConfig | A2CConfig:
-    """The backend's typed config, with the checks SB3 would only make after compute starts.
-
-    Raises:
-        ConfigError: naming ``train.backend.config.<key>``, what was expected and what was found.
-    """
-    cfg = train.backend.typed_config()
-    problems = []
-    rollout = cfg.n_steps * n_envs
-    if rollout < 2:
-        problems.append(f"train.backend.config.n_steps: n_steps * n_envs must be > 1, found {cfg.n_steps} * {n_envs}")
-    if isinstance(cfg, PPOConfig):
-        if cfg.batch_size > rollout:
-            problems.append(f"train.backend.config.batch_size: expected at most n_steps * n_envs = {rollout}, "
-                            f"found {cfg.batch_size}")
-        if cfg.normalize_advantage and cfg.batch_size < 2:
-            problems.append("train.backend.config.batch_size: expected > 1 with normalize_advantage, found 1")
-    if problems:
-        raise ConfigError("\n".join(problems))
-    return cfg
 
 
 class SB3Backend:
@@ -259,10 +141,10 @@ class SB3Backend:
     """
 
     def __init__(self, backend_id: str):
-        if backend_id not in BACKENDS:
-            raise ConfigError(f"train.backend.id: expected one of {', '.join(BACKENDS)}, found {backend_id!r}")
+        if backend_id not in ALGORITHMS:
+            raise ConfigError(f"train.backend.id: expected one of {', '.join(ALGORITHMS)}, found {backend_id!r}")
         self.id = backend_id
-        self.algorithm = BACKENDS[backend_id]
+        self.algorithm = ALGORITHMS[backend_id]
         self.model: Any = None
         self.vecnormalize: Any = None
         self.episodes = EpisodeStats()
@@ -279,8 +161,6 @@ class SB3Backend:
     @staticmethod
     def make_env(spec: RunSpec) -> Any:
         """The SB3 ``VecEnv`` to train on (gradlab's vector env behind ``SB3VecEnv``)."""
-        from gradlab.learn.learner import make_training_env
-
         return make_training_env(spec)
 
     # -- construction ------------------------------------------------------------------------
@@ -541,137 +421,3 @@ class SB3Backend:
     def close(self) -> None:
         if self.model is not None and self.model.env is not None:
             self.model.env.close()
-
-
-
-
-def policy_tensors(checkpoint: Path) -> dict[str, Any]:
-    """A checkpoint folder's weights-only policy tensors (SB3's names), without gradlab's own entries."""
-    from safetensors.torch import load_file
-
-    return {k: v for k, v in load_file(str(Path(checkpoint) / WEIGHTS_FILE)).items() if not k.startswith("gradlab.")}
-
-
-def load_resume_policy(checkpoint: Path, backend_id: str, module: Any) -> dict[str, Any]:
-    """Read ``resume/state.json`` of a ``backend_id`` checkpoint and load its policy into ``module``.
-
-    Returns:
-        The parsed ``state.json``.
-
-    Raises:
-        ContractViolation: the checkpoint is of another backend, or its tensors do not fit ``module``.
-    """
-    state_file = Path(checkpoint) / RESUME_DIR / "state.json"
-    state = json.loads(state_file.read_text())
-    if state.get("backend_id") != backend_id:
-        raise ContractViolation(f"{state_file}: backend expected {backend_id}, found {state.get('backend_id')}")
-    try:
-        module.load_state_dict(policy_tensors(checkpoint), strict=True)
-    except RuntimeError as e:
-        raise ContractViolation(f"{Path(checkpoint) / WEIGHTS_FILE}: does not fit this recipe's policy: {e}") from None
-    return state
-
-def read_warm_start_parent(init: Any, *, extra: list[str]) -> tuple[Path, dict[str, Any]]:
-    """The verified parent checkpoint folder of a warm start and its policy tensors (SB3's names).
-
-    Every file the warm start reads (the weights-only policy, its spec, ``extra`` resume files) and
-    every other file present is checked against the parent's manifest, and the manifest's policy
-    sha256 against the one recorded in the run spec (``init.checkpoint_sha256``). A published
-    repository's ``checkpoint/`` holds only the weights-only files (the rest was verified against
-    its ``gradlab.json`` at download).
-
-    Returns:
-        (folder, {tensor name: tensor}) without gradlab's own entries.
-
-    Raises:
-        IntegrityError: a needed file is missing, a file differs from the manifest, or the parent is
-            not the recorded sha256.
-    """
-
-    from gradlab.checkpoints.bundle import file_sha256, read_manifest
-    from gradlab.checkpoints.manifest import POLICY_SPEC_FILE
-    from gradlab.errors import IntegrityError
-
-    path = Path(init.path)
-    manifest = read_manifest(path)
-    needed = [WEIGHTS_FILE, POLICY_SPEC_FILE, *extra]
-    present = [rel for rel in manifest.files if (path / rel).is_file()]
-    for rel in sorted(set(needed) | set(present)):
-        entry = manifest.files.get(rel)
-        if entry is None or not (path / rel).is_file():
-            raise IntegrityError(f"{path / rel}: needed for the warm start but not in the checkpoint")
-        digest = file_sha256(path / rel)
-        if digest != entry.sha256:
-            raise IntegrityError(f"{path / rel}: sha256 expected {entry.sha256}, found {digest}")
-    if manifest.sha256 != init.checkpoint_sha256:
-        raise IntegrityError(f"{path}: --init-from expected policy sha256 {init.checkpoint_sha256}, found {manifest.sha256}")
-    return path, policy_tensors(path)
-
-def check_warm_start_tensors(own: dict[str, Any], parent: dict[str, Any], *, source: str) -> None:
-    """Refuse a parent whose tensors do not fit this policy, naming the first mismatching tensor.
-
-    Args:
-        own: this recipe's policy state dict (name -> tensor), in module order.
-        parent: the parent checkpoint's tensors (gradlab's own ``gradlab.*`` entries removed).
-
-    Raises:
-        ContractViolation: ``--init-from SOURCE: tensor NAME: ...`` for the first tensor of ``own``
-            missing from ``parent`` or of another shape, else the first extra tensor of ``parent``.
-    """
-    for name, tensor in own.items():
-        if name not in parent:
-            raise ContractViolation(f"--init-from {source}: tensor {name}: this recipe's policy has it "
-                                    f"{tuple(tensor.shape)}, the parent checkpoint has no such tensor (another architecture)")
-        if tuple(parent[name].shape) != tuple(tensor.shape):
-            raise ContractViolation(f"--init-from {source}: tensor {name}: shape expected {tuple(tensor.shape)} "
-                                    f"(this recipe's policy), found {tuple(parent[name].shape)} in the parent checkpoint")
-    extra = [name for name in parent if name not in own]
-    if extra:
-        raise ContractViolation(f"--init-from {source}: tensor {extra[0]}: in the parent checkpoint but not in this "
-                                "recipe's policy (another architecture)")
-
-
-def vecnormalize_state(vn: Any) -> dict[str, Any]:
-    """A ``VecNormalize``'s (or :class:`gradlab.learn.ppo_state.Normaliser`'s) statistics and settings
-    as JSON data: ``resume/vecnormalize.json`` of both PPO backends."""
-
-    def rms(r: Any) -> dict[str, Any]:
-        return {"mean": np.asarray(r.mean).tolist(), "var": np.asarray(r.var).tolist(), "count": float(r.count)}
-
-    # VecNormalize has no obs_rms when only rewards are normalised: null then.
-    return {"obs_rms": rms(vn.obs_rms) if vn.norm_obs else None, "ret_rms": rms(vn.ret_rms),
-            "returns": np.asarray(vn.returns).tolist(),
-            "clip_obs": vn.clip_obs, "clip_reward": vn.clip_reward, "gamma": vn.gamma, "epsilon": vn.epsilon,
-            "norm_obs": vn.norm_obs, "norm_reward": vn.norm_reward}
-
-
-def load_vecnormalize_state(vn: Any, data: dict[str, Any]) -> None:
-    """Assign :func:`vecnormalize_state`'s statistics back (float64 arrays; settings come from the recipe)."""
-    for name in ("obs_rms", "ret_rms") if vn.norm_obs else ("ret_rms",):
-        r = getattr(vn, name)
-        r.mean = np.asarray(data[name]["mean"], dtype=np.float64)
-        r.var = np.asarray(data[name]["var"], dtype=np.float64)
-        r.count = float(data[name]["count"])
-    vn.returns = np.asarray(data["returns"], dtype=np.float64)
-
-
-BACKENDS: dict[str, str] = {"sb3.ppo": "ppo", "sb3.a2c": "a2c"}
-"""Registered backend ids → algorithm names (the ``{algorithm}`` metric segment)."""
-
-
-def registered_backends() -> list[str]:
-    """Backend ids, for tests parametrized over every backend (``sb3.*`` and ``gradlab.ppo``)."""
-    return [*BACKENDS, "gradlab.ppo"]
-
-
-def make_backend(backend_id: str) -> Any:
-    """The backend object for ``train.backend.id`` (:class:`SB3Backend` or ``gradlab.ppo``'s ``PPOBackend``).
-
-    Raises:
-        ConfigError: an unknown id, naming ``train.backend.id``.
-    """
-    if backend_id == "gradlab.ppo":
-        from gradlab.learn.ppo import PPOBackend
-
-        return PPOBackend(backend_id)
-    return SB3Backend(backend_id)

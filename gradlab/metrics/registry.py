@@ -133,7 +133,7 @@ EARLY_STOP: tuple[MetricSpec, ...] = (
     MetricSpec("train/early_stop/{condition}/patience/progress", "Held (threshold) or stalled (plateau) steps over patience_steps, clipped to [0, 1].", "frac", _ROLL),
     MetricSpec("train/early_stop/{condition}/would_trigger", "1 when the condition is met after warmup and patience (also for action observe), else 0.", "bool", _ROLL),
 )
-"""Early-stop condition metrics (gradlab.evaluation.early_stop, emitted by the learner per rollout)."""
+"""Early-stop condition metrics (gradlab.learn.early_stop, emitted by the learner per rollout)."""
 
 _SUP = "per supervisor event"
 

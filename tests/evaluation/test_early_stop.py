@@ -6,7 +6,7 @@ import pytest
 
 from gradlab.contracts.goal import EarlyStopCondition
 from gradlab.errors import ContractViolation
-from gradlab.evaluation import EarlyStopMonitor
+from gradlab.learn.early_stop import EarlyStopMonitor
 from gradlab.metrics.registry import check_names
 
 M = "train/episode/return/shaped/mean"

@@ -9,8 +9,9 @@ import pytest
 
 from gradlab.checkpoints import list_checkpoints, verify_checkpoint
 from gradlab.errors import ConfigError
+from gradlab.learn.backend import registered_backends
+from gradlab.learn.backend_config import validate_backend_config
 from gradlab.learn.learner import run_learner
-from gradlab.learn.sb3 import registered_backends, validate_backend_config
 from gradlab.learn.schedules import schedule_fn
 from gradlab.metrics.registry import check_names
 from gradlab.outbox import Outbox

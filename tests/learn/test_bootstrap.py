@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from gradlab.learn.learner import make_training_env
-from gradlab.learn.sb3 import SB3Backend
+from gradlab.learn.sb3 import SB3Backend, make_training_env
 from tests.learn.conftest import make_spec
 
 

@@ -9,7 +9,10 @@ import pytest
 import torch
 
 from gradlab.contracts.recipe import GradlabPPOConfig, PolicyModel
-from gradlab.learn.ppo import PPOBackend, build_network, compute_gae, ppo_update
+from gradlab.learn.ppo import PPOBackend
+from gradlab.learn.ppo_net import build_network
+from gradlab.learn.ppo_rollout import compute_gae
+from gradlab.learn.ppo_update import ppo_update
 from tests.learn.conftest import CARTPOLE, make_spec
 
 SB3_KW = dict(n_steps=16, batch_size=32, n_epochs=3, gamma=0.98, gae_lambda=0.9, clip_range=0.2, clip_range_vf=0.3,

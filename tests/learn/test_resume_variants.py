@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 
 from gradlab.checkpoints import list_checkpoints, verify_checkpoint
 from gradlab.learn import run_learner
-from gradlab.learn.sb3 import LANES_SAVED
+from gradlab.learn.resume_state import LANES_SAVED
 from gradlab.outbox import Outbox
 from tests.learn.conftest import CARTPOLE, make_spec
 

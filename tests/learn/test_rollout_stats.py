@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from gradlab.learn.sb3 import RolloutStats
+from gradlab.learn.stats import RolloutStats
 
 
 def test_reward_statistics_over_a_rollout() -> None:

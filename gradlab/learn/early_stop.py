@@ -21,6 +21,10 @@ Semantics (steps are env steps, ``train/global_step``):
   is 0 and the condition holds). ``would_trigger`` is 1.0 or 0.0 and is emitted for ``observe``
   conditions too; only ``action: stop`` conditions stop training. Before ``warmup_steps`` nothing
   triggers. Updates that lack a condition's metric leave it untouched and emit nothing for it.
+
+Metric names: :data:`EARLY_STOP_METRIC_NAMES` (registered in :mod:`gradlab.metrics.registry` and
+METRICS.md). The learner saves :meth:`EarlyStopMonitor.state_dict` in every checkpoint
+(``resume/early_stop.json``), so a resumed run continues its streaks and bests.
 """
 
 from __future__ import annotations
@@ -30,10 +34,21 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gradlab.contracts.goal import EarlyStopCondition
+from gradlab.contracts.goal import EarlyStopCondition, compare
 from gradlab.errors import ContractViolation
-from gradlab.evaluation import names
-from gradlab.evaluation.acceptance import compare
+
+EARLY_STOP_VALUE = "train/early_stop/{condition}/value"
+EARLY_STOP_BEST = "train/early_stop/{condition}/best"
+EARLY_STOP_PROGRESS = "train/early_stop/{condition}/patience/progress"
+EARLY_STOP_WOULD_TRIGGER = "train/early_stop/{condition}/would_trigger"
+
+#: Every name this module emits (templates; ``{condition}`` is the condition's name), in METRICS.md order.
+EARLY_STOP_METRIC_NAMES: tuple[str, ...] = (
+    EARLY_STOP_VALUE,
+    EARLY_STOP_BEST,
+    EARLY_STOP_PROGRESS,
+    EARLY_STOP_WOULD_TRIGGER,
+)
 
 
 @dataclass(frozen=True)
@@ -102,10 +117,10 @@ class EarlyStopMonitor:
                 progress, would = self._plateau(cond, state, step, value)
             state.triggered = state.triggered or would
             n = cond.name
-            out[names.EARLY_STOP_VALUE.format(condition=n)] = value
-            out[names.EARLY_STOP_BEST.format(condition=n)] = float(state.best) if state.best is not None else value
-            out[names.EARLY_STOP_PROGRESS.format(condition=n)] = progress
-            out[names.EARLY_STOP_WOULD_TRIGGER.format(condition=n)] = 1.0 if would else 0.0
+            out[EARLY_STOP_VALUE.format(condition=n)] = value
+            out[EARLY_STOP_BEST.format(condition=n)] = float(state.best) if state.best is not None else value
+            out[EARLY_STOP_PROGRESS.format(condition=n)] = progress
+            out[EARLY_STOP_WOULD_TRIGGER.format(condition=n)] = 1.0 if would else 0.0
             if would and cond.action == "stop" and stop_by is None:
                 stop_by = cond.name
         return EarlyStopDecision(stop=stop_by is not None, condition=stop_by, metrics=out)
