@@ -101,11 +101,11 @@ def _request_run(address: str, payload: dict) -> tuple[socket.socket, int]:
         s.settimeout(zygote.REQUEST_TIMEOUT_S)
         s.connect(address)
         socket.send_fds(s, [json.dumps(payload).encode() + b"\n"], [0, 1, 2])
-        answer = json.loads(zygote._read_line(s) or b"{}")
+        answer = json.loads(zygote.read_line(s) or b"{}")
         if "pid" not in answer:
             raise ValueError(answer.get("error") or "no answer")
         s.sendall(b"go\n")
-        if zygote._read_line(s) != b"ok":
+        if zygote.read_line(s) != b"ok":
             raise OSError(f"warm flow child {answer['pid']} was not confirmed")
     except BaseException:
         s.close()
@@ -125,7 +125,7 @@ def _relay(sock: socket.socket, pid: int, directory: Path) -> int:
     previous = {sig: signal.signal(sig, forward) for sig in RELAYED}
     try:
         sock.settimeout(None)
-        line = zygote._read_line(sock)  # PEP 475: a relayed signal does not end the wait
+        line = zygote.read_line(sock)  # PEP 475: a relayed signal does not end the wait
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

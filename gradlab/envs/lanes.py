@@ -132,7 +132,7 @@ def _worker(conn: Any, factory: LaneFactory, n: int, lane_offset: int, render_mo
 
 
 @contextlib.contextmanager
-def _main_hidden() -> Iterator[None]:
+def main_hidden() -> Iterator[None]:
     """Start a ``spawn`` child without re-running the parent's ``__main__`` script.
 
     Lane factories are module-level functions of importable modules, so the child never needs the
@@ -178,7 +178,7 @@ class AsyncLanes(LaneBackend):
             parent, child = ctx.Pipe()
             proc = ctx.Process(target=_worker, args=(child, factory, hi - lo, lo, render_mode), daemon=True,
                                name=f"gradlab-{name}-{lo}")
-            with _main_hidden():
+            with main_hidden():
                 proc.start()
             child.close()
             self._conns.append(parent)

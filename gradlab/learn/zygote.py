@@ -291,7 +291,7 @@ def _request(address: str, payload: dict, timeout_s: float = REQUEST_TIMEOUT_S) 
         s.settimeout(timeout_s)
         s.connect(address)
         s.sendall(json.dumps(payload).encode() + b"\n")
-        answer = _read_line(s)
+        answer = read_line(s)
     if not answer:
         raise ValueError("the zygote closed the connection without an answer")
     return json.loads(answer)
@@ -308,16 +308,16 @@ def _request_fork(address: str, payload: dict, timeout_s: float = REQUEST_TIMEOU
         s.settimeout(timeout_s)
         s.connect(address)
         s.sendall(json.dumps(payload).encode() + b"\n")
-        answer = json.loads(_read_line(s) or b"{}")
+        answer = json.loads(read_line(s) or b"{}")
         if "pid" not in answer:
             raise ValueError(answer.get("error") or "no answer")
         s.sendall(b"go\n")
-        if _read_line(s) != b"ok":
+        if read_line(s) != b"ok":
             raise OSError(f"learner {answer['pid']} was not confirmed")
         return int(answer["pid"])
 
 
-def _read_line(s: socket.socket, limit: int = 16 << 20) -> bytes:
+def read_line(s: socket.socket, limit: int = 16 << 20) -> bytes:
     """One line of the protocol from ``s``, stripped (b"" when the peer closed first); both sides use it.
 
     Raises:

@@ -36,7 +36,7 @@ from gradlab.learn.zygote import (
     REAP_S,
     REQUEST_TIMEOUT_S,
     ZygoteInfo,
-    _read_line,
+    read_line,
     import_env,
     kind_fingerprint,
 )
@@ -239,7 +239,7 @@ class Zygote:
             try:
                 conn.settimeout(REQUEST_TIMEOUT_S)
                 conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
-                confirmed = _read_line(conn) == b"go"
+                confirmed = read_line(conn) == b"go"
                 if confirmed:
                     conn.sendall(b"ok\n")
                     go.write(b"g")

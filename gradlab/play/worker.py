@@ -127,12 +127,12 @@ class PlaybackWorker:
     """
 
     def __init__(self) -> None:
-        from gradlab.envs.lanes import _main_hidden
+        from gradlab.envs.lanes import main_hidden
 
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
         self.process = ctx.Process(target=_main, args=(child,), daemon=True, name="gradlab-play-worker")
-        with _main_hidden():
+        with main_hidden():
             self.process.start()
         child.close()
         self._lock = threading.Lock()

@@ -51,7 +51,7 @@ def rl_zoo_problem(environment: EnvironmentSpec) -> str | None:
     return None
 
 
-def _vecnormalize(environment: EnvironmentSpec, stats: dict[str, Any], path: Path) -> None:
+def write_vecnormalize(environment: EnvironmentSpec, stats: dict[str, Any], path: Path) -> None:
     """Write SB3's ``vecnormalize.pkl`` with ``stats`` (the checkpoint's ``vecnormalize.json``)."""
     import numpy as np
     from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
@@ -160,7 +160,7 @@ def export_checkpoint(checkpoint: Path, spec: Any, out: Path, *, fmt: str,
     shutil.copyfile(Path(checkpoint) / "policy.zip", zip_path)
     paths = [zip_path, *files]
     if stats is not None:
-        _vecnormalize(env, stats, vec_path)
+        write_vecnormalize(env, stats, vec_path)
         paths.append(vec_path)
     provenance = {
         "format": "gradlab.export/1", "layout": written, "run_id": manifest.run_id, "step": manifest.step,

@@ -179,9 +179,9 @@ def build_repo_folder(checkpoint: Path, spec: Any, result: Any, out: Path, *, ac
         shutil.copyfile(Path(checkpoint) / "policy.zip", out / f"{algo}-{env_id}.zip")
         stats = Path(checkpoint) / "resume" / "vecnormalize.json"
         if stats.is_file():
-            from gradlab.share.export import _vecnormalize
+            from gradlab.share.export import write_vecnormalize
 
-            _vecnormalize(spec.environment, json.loads(stats.read_text()), out / "vecnormalize.pkl")
+            write_vecnormalize(spec.environment, json.loads(stats.read_text()), out / "vecnormalize.pkl")
     (out / "run_spec.json").write_text(json.dumps(spec.to_json(), indent=1, sort_keys=True) + "\n")
     (out / "goal.json").write_text(json.dumps(spec.goal.model_dump(mode="json"), indent=1, sort_keys=True) + "\n")
     (out / "recipe.json").write_text(json.dumps(spec.recipe.model_dump(mode="json"), indent=1, sort_keys=True) + "\n")

@@ -193,7 +193,7 @@ def test_a_malformed_request_is_answered_and_the_zygote_keeps_serving(warm) -> N
             s.settimeout(5)
             s.connect(info.address)
             s.sendall(payload)
-            assert json.loads(zygote._read_line(s)) == {"error": "expected a JSON object"}
+            assert json.loads(zygote.read_line(s)) == {"error": "expected a JSON object"}
     assert zygote.ready_zygotes(directory)[0].pid == info.pid
 
 
@@ -219,7 +219,7 @@ def test_a_requester_that_goes_away_gets_no_learner(warm, tmp_path: Path) -> Non
         s.sendall(json.dumps({"op": "fork", "argv": ["--spec", str(paths.spec), "--run-dir", str(paths.root)],
                               "env": dict(os.environ), "cwd": str(tmp_path), "log": str(paths.learner_log),
                               "exit_file": str(paths.root / "learner-{pid}.exit")}).encode() + b"\n")
-        pid = json.loads(zygote._read_line(s))["pid"]
+        pid = json.loads(zygote.read_line(s))["pid"]
     # Closed without confirming: the child is killed before it runs the learner.
     exit_file = paths.root / f"learner-{pid}.exit"
     _wait(exit_file.exists, 10, "the unborn learner reaped")
