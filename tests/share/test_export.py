@@ -176,6 +176,17 @@ def test_rl_zoo3_trains_from_an_exported_cartpole_config_with_the_recipes_schedu
     assert result.returncode == 0, result.stderr
     assert "ppo/CartPole-v1_1/CartPole-v1/hyperparams.yml" in json.loads(result.stdout)["files"]
     _check_rl_zoo3_trains_the_recipe(tmp_path / "zoo", spec, steps=256)  # 8 lanes x 32 steps: one update
+    # The same checkpoint under a schedule rl-zoo3 cannot write: the SB3 files, and the reason.
+    from gradlab.share.export import export_checkpoint
+
+    train = spec.recipe.train
+    backend = train.backend.model_copy(update={"config": {**train.backend.config, "learning_rate": LinearSchedule(
+        initial=1e-3, final=1e-4)}})
+    recipe = spec.recipe.model_copy(update={"train": train.model_copy(update={"backend": backend})})
+    layout, files, why = export_checkpoint(ckpt, spec.model_copy(update={"recipe": recipe}), tmp_path / "sb3",
+                                           fmt="rl-zoo")
+    assert layout == "sb3" and "train.backend.config.learning_rate: linear from 0.001 to 0.0001" in why
+    assert sorted(f.name for f in files) == ["gradlab_export.json", "policy.zip"]
 
 
 def _rl_zoo3_entry(algo: str, env_id: str) -> dict:
