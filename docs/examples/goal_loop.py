@@ -27,7 +27,7 @@ policy = torch.nn.Sequential(torch.nn.Linear(n_obs, 64), torch.nn.Tanh(), torch.
 optimizer = torch.optim.Adam(policy.parameters(), lr=1e-2)
 obs, _ = envs.reset(seed=0)
 for update in range(args.updates):
-    log_probs, rewards, dones, finished = [], [], [], []
+    log_probs, rewards, dones, finished, episode_returns = [], [], [], [], []
     for _ in range(args.steps):
         dist = torch.distributions.Categorical(logits=policy(torch.as_tensor(obs, dtype=torch.float32).flatten(1)))
         action = dist.sample()
@@ -36,8 +36,10 @@ for update in range(args.updates):
         rewards.append(torch.as_tensor(reward))
         dones.append(torch.as_tensor(terminated | truncated, dtype=torch.float32))
         if "final_info" in info:
-            episodes = info["final_info"]["gradlab_episode"]
-            finished += [o == "success" for o, m in zip(episodes["outcome"], info["_final_obs"], strict=True) if m]
+            ended = info["_final_obs"]  # the lanes whose episode ended this step
+            episodes = info["final_info"]["gradlab_episode"]  # one (lanes,) array per field
+            finished += (episodes["outcome"][ended] == "success").tolist()
+            episode_returns += episodes["return"][ended].tolist()
     returns, running = [], torch.zeros(args.lanes)
     for r, d in zip(reversed(rewards), reversed(dones), strict=True):  # return within each episode (no critic: no bootstrap)
         running = r + 0.99 * running * (1.0 - d)
@@ -48,5 +50,6 @@ for update in range(args.updates):
     loss.backward()
     optimizer.step()
     if update % 10 == 0 or update == args.updates - 1:
-        print(f"update {update} success_rate {np.mean(finished) if finished else float('nan'):.3f}")
+        mean, rate = (np.mean(episode_returns), np.mean(finished)) if finished else (float("nan"),) * 2
+        print(f"update {update} episodes {len(finished)} return_mean {mean:.2f} success_rate {rate:.3f}")
 envs.close()

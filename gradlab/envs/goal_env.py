@@ -16,6 +16,13 @@ events, termination, shaped reward); success and failure terminate, timeouts tru
   ``infos["final_info"]`` (masks ``_final_obs`` / ``_final_info``). gradlab's episode record is in
   ``infos["final_info"]["gradlab_episode"]``.
 
+Infos keep one type per key for the whole run, as gymnasium's batching needs (it types each key's
+array by the first lane that reports it): the episode record is
+:meth:`~gradlab.envs.records.EpisodeRecord.as_gym_info`, whose ``seed`` is the seed the episode's
+reset used, or ``-1`` (``NO_SEED``) when the lane continued its own RNG stream (every episode
+after a lane's first, unless ``reset(seed=...)`` named one), and whose ``start`` is ``""`` for the
+default start.
+
 Seeds: ``seed=s`` at construction (or the first ``reset(seed=s)``) gives lane ``i`` the seed
 ``s * 1024 + i`` as a gradlab training run with seed ``s`` does; ``reset(seed=[...])`` names each
 lane's seed. Later episodes continue each lane's own RNG stream.
@@ -60,7 +67,10 @@ def _lane_seeds(seed: int | list[int] | None, n: int) -> list[int] | None:
     if isinstance(seed, (list, tuple, np.ndarray)):
         if len(seed) != n:
             raise ConfigError(f"seed: expected {n} lane seeds, found {len(seed)}")
-        return [int(s) for s in seed]
+        seeds = [int(s) for s in seed]
+        if any(s < 0 for s in seeds):
+            raise ConfigError(f"seed: expected non-negative lane seeds, found {seeds}")
+        return seeds
     return training_lane_seeds(int(seed), n)
 
 
@@ -96,13 +106,21 @@ class GoalVectorEnv(gym.vector.VectorEnv):
         return obs, {}
 
     def step(self, actions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
-        """Step every lane: (obs, reward (N,) float32, terminated (N,) bool, truncated (N,) bool, infos)."""
+        """Step every lane: (obs, reward (N,) float32, terminated (N,) bool, truncated (N,) bool, infos).
+
+        ``obs`` is (N, *obs_shape); a lane that ended this step already holds its next episode's
+        first observation. ``infos`` is gymnasium's batched dict: each native info key as an (N,)
+        array with its ``_key`` mask; for ended lanes ``infos["final_obs"]`` (N,) object array and
+        ``infos["final_info"]["gradlab_episode"]``, the record's fields each an (N,) array of one
+        dtype for the whole run (``seed`` int64, -1 when none; see the module docstring).
+        """
         res = self.gradlab_env.step(np.asarray(actions))
         infos: dict[str, Any] = {}
-        ended = {ep.lane for ep in res.episodes}
+        ended = {ep.lane: ep for ep in res.episodes}
         for lane, info in enumerate(res.infos):
             info = dict(info or {})
             if lane in ended:
+                info["gradlab_episode"] = ended[lane].as_gym_info()
                 infos = self._add_info(infos, {"final_obs": res.final_obs[lane], "final_info": info}, lane)
             else:
                 infos = self._add_info(infos, info, lane)
@@ -143,6 +161,12 @@ class GoalEnv(gym.Env):
         return self.gradlab_env.reset()[0], {}
 
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        """One step: (obs, shaped reward, terminated, truncated, info).
+
+        At an episode's end ``obs`` is the true final observation and
+        ``info["gradlab_episode"]`` the record of :meth:`~gradlab.envs.records.EpisodeRecord.as_gym_info`
+        (``seed`` -1 when none), so ``gymnasium.vector.SyncVectorEnv`` over these envs batches it.
+        """
         if self.gradlab_env._discrete:
             batch = np.asarray([action], dtype=np.int64)
         else:
@@ -151,6 +175,7 @@ class GoalEnv(gym.Env):
         info = dict(res.infos[0] or {})
         obs = res.obs[0]
         if res.episodes:
+            info["gradlab_episode"] = res.episodes[0].as_gym_info()
             self._next_obs = obs.copy()
             obs = res.final_obs[0]
         return obs, float(res.reward[0]), bool(res.terminated[0]), bool(res.truncated[0]), info

@@ -10,6 +10,9 @@ from typing import Any
 
 import numpy as np
 
+#: ``seed`` in :meth:`EpisodeRecord.as_gym_info` for an episode whose reset named no seed.
+NO_SEED = -1
+
 
 @dataclass(frozen=True)
 class EpisodeRecord:
@@ -48,6 +51,26 @@ class EpisodeRecord:
         }
         if self.start is not None:
             out["start"] = self.start
+        return out
+
+    def as_gym_info(self) -> dict[str, Any]:
+        """The record as gymnasium info: the keys of :meth:`as_json`, each with one type for a whole run.
+
+        gymnasium's vector envs batch each info key into one numpy array per step, typed by the
+        first lane that reports it (``VectorEnv._add_info``), so a key that is an int in one lane
+        and None in another cannot be merged, and a key present only sometimes changes the
+        batch's keys. Here ``seed`` is always an int, ``NO_SEED`` (-1) when the lane continued its
+        own RNG stream (gradlab and numpy seeds are never negative), and ``start`` is always a
+        str, ``""`` for the environment's default start. ``progress`` holds the same signals in
+        every episode of a goal.
+
+        Returns:
+            ``{"lane": int, "seed": int, "return": float, "raw_return": float, "length": int,
+            "outcome": str, "reason": str, "progress": {str: float}, "start": str}``.
+        """
+        out = self.as_json()
+        out["seed"] = NO_SEED if self.seed is None else int(self.seed)
+        out["start"] = self.start or ""
         return out
 
 

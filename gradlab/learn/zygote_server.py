@@ -36,9 +36,9 @@ from gradlab.learn.zygote import (
     REAP_S,
     REQUEST_TIMEOUT_S,
     ZygoteInfo,
-    read_line,
     import_env,
     kind_fingerprint,
+    read_line,
 )
 
 log = logging.getLogger(__name__)

@@ -3,7 +3,8 @@
 rl-zoo3 layout (what ``python -m rl_zoo3.enjoy --algo ALGO --env ENV -f DIR`` reads, exp id 1)::
 
     DIR/<algo>/<env>_1/<env>.zip                 the checkpoint's policy.zip (byte-identical)
-    DIR/<algo>/<env>_1/<env>/config.yml          hyperparameters, with "normalize" when normalised
+    DIR/<algo>/<env>_1/<env>/config.yml          hyperparameters as rl-zoo3 saves them after training
+    DIR/<algo>/<env>_1/<env>/hyperparams.yml     the same as a --conf-file for python -m rl_zoo3.train
     DIR/<algo>/<env>_1/<env>/args.yml            algo, env, seed, env_kwargs (as rl-zoo3 saves them)
     DIR/<algo>/<env>_1/<env>/env_kwargs.yml      the provider arguments (gym.make keyword arguments)
     DIR/<algo>/<env>_1/<env>/vecnormalize.pkl    VecNormalize statistics, when the recipe normalises
@@ -18,12 +19,18 @@ only goals whose episode *is* the gymnasium env's own can be played there: provi
 ``gymnasium``, no preprocessing, no task events, native reward unscaled and unclipped, and no
 extra step limit (:func:`rl_zoo_problem`). ``vecnormalize.pkl`` is built here from the
 checkpoint's JSON statistics (``resume/vecnormalize.json``), never from a pickle read back.
+
+Hyperparameters are written in rl-zoo3's own forms (:func:`rl_zoo_hyperparameters`), so
+``python -m rl_zoo3.train --algo ALGO --env ENV --conf-file .../hyperparams.yml`` trains the
+recipe again and saves a ``config.yml`` identical to the exported one. A recipe rl-zoo3 cannot
+express (a linear schedule that does not end at 0, a scheduled ``ent_coef``) gets the SB3 files.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -51,16 +58,81 @@ def rl_zoo_problem(environment: EnvironmentSpec) -> str | None:
     return None
 
 
+#: rl-zoo3 turns these from ``lin_<initial>`` / a number into schedules (``ExperimentManager._preprocess_schedules``).
+_ZOO_SCHEDULES = ("learning_rate", "clip_range", "clip_range_vf")
+#: gradlab.ppo's own config keys: how to compute, not SB3 hyperparameters.
+_GRADLAB_ONLY = ("precision", "compile", "threads")
+
+
+def rl_zoo_hyperparameters(train: Any, environment: EnvironmentSpec, *, image: bool) -> tuple[dict[str, Any], str | None]:
+    """A recipe as rl-zoo3 hyperparameters, in the forms its ``hyperparams/<algo>.yml`` files use.
+
+    Args:
+        train: the recipe's :class:`~gradlab.contracts.recipe.RecipeTrain`.
+        environment: the run's training environment (``n_envs``).
+        image: whether the observations are images (``policy_model.extractor: auto`` then means
+            the Nature CNN, rl-zoo3's ``CnnPolicy``).
+
+    Returns:
+        (hyperparameters, None), or ({}, why) when rl-zoo3 has no form for one of them. The keys:
+        ``n_envs``, ``n_timesteps`` (the budget), ``policy`` (``MlpPolicy`` or ``CnnPolicy``),
+        ``policy_kwargs`` as the Python expression rl-zoo3 evaluates (``dict(net_arch=[64, 64],
+        activation_fn=nn.Tanh, ...)``), ``normalize`` when the recipe normalises (``true``, or
+        ``"dict(norm_obs=..., norm_reward=..., clip_obs=...)"`` when not both with clip 10), and the
+        backend's hyperparameters under SB3's names: a linear schedule to 0 is ``lin_<initial>``
+        (rl-zoo3's ``SimpleLinearSchedule``: ``initial * progress_remaining``), a constant a float;
+        a None (SB3's default) is left out, as rl-zoo3 rejects ``clip_range_vf: null``.
+    """
+    from gradlab.contracts.recipe import LinearSchedule
+
+    cfg = train.backend.typed_config()
+    hp: dict[str, Any] = {"n_envs": environment.n_envs, "n_timesteps": train.timesteps}
+    for key in type(cfg).model_fields:
+        value = getattr(cfg, key)
+        if key in _GRADLAB_ONLY or value is None:
+            continue
+        if isinstance(value, LinearSchedule):
+            where = f"train.backend.config.{key}"
+            if key not in _ZOO_SCHEDULES:
+                return {}, f"{where}: rl-zoo3 takes a schedule only for {', '.join(_ZOO_SCHEDULES)}"
+            if value.final != 0.0:
+                return {}, f"{where}: linear from {value.initial} to {value.final}, but rl-zoo3's lin_<initial> ends at 0"
+            value = f"lin_{float(value.initial)!r}"
+        hp[key] = value
+    pm = train.policy_model
+    cnn = pm.extractor == "nature_cnn" or (pm.extractor == "auto" and image)
+    hp["policy"] = "CnnPolicy" if cnn else "MlpPolicy"
+    activation = {"tanh": "nn.Tanh", "relu": "nn.ReLU"}[pm.activation]  # rl-zoo3 evaluates with torch.nn as nn
+    kwargs = [f"net_arch={pm.net_arch!r}", f"activation_fn={activation}", f"ortho_init={pm.ortho_init}",
+              f"share_features_extractor={pm.share_features_extractor}"]
+    if cnn:
+        kwargs.append(f"features_extractor_kwargs=dict(features_dim={pm.features_dim})")
+    hp["policy_kwargs"] = f"dict({', '.join(kwargs)})"
+    norm = train.normalize
+    if norm.observation or norm.reward:  # rl-zoo3 adds gamma=hp["gamma"] itself, as gradlab does
+        plain = norm.observation and norm.reward and norm.clip_observation == 10.0
+        hp["normalize"] = True if plain else (f"dict(norm_obs={norm.observation}, norm_reward={norm.reward}, "
+                                              f"clip_obs={float(norm.clip_observation)!r})")
+    return hp, None
+
+
+def _spaces(environment: EnvironmentSpec) -> tuple[Any, Any]:
+    """(single observation space, single action space) of one lane of ``environment``."""
+    from gradlab.envs import make_vector_env
+
+    probe = make_vector_env(environment.model_copy(update={"n_envs": 1}), seed=0)
+    try:
+        return probe.single_observation_space, probe.single_action_space
+    finally:
+        probe.close()
+
+
 def write_vecnormalize(environment: EnvironmentSpec, stats: dict[str, Any], path: Path) -> None:
     """Write SB3's ``vecnormalize.pkl`` with ``stats`` (the checkpoint's ``vecnormalize.json``)."""
     import numpy as np
     from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
-    from gradlab.envs import make_vector_env
-
-    probe = make_vector_env(environment.model_copy(update={"n_envs": 1}), seed=0)
-    obs_space, act_space = probe.single_observation_space, probe.single_action_space
-    probe.close()
+    obs_space, act_space = _spaces(environment)
     import gymnasium as gym
 
     class _Spaces(gym.Env):
@@ -120,6 +192,12 @@ def export_checkpoint(checkpoint: Path, spec: Any, out: Path, *, fmt: str,
     if (train.normalize.observation or train.normalize.reward) and stats is None:
         raise ContractViolation(f"{stats_file}: missing, but the recipe normalises (the export would play without it)")
     why = rl_zoo_problem(env) if fmt == "rl-zoo" else None
+    hyperparams: dict[str, Any] = {}
+    if fmt == "rl-zoo" and why is None:
+        from stable_baselines3.common.preprocessing import is_image_space
+
+        image = train.policy_model.extractor == "auto" and is_image_space(_spaces(env)[0], check_channels=False)
+        hyperparams, why = rl_zoo_hyperparameters(train, env, image=image)
     written = "sb3" if (fmt == "sb3" or why) else "rl-zoo"
     out = Path(out)
     if written == "rl-zoo":
@@ -132,17 +210,18 @@ def export_checkpoint(checkpoint: Path, spec: Any, out: Path, *, fmt: str,
         meta = run_folder / env.env_id
         meta.mkdir(parents=True, exist_ok=True)
         zip_path = run_folder / f"{env.env_id}.zip"
-        config: dict[str, Any] = {"n_envs": env.n_envs, "n_timesteps": train.timesteps, "policy": "MlpPolicy",
-                                  **train.backend.typed_config().model_dump(mode="json")}
-        for key in ("precision", "compile", "threads"):  # gradlab.ppo's own keys: not SB3 hyperparameters
-            config.pop(key, None)
-        if stats is not None:
-            config["normalize"] = {"norm_obs": bool(stats["norm_obs"]), "norm_reward": bool(stats["norm_reward"])}
         args = {"algo": algo, "env": env.env_id, "seed": spec.seed, "env_kwargs": dict(env.provider_args) or None,
                 "n_timesteps": train.timesteps}
-        files = {meta / "config.yml": config, meta / "args.yml": args, meta / "env_kwargs.yml": dict(env.provider_args)}
-        for path, data in files.items():
+        for path, data in ((meta / "args.yml", args), (meta / "env_kwargs.yml", dict(env.provider_args))):
             path.write_text(yaml.safe_dump(data, sort_keys=True))
+        # config.yml exactly as rl-zoo3's ExperimentManager._save_config writes it: yaml.dump of an
+        # OrderedDict sorted by key (a list of [key, value] pairs under a python/object tag).
+        (meta / "config.yml").write_text(yaml.dump(OrderedDict(sorted(hyperparams.items()))))
+        conf = meta / "hyperparams.yml"
+        conf.write_text(f"# rl-zoo3 hyperparameters of gradlab run {manifest.run_id} ({spec.goal_id}/{spec.recipe_id}), "
+                        f"its hyperparams/{algo}.yml form:\n# python -m rl_zoo3.train --algo {algo} --env {env.env_id} "
+                        f"--conf-file <this file>\n" + yaml.safe_dump({env.env_id: hyperparams}, sort_keys=True))
+        files = [meta / "config.yml", conf, meta / "args.yml", meta / "env_kwargs.yml"]
         vec_path = meta / "vecnormalize.pkl"
     else:
         if out.is_dir() and any(out.iterdir()):
@@ -155,7 +234,7 @@ def export_checkpoint(checkpoint: Path, spec: Any, out: Path, *, fmt: str,
             shutil.rmtree(out)
         out.mkdir(parents=True, exist_ok=True)
         zip_path = out / "policy.zip"
-        files = {}
+        files = []
         vec_path = out / "vecnormalize.pkl"
     shutil.copyfile(Path(checkpoint) / "policy.zip", zip_path)
     paths = [zip_path, *files]

@@ -1,7 +1,9 @@
-"""`gradlab export`: rl-zoo3's loader plays an exported checkpoint and reproduces gradlab's evaluation."""
+"""`gradlab export`: rl-zoo3's loader plays an exported checkpoint and reproduces gradlab's evaluation,
+and rl-zoo3's trainer trains from the exported hyperparameters."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -9,11 +11,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from gradlab.checkpoints import file_sha256, list_checkpoints
+from gradlab.contracts import Experiments
+from gradlab.contracts.recipe import LinearSchedule
 from gradlab.contracts.run_spec import RunSpec
 from gradlab.evaluation import EvalRequest, build_manifest, run_evaluation
-from tests.share.conftest import REPO, gradlab, train_run
+from gradlab.learn.schedules import schedule_fn
+from gradlab.share.export import rl_zoo_hyperparameters
+from tests.share.conftest import CARTPOLE_RUN_ID, REPO, gradlab, train_run
 
 EPISODES = 10
 
@@ -66,6 +73,71 @@ def _rl_zoo_returns(folder: Path, env_id: str, seeds: list[int]) -> list[float]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+_RL_ZOO_TRAIN = """
+import json, runpy, sys
+conf, algo, env_id, n, logs = sys.argv[1:]
+sys.argv = ["rl_zoo3.train", "--algo", algo, "--env", env_id, "-n", n, "--conf-file", conf, "-f", logs, "--seed", "0",
+            "--eval-freq", "-1", "--device", "cpu"]
+runpy.run_module("rl_zoo3.train", run_name="__main__", alter_sys=True)  # python -m rl_zoo3.train ...
+assert "gradlab" not in sys.modules, "rl-zoo3 trained with gradlab imported"
+import pickle
+from rl_zoo3 import ALGOS
+
+run = f"{logs}/{algo}/{env_id}_1"
+model = ALGOS[algo].load(f"{run}/{env_id}.zip", device="cpu")
+progress = (1.0, 0.5, 0.0)
+out = {key: getattr(model, key) for key in ("n_envs", "num_timesteps", "n_steps", "batch_size", "n_epochs", "gamma",
+                                            "gae_lambda", "ent_coef", "vf_coef", "max_grad_norm", "target_kl",
+                                            "normalize_advantage")}
+out["learning_rate"] = [model.lr_schedule(p) for p in progress]
+out["clip_range"] = [model.clip_range(p) for p in progress]
+out["clip_range_vf"] = None if model.clip_range_vf is None else [model.clip_range_vf(p) for p in progress]
+kw = dict(model.policy_kwargs)
+out["policy_kwargs"] = {**kw, "activation_fn": kw["activation_fn"].__name__}
+out["policy"] = type(model.policy).__name__
+try:
+    with open(f"{run}/{env_id}/vecnormalize.pkl", "rb") as f:
+        vn = pickle.load(f)
+    out["normalize"] = {"norm_obs": vn.norm_obs, "norm_reward": vn.norm_reward, "clip_obs": vn.clip_obs, "gamma": vn.gamma}
+except FileNotFoundError:
+    out["normalize"] = None
+print(json.dumps(out))
+"""
+
+
+def _check_rl_zoo3_trains_the_recipe(out: Path, spec: RunSpec, steps: int) -> None:
+    """``python -m rl_zoo3.train --conf-file`` the export's hyperparams.yml (rl-zoo3 alone, a subprocess),
+    then check what it trained with, field by field, against the recipe."""
+    env_id, train = spec.environment.env_id, spec.recipe.train
+    meta = out / "ppo" / f"{env_id}_1" / env_id
+    logs = out.parent / "zoo-train"
+    proc = subprocess.run([sys.executable, "-c", _RL_ZOO_TRAIN, str(meta / "hyperparams.yml"), "ppo", env_id,
+                           str(steps), str(logs)], capture_output=True, text=True, cwd=out.parent, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    trained = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (logs / "ppo" / f"{env_id}_1" / f"{env_id}.zip").is_file() and trained["num_timesteps"] >= steps
+    # rl-zoo3 saves the hyperparameters it read: the very bytes of the exported config.yml.
+    assert (logs / "ppo" / f"{env_id}_1" / env_id / "config.yml").read_bytes() == (meta / "config.yml").read_bytes()
+    cfg = train.backend.typed_config()
+    assert trained["n_envs"] == spec.environment.n_envs
+    for key in ("n_steps", "batch_size", "n_epochs", "gamma", "gae_lambda", "ent_coef", "vf_coef", "max_grad_norm",
+                "target_kl", "normalize_advantage"):
+        assert trained[key] == getattr(cfg, key), key
+    for key in ("learning_rate", "clip_range", "clip_range_vf"):
+        recipe = getattr(cfg, key)
+        expected = None if recipe is None else [schedule_fn(recipe)(p) for p in (1.0, 0.5, 0.0)]
+        assert trained[key] == pytest.approx(expected), key
+    pm = train.policy_model
+    assert trained["policy"] == "ActorCriticPolicy"  # MlpPolicy
+    assert trained["policy_kwargs"] == {"net_arch": pm.net_arch, "activation_fn": {"tanh": "Tanh", "relu": "ReLU"}[pm.activation],
+                                        "ortho_init": pm.ortho_init,
+                                        "share_features_extractor": pm.share_features_extractor}
+    norm = train.normalize
+    assert trained["normalize"] == ({"norm_obs": norm.observation, "norm_reward": norm.reward,
+                                     "clip_obs": norm.clip_observation, "gamma": cfg.gamma}
+                                    if norm.observation or norm.reward else None)
+
+
 def _check_plays_like_gradlab(run_dir: Path, out: Path, env_id: str) -> list[float]:
     ckpt = list_checkpoints(run_dir)[-1]
     spec = RunSpec.model_validate_json((run_dir / "spec.json").read_text())
@@ -94,6 +166,79 @@ def test_rl_zoo_plays_an_exported_cartpole_like_gradlabs_evaluation(cartpole_run
 
 
 @pytest.mark.slow
+def test_rl_zoo3_trains_from_an_exported_cartpole_config_with_the_recipes_schedules(cartpole_run: Path,
+                                                                                     tmp_path: Path) -> None:
+    # Issue 22 item 3: rl_zoo3.train refused the exported config ("Invalid value for learning_rate:
+    # {'final': 0.0, 'initial': 0.001, 'kind': 'linear'}"). The recipe has lin_ schedules (gradlab.ppo).
+    ckpt = list_checkpoints(cartpole_run)[-1]
+    spec = RunSpec.model_validate_json((cartpole_run / "spec.json").read_text())
+    result = gradlab("export", str(ckpt), "--format", "rl-zoo", "--out", str(tmp_path / "zoo"), "--json")
+    assert result.returncode == 0, result.stderr
+    assert "ppo/CartPole-v1_1/CartPole-v1/hyperparams.yml" in json.loads(result.stdout)["files"]
+    _check_rl_zoo3_trains_the_recipe(tmp_path / "zoo", spec, steps=256)  # 8 lanes x 32 steps: one update
+    # The same checkpoint under a schedule rl-zoo3 cannot write: the SB3 files, and the reason.
+    from gradlab.share.export import export_checkpoint
+
+    train = spec.recipe.train
+    backend = train.backend.model_copy(update={"config": {**train.backend.config, "learning_rate": LinearSchedule(
+        initial=1e-3, final=1e-4)}})
+    recipe = spec.recipe.model_copy(update={"train": train.model_copy(update={"backend": backend})})
+    layout, files, why = export_checkpoint(ckpt, spec.model_copy(update={"recipe": recipe}), tmp_path / "sb3",
+                                           fmt="rl-zoo")
+    assert layout == "sb3" and "train.backend.config.learning_rate: linear from 0.001 to 0.0001" in why
+    assert sorted(f.name for f in files) == ["gradlab_export.json", "policy.zip"]
+
+
+def _rl_zoo3_entry(algo: str, env_id: str) -> dict:
+    """rl-zoo3's own ``hyperparams/<algo>.yml`` entry, read from its package without importing it."""
+    package = Path(importlib.util.find_spec("rl_zoo3").submodule_search_locations[0])
+    return yaml.safe_load((package / "hyperparams" / f"{algo}.yml").read_text())[env_id]
+
+
+def _spec(ref: str, *overrides: str) -> RunSpec:
+    return RunSpec.from_resolved(Experiments().resolve(ref, list(overrides)), seed=0, run_id=CARTPOLE_RUN_ID)
+
+
+@pytest.mark.parametrize("ref, algo", [("CartPole-v1/ppo", "ppo"), ("CartPole-v1/ppo-sb3", "ppo"),
+                                       ("CartPole-v1/a2c", "a2c"), ("Acrobot-v1/ppo", "ppo")])
+def test_recipes_taken_from_rl_zoo3_export_to_its_own_hyperparameter_entries(ref: str, algo: str) -> None:
+    # These recipes cite rl-baselines3-zoo's hyperparams/<algo>.yml; exported, each key of that entry
+    # comes back in rl-zoo3's own form (lin_0.001, normalize: true, n_timesteps 1e5); the other keys
+    # are SB3's defaults, written out.
+    spec = _spec(ref)
+    ours, why = rl_zoo_hyperparameters(spec.recipe.train, spec.environment, image=False)
+    assert why is None
+    theirs = _rl_zoo3_entry(algo, spec.environment.env_id)
+    assert {k: ours.get(k) for k in theirs} == theirs
+    assert ours["policy_kwargs"] == ("dict(net_arch=[64, 64], activation_fn=nn.Tanh, ortho_init=True, "
+                                     "share_features_extractor=True)")
+
+
+def test_hyperparameters_rl_zoo3_cannot_express_fall_back_to_the_sb3_files_with_the_reason() -> None:
+    spec = _spec("CartPole-v1/ppo")
+    train = spec.recipe.train
+    cfg = dict(train.backend.config)
+
+    def with_config(**changes):
+        backend = train.backend.model_copy(update={"config": {**cfg, **changes}})
+        return train.model_copy(update={"backend": backend})
+
+    hp, why = rl_zoo_hyperparameters(with_config(learning_rate=LinearSchedule(initial=1e-3, final=1e-4)),
+                                     spec.environment, image=False)
+    assert hp == {} and why == ("train.backend.config.learning_rate: linear from 0.001 to 0.0001, but rl-zoo3's "
+                                "lin_<initial> ends at 0")
+    _, why = rl_zoo_hyperparameters(with_config(ent_coef=LinearSchedule(initial=0.01)), spec.environment, image=False)
+    assert why == "train.backend.config.ent_coef: rl-zoo3 takes a schedule only for learning_rate, clip_range, clip_range_vf"
+    # Constants and the other forms: a plain float, a clip_range_vf, normalisation not on both or clipped apart.
+    norm = train.normalize.model_copy(update={"observation": True, "clip_observation": 5.0})
+    hp, _ = rl_zoo_hyperparameters(with_config(learning_rate=2.5e-4, clip_range_vf=0.3).model_copy(
+        update={"normalize": norm}), spec.environment, image=True)
+    assert (hp["learning_rate"], hp["clip_range_vf"], hp["policy"]) == (2.5e-4, 0.3, "CnnPolicy")
+    assert hp["normalize"] == "dict(norm_obs=True, norm_reward=False, clip_obs=5.0)"
+    assert hp["policy_kwargs"].endswith("features_extractor_kwargs=dict(features_dim=512))")
+
+
+@pytest.mark.slow
 def test_rl_zoo_plays_a_normalised_acrobot_with_its_statistics(tmp_path: Path) -> None:
     run_dir = train_run(tmp_path / "runs", "Acrobot-v1/ppo", run_id="gradlab-20260101T000000-000ac40b",
                         overrides=("train.timesteps=1024", "train.checkpoint_freq=1024", "train.environment.n_envs=4",
@@ -101,9 +246,9 @@ def test_rl_zoo_plays_a_normalised_acrobot_with_its_statistics(tmp_path: Path) -
     _check_plays_like_gradlab(run_dir, tmp_path / "zoo", "Acrobot-v1")
     meta = tmp_path / "zoo" / "ppo" / "Acrobot-v1_1" / "Acrobot-v1"
     assert (meta / "vecnormalize.pkl").is_file()
-    import yaml
-
-    assert yaml.safe_load((meta / "config.yml").read_text())["normalize"] == {"norm_obs": True, "norm_reward": True}
+    assert yaml.safe_load((meta / "hyperparams.yml").read_text())["Acrobot-v1"]["normalize"] is True
+    spec = RunSpec.model_validate_json((run_dir / "spec.json").read_text())
+    _check_rl_zoo3_trains_the_recipe(tmp_path / "zoo", spec, steps=1024)  # 4 lanes x 256 steps: one update
 
 
 def test_export_of_a_provider_rl_zoo_cannot_build_writes_the_sb3_files(tmp_path: Path, gradlab_home: Path) -> None:
