@@ -52,6 +52,16 @@ def read_terminal(stores: Stores, run_id: str, attempt_id: str) -> TerminalRecei
     return read_optional(stores.control, keys.terminal(run_id, attempt_id), TerminalReceipt)
 
 
+def _terminal_evaluation(stores: Stores, run_id: str, intent, record) -> TerminalEvaluation:
+    """One evaluation as a terminal receipt lists it: its record's status, or ``deferred`` without one."""
+    return TerminalEvaluation(
+        checkpoint_step=intent.checkpoint_step,
+        status=record.status if record else "deferred",
+        result_uri=stores.eval.url(keys.evaluation_result(run_id, intent.key)) if record else None,
+        return_mean=record.return_mean if record else None,
+    )
+
+
 def run_inventory(
     stores: Stores, run_id: str
 ) -> tuple[list[TerminalCheckpoint], list[TerminalEvaluation], TerminalPromotion | None]:
@@ -63,14 +73,7 @@ def run_inventory(
     checkpoints = [TerminalCheckpoint(step=p.step, sha256=p.sha256, uri=p.uri) for p in list_publications(stores, run_id)]
     evaluations = []
     for intent, record in list_evaluations(stores, run_id):
-        evaluations.append(
-            TerminalEvaluation(
-                checkpoint_step=intent.checkpoint_step,
-                status=record.status if record else "deferred",
-                result_uri=stores.eval.url(keys.evaluation_result(run_id, intent.key)) if record else None,
-                return_mean=record.return_mean if record else None,
-            )
-        )
+        evaluations.append(_terminal_evaluation(stores, run_id, intent, record))
     promotion = read_promotion(stores, run_id)
     terminal_promotion = (
         TerminalPromotion(checkpoint_step=promotion.checkpoint_step, sha256=promotion.checkpoint_sha256, uri=promotion.uri)
@@ -101,14 +104,7 @@ def attempt_inventory(
             continue
         if record is not None and until is not None and record.recorded_at >= until:
             record = None  # recorded by a later attempt
-        evaluations.append(
-            TerminalEvaluation(
-                checkpoint_step=intent.checkpoint_step,
-                status=record.status if record else "deferred",
-                result_uri=stores.eval.url(keys.evaluation_result(run_id, intent.key)) if record else None,
-                return_mean=record.return_mean if record else None,
-            )
-        )
+        evaluations.append(_terminal_evaluation(stores, run_id, intent, record))
     asked = {e.checkpoint_step for e in evaluations}
     evaluations += [TerminalEvaluation(checkpoint_step=c.step, status="deferred", result_uri=None, return_mean=None)
                     for c in checkpoints if c.step not in asked]

@@ -13,8 +13,8 @@ server:
 * a flow run that is Running, Pending or Cancelling (``POST /api/flow_runs/filter``), such as a
   queued run a worker is executing. A Scheduled run waiting for a worker does not count. Nor does
   one whose ``flow-runs/<id>`` record names a process that is gone (killed before its flow could
-  report an end): the daemon sets it Crashed, with a message naming the process, and removes the
-  record. Without that such a run would count as use for ever and the idle stop never come.
+  report an end): the daemon sets it Crashed (Cancelled if it was Cancelling: a cancel whose
+  process ended has succeeded), with a message naming the process, and removes the record. Without that such a run would count as use for ever and the idle stop never come.
 
 Once nothing has for ``idle_s`` seconds (0 = never), on SIGTERM, SIGINT or SIGHUP, or when the
 server exits by itself, it stops the zygote and the server's process group (SIGTERM, SIGKILL after
@@ -209,7 +209,7 @@ class Daemon:
         for flow_run_id, state in busy.items():
             record = records / flow_run_id
             gone = flow_run_process_gone(record) if _record_of_this_try(record, state) else None
-            if gone is None or not self._crash(flow_run_id, gone):
+            if gone is None or not self._end(flow_run_id, gone, cancelling=state.get("type") == "CANCELLING"):
                 active += 1
             else:
                 record.unlink(missing_ok=True)
@@ -218,23 +218,31 @@ class Daemon:
                 record.unlink(missing_ok=True)  # ended (or crashed) after all: nothing to do
         return active
 
-    def _crash(self, flow_run_id: str, pid: int) -> bool:
-        """Set flow run ``flow_run_id`` Crashed, its process ``pid`` being gone; False where the API refused."""
-        message = (f"the process running this flow run (pid {pid}) ended without reporting a final state "
-                   "(killed?); marked Crashed by the gradlab server daemon. `gradlab runs reconcile` or "
-                   "a retry closes the gradlab run's attempt.")
+    def _end(self, flow_run_id: str, pid: int, *, cancelling: bool) -> bool:
+        """Give flow run ``flow_run_id``, whose process ``pid`` is gone, its final state; False where
+        the API refused. Crashed, unless it was Cancelling: a cancel whose process ended is Cancelled
+        (the worker may not have reported it yet), never Crashed."""
+        if cancelling:
+            kind, name = "CANCELLED", "Cancelled"
+            message = (f"the process running this flow run (pid {pid}) ended while it was cancelling; marked "
+                       "Cancelled by the gradlab server daemon.")
+        else:
+            kind, name = "CRASHED", "Crashed"
+            message = (f"the process running this flow run (pid {pid}) ended without reporting a final state "
+                       "(killed?); marked Crashed by the gradlab server daemon. `gradlab runs reconcile` or "
+                       "a retry closes the gradlab run's attempt.")
         try:
             result = self._api(f"/flow_runs/{flow_run_id}/set_state",
-                               {"state": {"type": "CRASHED", "name": "Crashed", "message": message}, "force": True})
+                               {"state": {"type": kind, "name": name, "message": message}, "force": True})
         except (OSError, ValueError) as e:
-            log.warning("cannot mark flow run %s Crashed (%s): still counted as busy", flow_run_id, e)
+            log.warning("cannot mark flow run %s %s (%s): still counted as busy", flow_run_id, name, e)
             return False
         status = result.get("status") if isinstance(result, dict) else None
         if status != "ACCEPT":
-            log.warning("Prefect did not accept Crashed for flow run %s (%s): still counted as busy", flow_run_id,
+            log.warning("Prefect did not accept %s for flow run %s (%s): still counted as busy", name, flow_run_id,
                         status)
             return False
-        log.info("flow run %s: its process (pid %s) is gone; marked Crashed", flow_run_id, pid)
+        log.info("flow run %s: its process (pid %s) is gone; marked %s", flow_run_id, pid, name)
         return True
 
     def _shutdown(self) -> None:

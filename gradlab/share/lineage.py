@@ -1,6 +1,6 @@
 """Warm starts (``gradlab train --init-from``): the checks made before any compute is spent.
 
-The learner checks the tensors themselves (:func:`gradlab.learn.sb3.check_warm_start_tensors`);
+The learner checks the tensors themselves (:func:`gradlab.learn.warm_start.check_warm_start_tensors`);
 this module compares the parent's recorded spaces with the new run's environment, so a parent of
 another observation or action space is refused before a learner starts.
 """

@@ -216,8 +216,13 @@ def test_the_first_command_starts_it_the_next_reuses_it_and_stop_leaves_nothing(
         # The flow's process is on record (the daemon crashes the flow run if that process is killed):
         # the warm flow's child, not the command.
         # (Earlier commands' records stay until the daemon's next look finds their processes gone.)
-        live = [int(r.read_text().split()[0]) for r in flow_runs_dir(prefect_home(settings)).iterdir()]
-        live = [pid for pid in live if pid_alive(pid)]
+        # An earlier command's flow process may still be exiting: wait until only one is alive.
+        def live_flows() -> list[int]:
+            pids = [int(r.read_text().split()[0]) for r in flow_runs_dir(prefect_home(settings)).iterdir()]
+            return [pid for pid in pids if pid_alive(pid)]
+
+        wait_for(lambda: len(live_flows()) == 1, 60, "one live flow-runs record (the cancelled run's)")
+        live = live_flows()
         assert len(live) == 1, live
         flow_pid = live[0]
         assert flow_pid != proc.pid
