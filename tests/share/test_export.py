@@ -215,7 +215,7 @@ def test_recipes_taken_from_rl_zoo3_export_to_its_own_hyperparameter_entries(ref
                                      "share_features_extractor=True)")
 
 
-def test_hyperparameters_rl_zoo3_cannot_express_fall_back_to_the_sb3_files_with_the_reason() -> None:
+def test_hyperparameters_rl_zoo3_cannot_express_are_refused_naming_the_key() -> None:
     spec = _spec("CartPole-v1/ppo")
     train = spec.recipe.train
     cfg = dict(train.backend.config)
