@@ -316,7 +316,10 @@ def verify_repo_folder(folder: Path) -> HubModel:
     if manifest["sha256"] != index["checkpoint_sha256"]:
         raise IntegrityError(f"{folder / CHECKPOINT_DIR / 'manifest.json'}: policy sha256 {manifest['sha256']} is not "
                              f"the published checkpoint {index['checkpoint_sha256']}")
-    zips = [index["sb3_zip"]] if index.get("sb3_zip") else []
+    if "sb3_zip" in index:  # the repository names its SB3 zip (train_eval_metrics.zip is rl-zoo3's, not a model)
+        zips = [index["sb3_zip"]] if index["sb3_zip"] else []
+    else:  # published before gradlab.json named it: every top-level zip is the model
+        zips = [rel for rel in index["files"] if rel.endswith(".zip") and "/" not in rel]
     for rel in zips:
         if index["files"][rel] != index["checkpoint_sha256"]:
             raise IntegrityError(f"{folder / rel}: not the checkpoint's policy.zip (sha256 differs from the manifest)")
