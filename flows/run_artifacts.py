@@ -1,10 +1,14 @@
 """Prefect artifacts of a training-run flow run: the science in the Prefect UI (docs/ARCHITECTURE.md section 12).
 
-Three artifacts per run, keyed by the run id so every attempt of a run groups under the same keys:
-``run-<run id>-progress`` (progress in % of the step budget, updated every few seconds),
-``run-<run id>-evaluations`` (a table of the evaluations recorded so far: checkpoint step, return
-mean with its 95% interval, success rate, verdict; a new version whenever a result arrives) and
-``run-<run id>-receipt`` (markdown of the terminal receipt and the promotion, at the end).
+Three artifacts per flow run, keyed by the run id so every attempt of a run groups under the same
+keys: ``run-<run id>-progress`` (progress in % of the step budget, updated every few seconds; at
+the end the run's final state: 100 % for a run that succeeded, also one that stopped early on
+acceptance, the step's share of the budget otherwise, and the description says the outcome, the
+step and why), ``run-<run id>-evaluations`` (one table per flow run whose rows are the evaluations
+recorded so far: checkpoint step, return mean with its 95% interval, success rate, verdict; the
+same artifact updated in place whenever a result arrives, so the Artifacts tab shows one table, not
+a card per result) and ``run-<run id>-receipt`` (markdown of the terminal receipt and the
+promotion, at the end).
 
 Artifacts are a view: a failure to write one is logged and never disturbs the run.
 """
@@ -84,6 +88,7 @@ class RunArtifacts:
         self.timesteps = int(spec.recipe.train.timesteps)
         self._stop = threading.Event()
         self._progress_id = None
+        self._table_id = None
         self._rows: list[dict] | None = None
         self._thread: threading.Thread | None = None
 
@@ -101,24 +106,41 @@ class RunArtifacts:
         """Stop the updates (also when the run raised before :meth:`finish`)."""
         self._stop.set()
 
-    def _progress(self, step: int) -> None:
+    def _progress(self, step: int, *, final: dict | None = None) -> None:
+        """Create or update the progress artifact: ``step`` of the budget, or a terminal receipt's final state."""
         from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
         pct = max(0.0, min(100.0, 100.0 * step / max(1, self.timesteps)))
+        description = f"{self.run_id}: step {step:,} of {self.timesteps:,}"
+        if final is not None:
+            description = (f"{self.run_id}: {final['outcome']} at step {step:,} of {self.timesteps:,} "
+                           f"({pct:.1f} % of the budget): {final['reason']}")
+            if final["outcome"] == "succeeded":  # done: also when it stopped early on acceptance
+                pct = 100.0
         if self._progress_id is None:
             self._progress_id = create_progress_artifact(pct, key=artifact_key(self.run_id, "progress"),
-                                                         description=f"{self.run_id}: env steps of {self.timesteps:,}")
+                                                         description=description)
         else:
-            update_progress_artifact(self._progress_id, pct, description=f"{self.run_id}: step {step:,} of {self.timesteps:,}")
+            update_progress_artifact(self._progress_id, pct, description=description)
 
     def _evaluations(self) -> None:
-        from prefect.artifacts import create_table_artifact
+        """The evaluations table: created once per flow run, then updated in place when its rows change."""
+        from prefect.artifacts import TableArtifact, create_table_artifact
 
         rows = evaluation_rows(self.stores, self.run_id)
-        if rows != self._rows:
-            create_table_artifact(rows, key=artifact_key(self.run_id, "evaluations"),
-                                  description=f"{self.run_id}: evaluations (95% interval of the return mean)")
-            self._rows = rows
+        if rows == self._rows:
+            return
+        description = f"{self.run_id}: evaluations (95% interval of the return mean)"
+        if self._table_id is None:
+            self._table_id = create_table_artifact(rows, key=artifact_key(self.run_id, "evaluations"),
+                                                   description=description)
+        else:
+            from prefect.client.orchestration import get_client
+            from prefect.client.schemas.actions import ArtifactUpdate
+
+            data = TableArtifact(table=rows).format(_sync=True)  # the form create_table_artifact stores
+            get_client(sync_client=True).update_artifact(self._table_id, ArtifactUpdate(data=data, description=description))
+        self._rows = rows
 
     def _loop(self) -> None:
         from gradlab.runs.progress import RunProgress
@@ -141,7 +163,7 @@ class RunArtifacts:
         if self._thread is not None:
             self._thread.join(timeout=10)
         try:
-            self._progress(int(receipt.get("final_step") or 0))
+            self._progress(int(receipt.get("final_step") or 0), final=receipt)
             self._evaluations()
             create_markdown_artifact(receipt_markdown(receipt), key=artifact_key(self.run_id, "receipt"),
                                      description=f"{self.run_id}: terminal receipt ({receipt['outcome']})")

@@ -268,7 +268,8 @@ def training_run(
         run_id: an existing run to retry (a new attempt), or the id a caller reserved for a new run.
         learner_pid: a learner the caller already started for this run (``gradlab train`` does,
             so training overlaps Prefect's start-up).
-        cohort_id: the ``sweep`` cohort this run belongs to (its W&B group).
+        cohort_id: the ``sweep`` cohort this run belongs to (a W&B tag; the W&B group of every run is
+            its leaders' cohort key, :func:`gradlab.results.cohorts.cohort_group`).
 
     Returns:
         The terminal receipt as JSON (docs/ARCHITECTURE.md section 8) when it says ``succeeded``;
@@ -309,7 +310,11 @@ def training_run(
         if spec.evaluate and spec.goal.evaluation_mode == "evaluated":
             operations.prewarm_evaluation(eval_backend)
         mode = wandb_mode or settings.wandb_mode or spec.recipe.logging.wandb_mode
-        wandb = operations.wandb_sink(settings, spec, paths, mode, group=cohort_id)
+        from gradlab.results.cohorts import cohort_group
+
+        wandb = operations.wandb_sink(settings, spec, paths, mode, group=cohort_group(spec.goal_id, spec.recipe_id,
+                                                                                      spec.overrides),
+                                      tags=[cohort_id] if cohort_id else None)
         attempt_id, epoch = plan.fence
         evaluate_task = run_tasks.evaluate_checkpoint.with_options(timeout_seconds=limits.evaluate_s + _BACKSTOP_S)
         request_stop = run_tasks.request_stop.with_options(timeout_seconds=limits.request_stop_s)

@@ -20,7 +20,7 @@ from gradlab.errors import GradlabError
 def export_command(
     checkpoint: Annotated[str, typer.Argument(help="RUN_ID[:STEP] (default: promoted, else newest) or a checkpoint folder.")],
     out: Annotated[Path, typer.Option("--out", help="Output folder.")],
-    fmt: Annotated[str, typer.Option("--format", help="rl-zoo (rl-zoo3's folder layout) or sb3 (policy.zip + vecnormalize.pkl).")] = "rl-zoo",
+    fmt: Annotated[str, typer.Option("--format", help="rl-zoo (rl-zoo3's folder layout; refused for a goal rl-zoo3 cannot play) or sb3 (policy.zip + vecnormalize.pkl).")] = "rl-zoo",
     json_out: Annotated[bool, typer.Option("--json", help="Print the export's provenance as one JSON document.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Replace an earlier export there (sb3: the folder; rl-zoo: "
                                                         "its <algo>/<env>_1 run folder).")] = False,
@@ -42,18 +42,17 @@ def export_command(
             err_console.print(f"note: run {escape(checkpoint)} promoted no checkpoint ({why}): exporting "
                               f"{resolved.fallback}; name one with RUN_ID:STEP", highlight=False)
         spec = parse_spec(resolved.spec, source=resolved.spec_source)
-        written, files, why = export_checkpoint(resolved.path, spec, out, fmt=fmt, force=force)
+        written, files = export_checkpoint(resolved.path, spec, out, fmt=fmt, force=force)
     except GradlabError as e:
         fail(str(e))
     except OSError as e:  # the output folder cannot be written (permissions, a full disk)
         fail(f"--out {out}: cannot write {e.filename or out} ({e.strerror})")
-    if why:
-        err_console.print(f"rl-zoo3 cannot build {spec.environment.provider}:{spec.environment.env_id} ({why}); "
-                          f"exported the SB3 files only", highlight=False)
     for path in files:
         err_console.print(f"wrote {escape(str(path))}", highlight=False)
     if written == "rl-zoo":
-        algo = spec.recipe.train.backend.id.split(".", 1)[1]
+        from gradlab.share.export import SB3_ALGORITHMS
+
+        algo = SB3_ALGORITHMS[spec.recipe.train.backend.id]
         err_console.print(f"play it: python -m rl_zoo3.enjoy --algo {algo} --env {spec.environment.env_id} "
                           f"-f {escape(str(out))} --exp-id 1", highlight=False)
     if json_out:

@@ -120,38 +120,45 @@ def save(b: Any, folder: Path) -> None:
 
 
 def _write_sb3_zip(b: Any, path: Path, tensors: dict[str, Any]) -> None:
-    """An SB3 ``PPO`` zip of these weights (``PPO.load`` works on it), via a model built once over the spaces."""
+    """An SB3 ``PPO`` zip of these weights (``PPO.load`` works on it), via a model built once over the spaces.
+
+    The model is built from the recipe as ``sb3.ppo`` builds its own (:mod:`gradlab.learn.sb3_model`:
+    the same schedules, ``policy_kwargs`` and hyperparameters), and carries this run's ``n_envs``,
+    budget and progress, so its saved attributes are those of an ``sb3.ppo`` run of the recipe.
+    ``_last_obs`` stays None: SB3 that continues training from it resets its env first.
+    """
+    from collections import deque
+
     if getattr(b, "_sb3_model", None) is None:
         import gymnasium as gym
+        import torch
         from stable_baselines3 import PPO
         from stable_baselines3.common.vec_env import DummyVecEnv
+
+        from gradlab.learn.sb3_model import sb3_algorithm_kwargs, sb3_policy_kwargs
 
         obs_space, act_space = b.obs_space, b.action_space
 
         class Spaces(gym.Env):
             observation_space, action_space = obs_space, act_space
 
-        import torch
-
         pm = b.spec.recipe.train.policy_model  # type: ignore[union-attr]
-        from stable_baselines3.common.torch_layers import FlattenExtractor, NatureCNN
-
-        kwargs: dict[str, Any] = dict(net_arch=pm.net_arch, activation_fn={"tanh": torch.nn.Tanh, "relu": torch.nn.ReLU}[pm.activation],
-                                      share_features_extractor=pm.share_features_extractor,
-                                      features_extractor_class=NatureCNN if b.net.nature_cnn else FlattenExtractor)
-        if b.net.nature_cnn:
-            kwargs["features_extractor_kwargs"] = {"features_dim": pm.features_dim}
-        cfg = b.cfg
         with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # SB3's batch_size advice is about its own rollout buffer
-            b._sb3_model = PPO("MlpPolicy", DummyVecEnv([Spaces]), n_steps=cfg.n_steps, batch_size=cfg.batch_size,
-                                  n_epochs=cfg.n_epochs, gamma=cfg.gamma, gae_lambda=cfg.gae_lambda,
-                                  vf_coef=cfg.vf_coef, max_grad_norm=cfg.max_grad_norm, target_kl=cfg.target_kl,
-                                  normalize_advantage=cfg.normalize_advantage, policy_kwargs=kwargs,
-                                  device="cpu", verbose=0)
+            # One lane of spaces (SB3 allocates its rollout buffer per lane); n_envs is set below.
+            model = PPO("MlpPolicy", DummyVecEnv([Spaces]), **sb3_algorithm_kwargs(b.cfg),
+                        policy_kwargs=sb3_policy_kwargs(pm, nature_cnn=b.net.nature_cnn), device="cpu", verbose=0)
+        model.n_envs = int(b.venv.num_envs)
+        model.ep_info_buffer, model.ep_success_buffer = (deque(maxlen=model._stats_window_size),
+                                                           deque(maxlen=model._stats_window_size))
+        b._sb3_model = model
     model = b._sb3_model
     model.policy.load_state_dict(tensors, strict=True)
-    model.num_timesteps = b.num_timesteps
+    model.num_timesteps = int(b.num_timesteps)
+    model._total_timesteps = int(b.timesteps)
+    model._n_updates = int(b.n_updates)
+    model._current_progress_remaining = float(b.progress_remaining)
+    model.ent_coef = float(b.ent_coef)
     from gradlab.checkpoints import write_sb3_zip
 
     write_sb3_zip(model, path)  # deterministic, nothing of gradlab pickled (docs/ARCHITECTURE.md section 6)

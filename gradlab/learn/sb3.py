@@ -42,6 +42,7 @@ from gradlab.learn.resume_state import (
     set_rng_state,
     vecnormalize_state,
 )
+from gradlab.learn.sb3_model import sb3_algorithm_kwargs, sb3_policy_kwargs
 from gradlab.learn.schedules import schedule_fn
 from gradlab.learn.stats import EpisodeStats, RolloutStats
 from gradlab.learn.warm_start import check_warm_start_tensors, read_warm_start_parent
@@ -177,7 +178,6 @@ class SB3Backend:
         from stable_baselines3 import A2C, PPO
         from stable_baselines3.common.logger import Logger
         from stable_baselines3.common.preprocessing import is_image_space
-        from stable_baselines3.common.torch_layers import FlattenExtractor, NatureCNN
         from stable_baselines3.common.utils import set_random_seed
         from stable_baselines3.common.vec_env import VecNormalize
 
@@ -197,30 +197,16 @@ class SB3Backend:
         if extractor == "nature_cnn" and not image:
             raise ConfigError(f"train.policy_model.extractor: nature_cnn needs image observations (uint8, 3 dims), "
                               f"found {self._env_observation_space}")
-        policy_kwargs: dict[str, Any] = dict(
-            net_arch=pm.net_arch, activation_fn={"tanh": torch.nn.Tanh, "relu": torch.nn.ReLU}[pm.activation],
-            ortho_init=pm.ortho_init, share_features_extractor=pm.share_features_extractor,
-        )
-        if extractor == "nature_cnn":
-            policy_kwargs.update(features_extractor_class=NatureCNN, features_extractor_kwargs={"features_dim": pm.features_dim})
-        else:
-            policy_kwargs.update(features_extractor_class=FlattenExtractor)
+        policy_kwargs = sb3_policy_kwargs(pm, nature_cnn=extractor == "nature_cnn")
         if device == "auto":
             device = train.device
         if device == "auto":
             device = "cuda" if (extractor == "nature_cnn" and torch.cuda.is_available()) else "cpu"
         set_random_seed(spec.seed, using_cuda=device.startswith("cuda"))
         self._ent_fn = schedule_fn(cfg.ent_coef)
-        common = dict(learning_rate=schedule_fn(cfg.learning_rate), n_steps=cfg.n_steps, gamma=cfg.gamma,
-                      gae_lambda=cfg.gae_lambda, ent_coef=self._ent_fn(1.0), vf_coef=cfg.vf_coef,
-                      max_grad_norm=cfg.max_grad_norm, normalize_advantage=cfg.normalize_advantage,
-                      policy_kwargs=policy_kwargs, device=device, verbose=0)
-        if isinstance(cfg, PPOConfig):
-            model = PPO("MlpPolicy", venv, batch_size=cfg.batch_size, n_epochs=cfg.n_epochs,
-                        clip_range=schedule_fn(cfg.clip_range), clip_range_vf=cfg.clip_range_vf,
-                        target_kl=cfg.target_kl, **common)
-        else:
-            model = A2C("MlpPolicy", venv, rms_prop_eps=cfg.rms_prop_eps, use_rms_prop=cfg.use_rms_prop, **common)
+        algorithm = PPO if isinstance(cfg, PPOConfig) else A2C
+        model = algorithm("MlpPolicy", venv, **sb3_algorithm_kwargs(cfg), policy_kwargs=policy_kwargs, device=device,
+                          verbose=0)
         model.set_logger(Logger(folder=None, output_formats=[]))
         from stable_baselines3.common.vec_env import VecTransposeImage
 

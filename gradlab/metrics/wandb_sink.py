@@ -97,7 +97,7 @@ class WandbSink:
         project: W&B project.
         config: run config shown in W&B (the resolved spec's hashes, recipe, seed...).
         entity, name, tags: W&B entity, display name, tags.
-        group: W&B group (a sweep's cohort id: the runs of one cohort share it).
+        group: W&B group (the run's leaders' cohort key: the runs of one cohort share it).
         high_water: the last ``event_seq`` already delivered (the outbox's mark for sink ``wandb``).
         init_timeout_s: seconds ``wandb.init`` may take before the sink gives up (pending).
         finish_timeout_s: seconds :meth:`finish` waits for W&B to flush before reporting pending.
@@ -395,3 +395,25 @@ def read_offline_history(dir: Path | str, run_id: str) -> list[dict[str, Any]]:
             row.setdefault("_step", record.history.step.num)
             rows.append(row)
     return rows
+
+
+def read_offline_run(dir: Path | str, run_id: str) -> dict[str, Any] | None:
+    """The run record of ``run_id``'s newest offline segment under ``<dir>/wandb/``, or None without one.
+
+    Returns:
+        ``{"run_id", "project", "group", "name", "tags"}`` as W&B recorded them at ``init``.
+    """
+    from wandb.proto import wandb_internal_pb2
+
+    for folder in reversed(offline_segments(dir, run_id)):
+        path = folder / f"run-{run_id}.wandb"
+        if not path.exists():
+            continue
+        for payload in _records(path.read_bytes(), str(path)):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(payload)
+            if record.WhichOneof("record_type") == "run":
+                run = record.run
+                return {"run_id": run.run_id, "project": run.project, "group": run.run_group,
+                        "name": run.display_name, "tags": list(run.tags)}
+    return None

@@ -46,7 +46,7 @@ class CohortRun(Contract):
 class CohortReceipt(Contract):
     """What a ``sweep`` flow run trained: its runs and their outcomes (create-only)."""
 
-    cohort_id: str = Field(description="``cohort-<utc yyyymmddThhmmss>-<8 hex>``; also the W&B group.")
+    cohort_id: str = Field(description="``cohort-<utc yyyymmddThhmmss>-<8 hex>``; also a W&B tag of its runs.")
     goal_id: str
     recipe_id: str
     overrides: list[str] = Field(default_factory=list)
@@ -261,6 +261,30 @@ def require_recipe(stores, ref: str) -> None:
 def cohort_label(recipe_id: str, overrides: Sequence[str]) -> str:
     """``recipe`` or ``recipe [k=v, ...]``."""
     return recipe_id + (f" [{', '.join(overrides)}]" if overrides else "")
+
+
+#: W&B's longest group name.
+WANDB_GROUP_MAX = 128
+
+
+def cohort_group(goal_id: str, recipe_id: str, overrides: Iterable[str] | None) -> str:
+    """The leaders' cohort key of a run (goal, recipe, canonical overrides) as one string: its W&B group.
+
+    Every run of one cohort (a ``sweep``'s seeds and runs trained one by one with ``gradlab train``
+    alike) gets the same group, so the runs the leaders table counts together appear together in
+    W&B (docs/ARCHITECTURE.md section 10).
+
+    Returns:
+        ``goal/recipe`` or ``goal/recipe [k=v, ...]`` (:func:`canonical_overrides`); past W&B's
+        128 characters, ``goal/recipe [overrides sha256:<16 hex>]`` (of the canonical overrides' JSON list).
+    """
+    canonical = canonical_overrides(overrides)
+    group = f"{goal_id}/{cohort_label(recipe_id, canonical)}"
+    if len(group) <= WANDB_GROUP_MAX:
+        return group
+    from gradlab.contracts.hashing import sha256_json
+
+    return f"{goal_id}/{recipe_id} [overrides sha256:{sha256_json(list(canonical))[:16]}]"
 
 
 def goal_objective(goal_id: str) -> tuple[str, str]:

@@ -10,7 +10,7 @@ rl-zoo3 layout (what ``python -m rl_zoo3.enjoy --algo ALGO --env ENV -f DIR`` re
     DIR/<algo>/<env>_1/<env>/vecnormalize.pkl    VecNormalize statistics, when the recipe normalises
     DIR/gradlab_export.json                      provenance: run, step, sha256 of every file, hashes
 
-SB3 layout (``--format sb3``, and the fallback when rl-zoo3 cannot build the environment)::
+SB3 layout (``--format sb3``)::
 
     DIR/policy.zip, DIR/vecnormalize.pkl (when normalised), DIR/gradlab_export.json
 
@@ -22,8 +22,13 @@ checkpoint's JSON statistics (``resume/vecnormalize.json``), never from a pickle
 
 Hyperparameters are written in rl-zoo3's own forms (:func:`rl_zoo_hyperparameters`), so
 ``python -m rl_zoo3.train --algo ALGO --env ENV --conf-file .../hyperparams.yml`` trains the
-recipe again and saves a ``config.yml`` identical to the exported one. A recipe rl-zoo3 cannot
-express (a linear schedule that does not end at 0, a scheduled ``ent_coef``) gets the SB3 files.
+recipe again and saves a ``config.yml`` identical to the exported one. A goal rl-zoo3 cannot play
+or a recipe it cannot express (a linear schedule that does not end at 0, a scheduled ``ent_coef``)
+is refused for ``--format rl-zoo`` before anything is written, naming why and ``--format sb3``:
+an export never gives less than its format promises. ALE goals are among them: rl-zoo3's Atari
+path (``AtariWrapper`` over a ``NoFrameskip`` env, or its ``env_wrapper`` settings over an ALE v5
+env) is not gradlab's provider step for step (gradlab's own frame pipeline, task program and
+episode ends), so its ``enjoy`` would play another game than the one gradlab evaluated.
 """
 
 from __future__ import annotations
@@ -43,6 +48,10 @@ def rl_zoo_problem(environment: EnvironmentSpec) -> str | None:
     from gradlab.contracts.task import Reward
 
     task = environment.task
+    if environment.provider == "ale":
+        return ("rl-zoo3 plays Atari through its own wrappers (AtariWrapper's frame skip, resize and life-loss ends, "
+                "or env_wrapper settings over ALE v5), not gradlab's ALE frame pipeline and task program step for step, "
+                "so its enjoy would not play the game gradlab evaluated")
     if environment.provider != "gymnasium":
         return f"provider '{environment.provider}' is not a gymnasium registry env rl-zoo3 can gym.make"
     neutral = {"frame_stack": 1, "normalize_observation": False}
@@ -127,8 +136,12 @@ def _spaces(environment: EnvironmentSpec) -> tuple[Any, Any]:
         probe.close()
 
 
-def write_vecnormalize(environment: EnvironmentSpec, stats: dict[str, Any], path: Path) -> None:
-    """Write SB3's ``vecnormalize.pkl`` with ``stats`` (the checkpoint's ``vecnormalize.json``)."""
+def write_vecnormalize(environment: EnvironmentSpec, stats: dict[str, Any] | None, path: Path) -> None:
+    """Write SB3's ``vecnormalize.pkl`` with ``stats`` (the checkpoint's ``vecnormalize.json``).
+
+    ``stats`` None writes a pass-through one: ``norm_obs`` and ``norm_reward`` false, SB3's initial
+    statistics (for rl-zoo3's hub loader, which needs the file; :mod:`gradlab.share.zoo_repo`).
+    """
     import numpy as np
     from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
@@ -139,6 +152,11 @@ def write_vecnormalize(environment: EnvironmentSpec, stats: dict[str, Any], path
         def __init__(self) -> None:
             self.observation_space, self.action_space = obs_space, act_space
 
+    if stats is None:
+        vn = VecNormalize(DummyVecEnv([_Spaces]), norm_obs=False, norm_reward=False)
+        vn.training = False
+        vn.save(str(path))
+        return
     vn = VecNormalize(DummyVecEnv([_Spaces]), norm_obs=bool(stats["norm_obs"]), norm_reward=bool(stats["norm_reward"]),
                       clip_obs=float(stats["clip_obs"]), clip_reward=float(stats["clip_reward"]), gamma=float(stats["gamma"]),
                       epsilon=float(stats["epsilon"]))
@@ -151,8 +169,51 @@ def write_vecnormalize(environment: EnvironmentSpec, stats: dict[str, Any], path
     vn.save(str(path))
 
 
+#: Backend id -> the SB3 algorithm its ``policy.zip`` loads with (both PPO backends write an SB3 PPO zip).
+SB3_ALGORITHMS = {"sb3.ppo": "ppo", "sb3.a2c": "a2c", "gradlab.ppo": "ppo"}
+
+
+def rl_zoo_files(spec: Any, *, checkpoint_run_id: str) -> tuple[dict[str, str], str | None]:
+    """The files rl-zoo3 saves beside a trained model, for a run spec, or why it cannot play the run.
+
+    Args:
+        spec: the run's :class:`~gradlab.contracts.run_spec.RunSpec`.
+        checkpoint_run_id: the run id named in ``hyperparams.yml``'s header comment.
+
+    Returns:
+        ({name: text}, None) with ``config.yml`` (as rl-zoo3's ``ExperimentManager._save_config``
+        writes it: ``yaml.dump`` of a key-sorted ``OrderedDict``), ``hyperparams.yml`` (the same as a
+        ``--conf-file``), ``args.yml`` (algo, env, seed, env_kwargs, n_timesteps) and
+        ``env_kwargs.yml``; or ({}, why) when rl-zoo3 cannot build the goal's episodes
+        (:func:`rl_zoo_problem`) or express the recipe (:func:`rl_zoo_hyperparameters`).
+    """
+    import yaml
+
+    env, train = spec.environment, spec.recipe.train
+    why = rl_zoo_problem(env)
+    if why is not None:
+        return {}, why
+    from stable_baselines3.common.preprocessing import is_image_space
+
+    image = train.policy_model.extractor == "auto" and is_image_space(_spaces(env)[0], check_channels=False)
+    hyperparams, why = rl_zoo_hyperparameters(train, env, image=image)
+    if why is not None:
+        return {}, why
+    algo = SB3_ALGORITHMS[train.backend.id]
+    args = {"algo": algo, "env": env.env_id, "seed": spec.seed, "env_kwargs": dict(env.provider_args) or None,
+            "n_timesteps": train.timesteps}
+    return {
+        "config.yml": yaml.dump(OrderedDict(sorted(hyperparams.items()))),
+        "hyperparams.yml": (f"# rl-zoo3 hyperparameters of gradlab run {checkpoint_run_id} ({spec.goal_id}/{spec.recipe_id}), "
+                            f"its hyperparams/{algo}.yml form:\n# python -m rl_zoo3.train --algo {algo} --env {env.env_id} "
+                            f"--conf-file <this file>\n" + yaml.safe_dump({env.env_id: hyperparams}, sort_keys=True)),
+        "args.yml": yaml.safe_dump(args, sort_keys=True),
+        "env_kwargs.yml": yaml.safe_dump(dict(env.provider_args), sort_keys=True),
+    }, None
+
+
 def export_checkpoint(checkpoint: Path, spec: Any, out: Path, *, fmt: str,
-                      force: bool = False) -> tuple[str, list[Path], str | None]:
+                      force: bool = False) -> tuple[str, list[Path]]:
     """Export a verified checkpoint folder.
 
     Args:
@@ -165,14 +226,14 @@ def export_checkpoint(checkpoint: Path, spec: Any, out: Path, *, fmt: str,
             earlier export (``gradlab_export.json``), or the rl-zoo run folder; no file is left over.
 
     Returns:
-        (format written, files written, why rl-zoo3 was not possible or None).
+        (format written, files written).
 
     Raises:
         IntegrityError: the checkpoint fails verification. ContractViolation: an unknown format,
-        a backend without an SB3 zip, ``out`` is a file, or the destination is taken (above).
+        a backend without an SB3 zip, ``out`` is a file, the destination is taken (above), or
+        ``rl-zoo`` for a goal rl-zoo3 cannot play or a recipe it cannot express (the message says
+        why and to use ``--format sb3``); nothing is written then.
     """
-    import yaml
-
     from gradlab.checkpoints import file_sha256, verify_checkpoint
 
     if fmt not in ("rl-zoo", "sb3"):
@@ -181,8 +242,7 @@ def export_checkpoint(checkpoint: Path, spec: Any, out: Path, *, fmt: str,
     if out.exists() and not out.is_dir():
         raise ContractViolation(f"--out {out}: expected a folder, found a file")
     manifest = verify_checkpoint(checkpoint)
-    # Both PPO backends write an SB3 zip (gradlab.ppo's holds the same policy under SB3's names).
-    algo = {"sb3.ppo": "ppo", "sb3.a2c": "a2c", "gradlab.ppo": "ppo"}.get(manifest.backend_id)
+    algo = SB3_ALGORITHMS.get(manifest.backend_id)
     if algo is None:
         raise ContractViolation(f"{checkpoint}: backend {manifest.backend_id} has no stable-baselines3 zip to export")
     env = spec.environment
@@ -191,16 +251,12 @@ def export_checkpoint(checkpoint: Path, spec: Any, out: Path, *, fmt: str,
     stats = json.loads(stats_file.read_text()) if stats_file.is_file() else None
     if (train.normalize.observation or train.normalize.reward) and stats is None:
         raise ContractViolation(f"{stats_file}: missing, but the recipe normalises (the export would play without it)")
-    why = rl_zoo_problem(env) if fmt == "rl-zoo" else None
-    hyperparams: dict[str, Any] = {}
-    if fmt == "rl-zoo" and why is None:
-        from stable_baselines3.common.preprocessing import is_image_space
-
-        image = train.policy_model.extractor == "auto" and is_image_space(_spaces(env)[0], check_channels=False)
-        hyperparams, why = rl_zoo_hyperparameters(train, env, image=image)
-    written = "sb3" if (fmt == "sb3" or why) else "rl-zoo"
-    out = Path(out)
-    if written == "rl-zoo":
+    if fmt == "rl-zoo":
+        zoo, why = rl_zoo_files(spec, checkpoint_run_id=manifest.run_id)
+        if why is not None:
+            raise ContractViolation(f"--format rl-zoo: rl-zoo3 cannot play goal {spec.goal_id} "
+                                    f"({env.provider}:{env.env_id}): {why}; nothing written; use --format sb3 (the "
+                                    f"stable-baselines3 zip; gradlab.make_env({spec.goal_id!r}) builds the goal's env for it)")
         run_folder = out / algo / f"{env.env_id}_1"
         if run_folder.exists():
             if not force:
@@ -210,18 +266,10 @@ def export_checkpoint(checkpoint: Path, spec: Any, out: Path, *, fmt: str,
         meta = run_folder / env.env_id
         meta.mkdir(parents=True, exist_ok=True)
         zip_path = run_folder / f"{env.env_id}.zip"
-        args = {"algo": algo, "env": env.env_id, "seed": spec.seed, "env_kwargs": dict(env.provider_args) or None,
-                "n_timesteps": train.timesteps}
-        for path, data in ((meta / "args.yml", args), (meta / "env_kwargs.yml", dict(env.provider_args))):
-            path.write_text(yaml.safe_dump(data, sort_keys=True))
-        # config.yml exactly as rl-zoo3's ExperimentManager._save_config writes it: yaml.dump of an
-        # OrderedDict sorted by key (a list of [key, value] pairs under a python/object tag).
-        (meta / "config.yml").write_text(yaml.dump(OrderedDict(sorted(hyperparams.items()))))
-        conf = meta / "hyperparams.yml"
-        conf.write_text(f"# rl-zoo3 hyperparameters of gradlab run {manifest.run_id} ({spec.goal_id}/{spec.recipe_id}), "
-                        f"its hyperparams/{algo}.yml form:\n# python -m rl_zoo3.train --algo {algo} --env {env.env_id} "
-                        f"--conf-file <this file>\n" + yaml.safe_dump({env.env_id: hyperparams}, sort_keys=True))
-        files = [meta / "config.yml", conf, meta / "args.yml", meta / "env_kwargs.yml"]
+        files = []
+        for name in ("config.yml", "hyperparams.yml", "args.yml", "env_kwargs.yml"):
+            (meta / name).write_text(zoo[name])
+            files.append(meta / name)
         vec_path = meta / "vecnormalize.pkl"
     else:
         if out.is_dir() and any(out.iterdir()):
@@ -242,10 +290,10 @@ def export_checkpoint(checkpoint: Path, spec: Any, out: Path, *, fmt: str,
         write_vecnormalize(env, stats, vec_path)
         paths.append(vec_path)
     provenance = {
-        "format": "gradlab.export/1", "layout": written, "run_id": manifest.run_id, "step": manifest.step,
+        "format": "gradlab.export/1", "layout": fmt, "run_id": manifest.run_id, "step": manifest.step,
         "checkpoint_sha256": manifest.sha256, "goal_id": spec.goal_id, "recipe_id": spec.recipe_id,
         "env_id": env.env_id, "algorithm": algo, **spec.hashes,
         "files": {p.relative_to(out).as_posix(): file_sha256(p) for p in paths},
     }
     (out / "gradlab_export.json").write_text(json.dumps(provenance, indent=2, sort_keys=True) + "\n")
-    return written, [*paths, out / "gradlab_export.json"], why
+    return fmt, [*paths, out / "gradlab_export.json"]

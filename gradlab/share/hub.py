@@ -10,9 +10,15 @@ Repository layout (``gradlab publish``; docs/ARCHITECTURE.md section 12)::
     evaluation.json              the evaluation result with its per-episode rows
     checkpoint/manifest.json     the checkpoint's manifest (sha256 of its files)
     checkpoint/policy.safetensors, checkpoint/policy_spec.json   the weights-only policy
-    <algo>-<env_id>.zip          the SB3 zip (the checkpoint's policy.zip, byte-identical)
-    vecnormalize.pkl             SB3's normalisation statistics, when the recipe normalises
+    <algo>-<env>.zip             the SB3 zip (the checkpoint's policy.zip, byte-identical), for every
+                                 PPO / A2C checkpoint, under huggingface_sb3's model name
+    vec_normalize.pkl            SB3's normalisation statistics (rl-zoo3's name), when the recipe normalises
     replay.mp4                   one manifest episode, an illustration (the evidence is evaluation.json)
+
+and, when rl-zoo3 can play the goal, what rl-zoo3's ``push_to_hub`` writes
+(:mod:`gradlab.share.zoo_repo`): ``config.yml``, ``args.yml``, ``env_kwargs.yml``,
+``vec_normalize.pkl`` (pass-through when the recipe does not normalise), ``train_eval_metrics.zip``,
+``results.json`` and the zip's members under ``<algo>-<env>/``.
 
 :func:`load_repo` reads ``hf://OWNER/NAME`` from the hub (or its local cache when offline,
 ``HF_HUB_OFFLINE=1`` or no network) and refuses a repository whose files do not match
@@ -86,14 +92,17 @@ def hf_token(settings: Any | None = None) -> str | None:
     return get_token()
 
 
-def _model_card(spec: Any, result: Any, *, accepted: bool, algo: str, repo_id: str | None, sb3: bool) -> str:
+def _model_card(spec: Any, result: Any, *, accepted: bool, algo: str, repo_id: str | None, sb3: bool,
+                zoo_problem: str | None) -> str:
     from huggingface_hub import EvalResult as HfEvalResult
     from huggingface_hub import ModelCardData
+
+    from gradlab.share.zoo_repo import model_name
 
     env_id = spec.environment.env_id
     agg = result.aggregates
     mean, std = agg["eval/episode/return/mean"], agg["eval/episode/return/std"]
-    name = f"{algo}-{env_id}"
+    name = model_name(algo, env_id)
     tags = ["reinforcement-learning", *(["stable-baselines3"] if sb3 else []), "gradlab", env_id,
             "deep-reinforcement-learning"]
     data = ModelCardData(
@@ -107,6 +116,14 @@ def _model_card(spec: Any, result: Any, *, accepted: bool, algo: str, repo_id: s
                "promoted checkpoint); it was published with `--allow-unaccepted`.")
     rules = "; ".join(f"`{r.metric} {r.operator} {r.threshold:g}`" for r in spec.goal.eval.acceptance) or "none"
     repo = repo_id or "OWNER/NAME"
+    owner, _, repo_name = repo.partition("/")
+    zoo = (f"rl-zoo3 cannot play it: {zoo_problem}." if zoo_problem else
+           f"""With rl-zoo3 (this repository holds the files its `push_to_hub` writes):
+
+```
+python -m rl_zoo3.load_from_hub --algo {algo} --env {env_id} -orga {owner} -name {repo_name} -f logs/
+python -m rl_zoo3.enjoy --algo {algo} --env {env_id} -f logs/
+```""")
     body = f"""# {name}: gradlab goal `{spec.goal_id}`, recipe `{spec.recipe_id}`, seed {spec.seed}
 
 A {algo.upper()} policy for `{env_id}` trained by gradlab (run `{spec.run_id}`,
@@ -129,10 +146,14 @@ checkpoint at step {result.checkpoint_step}, policy sha256 `{result.checkpoint_s
 ## Use it
 
 ```python
+from huggingface_hub import hf_hub_download
 from stable_baselines3 import {algo.upper()}
-model = {algo.upper()}.load("{name}.zip")   # plain SB3: nothing of gradlab is pickled in it
+
+path = hf_hub_download("{repo}", "{name}.zip")
+model = {algo.upper()}.load(path)  # plain SB3: nothing of gradlab is pickled in it
 ```
 
+{zoo}
 `gradlab eval hf://{repo}` re-runs the evaluation after checking every file against `gradlab.json`.
 The goal's environment (task program, preprocessing) is in `goal.json`; with gradlab installed,
 `gradlab.make_env("{spec.goal_id}")` builds it as a gymnasium env.
@@ -170,18 +191,25 @@ def build_repo_folder(checkpoint: Path, spec: Any, result: Any, out: Path, *, ac
     if out.exists() and any(out.iterdir()):
         raise ContractViolation(f"{out}: not empty; choose a new --out folder")
     (out / CHECKPOINT_DIR).mkdir(parents=True, exist_ok=True)
-    sb3 = manifest.backend_id.startswith("sb3.")
-    algo = manifest.backend_id.split(".", 1)[1]
-    env_id = spec.environment.env_id
+    from gradlab.share.export import SB3_ALGORITHMS, write_vecnormalize
+    from gradlab.share.zoo_repo import VEC_NORMALIZE, model_name, write_zoo_repo_files
+
+    algo = SB3_ALGORITHMS.get(manifest.backend_id)
+    sb3 = algo is not None  # every PPO / A2C checkpoint has an SB3 zip (gradlab.ppo's too)
+    algo = algo or manifest.backend_id.split(".", 1)[-1]
     for name in WEIGHTS_ONLY:
         shutil.copyfile(Path(checkpoint) / name, out / CHECKPOINT_DIR / name)
+    zoo_problem: str | None = "it has no stable-baselines3 zip"
+    sb3_zip = None
     if sb3:
-        shutil.copyfile(Path(checkpoint) / "policy.zip", out / f"{algo}-{env_id}.zip")
-        stats = Path(checkpoint) / "resume" / "vecnormalize.json"
-        if stats.is_file():
-            from gradlab.share.export import write_vecnormalize
-
-            write_vecnormalize(spec.environment, json.loads(stats.read_text()), out / "vecnormalize.pkl")
+        sb3_zip = f"{model_name(algo, spec.environment.env_id)}.zip"
+        shutil.copyfile(Path(checkpoint) / "policy.zip", out / sb3_zip)
+        stats_file = Path(checkpoint) / "resume" / "vecnormalize.json"
+        stats = json.loads(stats_file.read_text()) if stats_file.is_file() else None
+        zoo_problem = write_zoo_repo_files(out, checkpoint=Path(checkpoint), spec=spec, result=result, algo=algo,
+                                           created_at=manifest.created_at, stats=stats)
+        if stats is not None and zoo_problem is not None:
+            write_vecnormalize(spec.environment, stats, out / VEC_NORMALIZE)
     (out / "run_spec.json").write_text(json.dumps(spec.to_json(), indent=1, sort_keys=True) + "\n")
     (out / "goal.json").write_text(json.dumps(spec.goal.model_dump(mode="json"), indent=1, sort_keys=True) + "\n")
     (out / "recipe.json").write_text(json.dumps(spec.recipe.model_dump(mode="json"), indent=1, sort_keys=True) + "\n")
@@ -198,7 +226,8 @@ def build_repo_folder(checkpoint: Path, spec: Any, result: Any, out: Path, *, ac
                        rng=policy_rng(episodes), path=out / "replay.mp4", row=result.episodes[0],
                        metadata={"checkpoint_sha256": manifest.sha256, "goal_id": spec.goal_id, "run_id": spec.run_id,
                                  "checkpoint_step": manifest.step, "label": "illustration_not_evidence"})
-    (out / "README.md").write_text(_model_card(spec, result, accepted=accepted, algo=algo, repo_id=repo_id, sb3=sb3))
+    (out / "README.md").write_text(_model_card(spec, result, accepted=accepted, algo=algo, repo_id=repo_id, sb3=sb3,
+                                               zoo_problem=zoo_problem))
     files = {p.relative_to(out).as_posix(): file_sha256(p) for p in sorted(out.rglob("*")) if p.is_file()}
     index = {
         "format": REPO_FORMAT, "run_id": spec.run_id, "goal_id": spec.goal_id, "recipe_id": spec.recipe_id,
@@ -206,7 +235,8 @@ def build_repo_folder(checkpoint: Path, spec: Any, result: Any, out: Path, *, ac
         "goal_contract_sha256": goal_contract_sha256(spec.goal), "recipe_sha256": recipe_sha256(spec.recipe),
         "environment_sha256": spec.environment_sha256,
         "episode_manifest_sha256": result.hashes["episode_manifest_sha256"], "accepted": accepted,
-        "verdict": result.verdict, "init_from_sha256": manifest.init_from_sha256, "files": files,
+        "verdict": result.verdict, "init_from_sha256": manifest.init_from_sha256, "sb3_zip": sb3_zip,
+        "rl_zoo3": zoo_problem is None, "files": files,
     }
     (out / INDEX_FILE).write_text(json.dumps(index, indent=1, sort_keys=True) + "\n")
     return index
@@ -286,7 +316,10 @@ def verify_repo_folder(folder: Path) -> HubModel:
     if manifest["sha256"] != index["checkpoint_sha256"]:
         raise IntegrityError(f"{folder / CHECKPOINT_DIR / 'manifest.json'}: policy sha256 {manifest['sha256']} is not "
                              f"the published checkpoint {index['checkpoint_sha256']}")
-    zips = [rel for rel in index["files"] if rel.endswith(".zip") and "/" not in rel]
+    if "sb3_zip" in index:  # the repository names its SB3 zip (train_eval_metrics.zip is rl-zoo3's, not a model)
+        zips = [index["sb3_zip"]] if index["sb3_zip"] else []
+    else:  # published before gradlab.json named it: every top-level zip is the model
+        zips = [rel for rel in index["files"] if rel.endswith(".zip") and "/" not in rel]
     for rel in zips:
         if index["files"][rel] != index["checkpoint_sha256"]:
             raise IntegrityError(f"{folder / rel}: not the checkpoint's policy.zip (sha256 differs from the manifest)")

@@ -160,8 +160,8 @@ def test_a_normalised_acrobot_run_checkpoints_resumes_evaluates_and_exports(tmp_
     # Export writes SB3's vecnormalize.pkl from the JSON statistics, as for sb3.ppo.
     from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
-    layout, files, why = export_checkpoint(final_a, spec, tmp_path / "export", fmt="rl-zoo")
-    assert (layout, why) == ("rl-zoo", None)
+    layout, files = export_checkpoint(final_a, spec, tmp_path / "export", fmt="rl-zoo")
+    assert layout == "rl-zoo"
     vec = next(p for p in files if p.name == "vecnormalize.pkl")
     import gymnasium as gym
 
@@ -189,7 +189,7 @@ def test_reward_only_normalisation_checkpoints_resumes_and_exports(backend: str,
     assert stats["obs_rms"] is None and stats["norm_reward"] and not stats["norm_obs"] and stats["gamma"] == 0.9
     assert stats["ret_rms"]["count"] == 256 + 1e-4
     assert load_policy(final).spec.obs_normalization is None
-    _, files, _ = export_checkpoint(final, spec, tmp_path / "export", fmt="sb3")
+    _, files = export_checkpoint(final, spec, tmp_path / "export", fmt="sb3")
     vec = next(p for p in files if p.name == "vecnormalize.pkl")
     loaded = VecNormalize.load(str(vec), DummyVecEnv([lambda: gym.make("Acrobot-v1")]))  # our own file, just written
     assert loaded.ret_rms.var == stats["ret_rms"]["var"] and not loaded.norm_obs

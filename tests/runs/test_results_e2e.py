@@ -206,8 +206,14 @@ def test_training_runs_show_progress_evaluations_and_receipt_artifacts(cohort: C
                   for k in ("progress", "evaluations", "receipt")}
     progress, evaluations, markdown = (latest[k][0] for k in ("progress", "evaluations", "receipt"))
     spec = json.loads((cohort.home / "runs" / run_id / "spec.json").read_text())
+    timesteps = spec["recipe"]["train"]["timesteps"]
     assert progress.type == "progress"
-    assert float(progress.data) == pytest.approx(min(100.0, 100.0 * receipt.final_step / spec["recipe"]["train"]["timesteps"]))
+    # Issue 22 item 9: a run's progress ends at its final state (100 % for a succeeded run, the
+    # outcome, the step and why); test_a_run_stopped_early_... checks one stopped before its budget.
+    assert receipt.outcome == "succeeded"
+    assert float(progress.data) == 100.0
+    assert progress.description == (f"{run_id}: succeeded at step {receipt.final_step:,} of {timesteps:,} "
+                                     f"({100.0 * receipt.final_step / timesteps:.1f} % of the budget): {receipt.reason}")
     rows = json.loads(evaluations.data) if isinstance(evaluations.data, str) else evaluations.data
     done = [e for e in receipt.evaluations if e.status in ("accepted", "rejected")]
     assert [(r["checkpoint_step"], r["return_mean"], r["verdict"]) for r in rows] == [
@@ -216,15 +222,20 @@ def test_training_runs_show_progress_evaluations_and_receipt_artifacts(cohort: C
     text = markdown.data
     assert run_id in text and f"**{receipt.outcome}**" in text and receipt.promotion.sha256 in text
     assert f"gradlab play {run_id}:{receipt.promotion.checkpoint_step}" in text
-    # Every flow run of the run links its artifacts to itself.
-    assert progress.flow_run_id == markdown.flow_run_id
+    # Every flow run of the run links its artifacts to itself, and its evaluations are one table
+    # updated in place (not one artifact version per result).
+    assert progress.flow_run_id == markdown.flow_run_id == evaluations.flow_run_id
+    with temporary_settings(updates={PREFECT_API_URL: cohort.api_url}), get_client(sync_client=True) as client:
+        versions = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[f"{key}-evaluations"])))
+    assert [v.id for v in versions] == [evaluations.latest_id]  # one artifact, updated in place
+    assert len(rows) >= 1 and [r["verdict"] for r in rows] != ["pending"] * len(rows)
     assert next(r for r in cohort.doc["cohort"]["runs"] if r["run_id"] == run_id)["flow_run_id"] == str(progress.flow_run_id)
     with temporary_settings(updates={PREFECT_API_URL: cohort.api_url}), get_client(sync_client=True) as client:
         (table,) = client.read_latest_artifacts(artifact_filter=ArtifactFilter(
             key=ArtifactFilterKey(any_=[cohort.doc["cohort"]["cohort_id"].lower()])))
         sweep_run = client.read_flow_run(uuid.UUID(cohort.doc["cohort"]["flow_run_id"]))
         child = client.read_flow_run(progress.flow_run_id)
-    # A child flow run of the sweep, in the cohort's W&B group.
+    # A child flow run of the sweep; its W&B run carries the cohort id as a tag.
     assert child.parameters["cohort_id"] == cohort.doc["cohort"]["cohort_id"] and child.parent_task_run_id is not None
     assert sweep_run.name and table.flow_run_id == sweep_run.id
     assert sorted(r["run_id"] for r in json.loads(table.data)) == sorted(cohort.run_ids)
@@ -284,3 +295,64 @@ def test_sweep_refuses_an_unknown_deployment_and_a_bad_seed_count(cohort: Cohort
     assert "cohort-" not in out.stderr  # refused before a cohort was started
     bad = cli(["sweep", f"{GOAL}/{RECIPE}", "--seeds", "0"], cohort.env)
     assert bad.returncode == 2 and "--seeds: expected at least 1, found 0" in bad.stderr
+
+
+def test_every_run_of_the_cohorts_key_shares_one_wandb_group_sweep_or_plain_train(cohort: Cohort, tmp_path: Path) -> None:
+    # Issue 22 item 8: only sweep runs had a W&B group (the cohort id). The group is now the leaders'
+    # cohort key, so a plain `gradlab train` of the same recipe and overrides joins the sweep's group.
+    from gradlab.metrics.wandb_sink import read_offline_run
+    from gradlab.results.cohorts import cohort_group
+
+    group = cohort_group(GOAL, RECIPE, ["train.timesteps=4096"])
+    assert group == "gradlab__bandit/ppo [train.timesteps=4096]"
+    cohort_id = cohort.doc["cohort"]["cohort_id"]
+    for run_id in cohort.run_ids:
+        run = read_offline_run(cohort.home / "runs" / run_id / "wandb", run_id)
+        assert run is not None and (run["group"], run["tags"]) == (group, [cohort_id]), run
+    home = tmp_path / "home"  # its own home: the cohort's leaders stay three seeds
+    env = gradlab_env(cohort.api_url, GRADLAB_HOME=str(home), GRADLAB_CONFIG=str(home / "config.toml"),
+                      WANDB_DIR=str(home / "wandb"))
+    out = run_gradlab(["train", f"{GOAL}/{RECIPE}", "--seed", "7", "--set", "train.timesteps=4096", "--json"], env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    run_id = last_json_line(out.stdout)["run_id"]
+    run = read_offline_run(home / "runs" / run_id / "wandb", run_id)
+    assert run is not None and (run["group"], run["tags"]) == (group, []), run
+
+
+def _artifacts(api_url: str, run_id: str) -> dict[str, list]:
+    """Every artifact version of a run's three keys, by key suffix."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    key = f"run-{run_id.lower()}"
+    with temporary_settings(updates={PREFECT_API_URL: api_url}), get_client(sync_client=True) as client:
+        return {k: client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[f"{key}-{k}"])))
+                for k in ("progress", "evaluations", "receipt")}
+
+
+def test_a_run_stopped_early_on_acceptance_ends_its_progress_at_its_final_state_with_one_evaluations_table(
+        cohort: Cohort, tmp_path: Path) -> None:
+    # Issue 22 item 9: the progress of a run that stopped early said "24.8 %", and each new
+    # evaluation result was another artifact card. A budget far beyond what acceptance needs.
+    home = tmp_path / "home"
+    env = gradlab_env(cohort.api_url, GRADLAB_HOME=str(home), GRADLAB_CONFIG=str(home / "config.toml"),
+                      WANDB_DIR=str(home / "wandb"))
+    timesteps = 1_048_576
+    out = run_gradlab(["train", f"{GOAL}/{RECIPE}", "--seed", "11", "--set", f"train.timesteps={timesteps}", "--json"],
+                      env, timeout_s=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    receipt = last_json_line(out.stdout)
+    assert receipt["outcome"] == "succeeded" and receipt["final_step"] < timesteps, receipt["reason"]
+    found = _artifacts(cohort.api_url, receipt["run_id"])
+    (progress,), (table,), (markdown,) = found["progress"], found["evaluations"], found["receipt"]
+    assert float(progress.data) == 100.0
+    share = 100.0 * receipt["final_step"] / timesteps
+    assert progress.description == (f"{receipt['run_id']}: succeeded at step {receipt['final_step']:,} of {timesteps:,} "
+                                     f"({share:.1f} % of the budget): {receipt['reason']}")
+    rows = json.loads(table.data)
+    done = [e for e in receipt["evaluations"] if e["status"] in ("accepted", "rejected")]
+    assert [(r["checkpoint_step"], r["verdict"]) for r in rows if r["verdict"] != "pending"] == [
+        (e["checkpoint_step"], e["status"]) for e in done]
+    assert "accepted" in [r["verdict"] for r in rows]
+    assert progress.flow_run_id == table.flow_run_id == markdown.flow_run_id

@@ -176,17 +176,18 @@ def test_rl_zoo3_trains_from_an_exported_cartpole_config_with_the_recipes_schedu
     assert result.returncode == 0, result.stderr
     assert "ppo/CartPole-v1_1/CartPole-v1/hyperparams.yml" in json.loads(result.stdout)["files"]
     _check_rl_zoo3_trains_the_recipe(tmp_path / "zoo", spec, steps=256)  # 8 lanes x 32 steps: one update
-    # The same checkpoint under a schedule rl-zoo3 cannot write: the SB3 files, and the reason.
+    # The same checkpoint under a schedule rl-zoo3 cannot write: refused, naming the key, nothing written.
+    from gradlab.errors import ContractViolation
     from gradlab.share.export import export_checkpoint
 
     train = spec.recipe.train
     backend = train.backend.model_copy(update={"config": {**train.backend.config, "learning_rate": LinearSchedule(
         initial=1e-3, final=1e-4)}})
     recipe = spec.recipe.model_copy(update={"train": train.model_copy(update={"backend": backend})})
-    layout, files, why = export_checkpoint(ckpt, spec.model_copy(update={"recipe": recipe}), tmp_path / "sb3",
-                                           fmt="rl-zoo")
-    assert layout == "sb3" and "train.backend.config.learning_rate: linear from 0.001 to 0.0001" in why
-    assert sorted(f.name for f in files) == ["gradlab_export.json", "policy.zip"]
+    with pytest.raises(ContractViolation, match="train.backend.config.learning_rate: linear from 0.001 to 0.0001.*"
+                                                "nothing written; use --format sb3"):
+        export_checkpoint(ckpt, spec.model_copy(update={"recipe": recipe}), tmp_path / "refused", fmt="rl-zoo")
+    assert not (tmp_path / "refused").exists()
 
 
 def _rl_zoo3_entry(algo: str, env_id: str) -> dict:
@@ -214,7 +215,7 @@ def test_recipes_taken_from_rl_zoo3_export_to_its_own_hyperparameter_entries(ref
                                      "share_features_extractor=True)")
 
 
-def test_hyperparameters_rl_zoo3_cannot_express_fall_back_to_the_sb3_files_with_the_reason() -> None:
+def test_hyperparameters_rl_zoo3_cannot_express_are_refused_naming_the_key() -> None:
     spec = _spec("CartPole-v1/ppo")
     train = spec.recipe.train
     cfg = dict(train.backend.config)
@@ -251,17 +252,24 @@ def test_rl_zoo_plays_a_normalised_acrobot_with_its_statistics(tmp_path: Path) -
     _check_rl_zoo3_trains_the_recipe(tmp_path / "zoo", spec, steps=1024)  # 4 lanes x 256 steps: one update
 
 
-def test_export_of_a_provider_rl_zoo_cannot_build_writes_the_sb3_files(tmp_path: Path, gradlab_home: Path) -> None:
+def test_rl_zoo_export_of_a_goal_rl_zoo3_cannot_play_is_refused_and_sb3_is_written(tmp_path: Path,
+                                                                                  gradlab_home: Path) -> None:
+    # Issue 22 item 5: --format rl-zoo exited 0 with the SB3 files only. It now refuses in one line.
     run_id = "gradlab-20260101T000000-000ba4d1"
     run_dir = train_run(gradlab_home / "runs", "gradlab__bandit/ppo", run_id=run_id,
                         overrides=("train.timesteps=1024", "train.checkpoint_freq=1024"))
     ckpt = list_checkpoints(run_dir)[-1]
     out = gradlab("export", str(ckpt), "--format", "rl-zoo", "--out", str(tmp_path / "out"))
-    assert out.returncode == 0, out.stderr
-    assert "rl-zoo3 cannot build gradlab:Bandit-v0 (provider 'gradlab' is not a gymnasium registry env" in out.stderr
-    assert "exported the SB3 files only" in out.stderr
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines() == [
+        "error: --format rl-zoo: rl-zoo3 cannot play goal gradlab__bandit (gradlab:Bandit-v0): provider 'gradlab' is "
+        "not a gymnasium registry env rl-zoo3 can gym.make; nothing written; use --format sb3 (the stable-baselines3 "
+        "zip; gradlab.make_env('gradlab__bandit') builds the goal's env for it)"]
+    assert not (tmp_path / "out").exists()
+    sb3 = gradlab("export", str(ckpt), "--format", "sb3", "--out", str(tmp_path / "out"))
+    assert sb3.returncode == 0, sb3.stderr
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["gradlab_export.json", "policy.zip"]
-    assert "promoted no checkpoint" not in out.stderr  # a folder names its checkpoint
+    assert "promoted no checkpoint" not in sb3.stderr  # a folder names its checkpoint
     assert gradlab("export", str(ckpt), "--format", "onnx", "--out", str(tmp_path / "x")).returncode == 2
     # By run id: the run promoted nothing (never supervised), so the export says what it took instead.
     by_id = gradlab("export", run_id, "--format", "sb3", "--out", str(tmp_path / "by-id"))
@@ -269,3 +277,24 @@ def test_export_of_a_provider_rl_zoo_cannot_build_writes_the_sb3_files(tmp_path:
     assert (f"note: run {run_id} promoted no checkpoint (no checkpoint passed its acceptance rule, or the run has "
             "not finished): exporting the newest checkpoint (step 1024, local, not published)") in " ".join(
                 by_id.stderr.split())
+
+
+@pytest.mark.slow
+def test_rl_zoo_export_of_an_atari_run_is_refused_saying_why_and_what_to_use(tmp_path: Path) -> None:
+    # rl-zoo3's Atari path is not gradlab's ALE pipeline step for step: enjoy would play another game.
+    run_dir = train_run(tmp_path / "runs", "Breakout-Atari2600-v0/ppo", run_id="gradlab-20260101T000000-000b4e40",
+                        overrides=("train.timesteps=64", "train.checkpoint_freq=64", "train.environment.n_envs=2",
+                                   "train.backend.config.n_steps=32", "train.backend.config.batch_size=32",
+                                   "train.backend.config.n_epochs=1"))
+    ckpt = list_checkpoints(run_dir)[-1]
+    out = gradlab("export", str(ckpt), "--out", str(tmp_path / "zoo"))  # rl-zoo is the default format
+    assert out.returncode == 1
+    (line,) = out.stderr.strip().splitlines()
+    assert line.startswith("error: --format rl-zoo: rl-zoo3 cannot play goal Breakout-Atari2600-v0 (ale:")
+    assert "not gradlab's ALE frame pipeline and task program step for step" in line
+    assert line.endswith("nothing written; use --format sb3 (the stable-baselines3 zip; "
+                         "gradlab.make_env('Breakout-Atari2600-v0') builds the goal's env for it)")
+    assert not (tmp_path / "zoo").exists()
+    sb3 = gradlab("export", str(ckpt), "--format", "sb3", "--out", str(tmp_path / "sb3"))
+    assert sb3.returncode == 0, sb3.stderr
+    assert (tmp_path / "sb3" / "policy.zip").read_bytes() == (ckpt / "policy.zip").read_bytes()

@@ -9,11 +9,8 @@ from __future__ import annotations
 
 import base64
 import json
-import re
 import shutil
-import threading
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -33,7 +30,7 @@ from gradlab.receipts import (
 )
 from gradlab.receipts.models import CheckpointRef, EvaluationIntent, Promotion
 from gradlab.stores import keys, open_stores
-from tests.share.conftest import gradlab, train_run
+from tests.share.conftest import gradlab, hf_env, train_run
 
 RUN_ID = "gradlab-20260101T000000-00b0b0b0"
 T0 = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
@@ -80,61 +77,6 @@ def home_run(bandit_run: Path, gradlab_home: Path) -> Path:
     return dst
 
 
-class _StandIn(BaseHTTPRequestHandler):
-    """The Hub's model-repository endpoints huggingface_hub's create_repo / upload_folder call."""
-
-    requests: list[tuple[str, str, bytes]] = []
-
-    def log_message(self, *args) -> None:
-        pass
-
-    def _reply(self, status: int, body: dict) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        type(self).requests.append((self.path, self.headers.get("Authorization", ""), body))
-        host = f"http://{self.headers['Host']}"
-        if self.path == "/api/repos/create":
-            name = json.loads(body)
-            return self._reply(200, {"url": f"{host}/{name.get('organization')}/{name['name']}"})
-        if self.path == "/api/validate-yaml":  # the card's metadata, checked before the commit
-            return self._reply(200, {"errors": [], "warnings": []})
-        m = re.match(r"^/api/models/([^/]+/[^/]+)/preupload/main", self.path)
-        if m:
-            files = json.loads(body)["files"]
-            return self._reply(200, {"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False}
-                                               for f in files]})
-        m = re.match(r"^/api/models/([^/]+/[^/]+)/commit/main", self.path)
-        if m:
-            return self._reply(200, {"commitUrl": f"{host}/{m.group(1)}/commit/{'c' * 40}", "commitOid": "c" * 40})
-        return self._reply(404, {"error": f"stand-in: no route {self.path}"})
-
-    def do_GET(self) -> None:
-        type(self).requests.append((self.path, self.headers.get("Authorization", ""), b""))
-        self._reply(404, {"error": f"stand-in: no route {self.path}"})
-
-
-@pytest.fixture
-def hub_stand_in():
-    _StandIn.requests = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _StandIn)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", _StandIn.requests
-    finally:
-        server.shutdown()
-
-
-def _hf_env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    return {"HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_DISABLE_TELEMETRY": "1", "HF_TOKEN": "", **extra}
-
 
 @pytest.mark.slow
 def test_publish_builds_the_repository_and_uploads_it(home_run: Path, tmp_path: Path, hub_stand_in) -> None:
@@ -144,7 +86,7 @@ def test_publish_builds_the_repository_and_uploads_it(home_run: Path, tmp_path: 
     endpoint, requests = hub_stand_in
     folder = tmp_path / "repo"
     out = gradlab("publish", RUN_ID, "--repo", "alice/bandit-ppo", "--out", str(folder), "--json",
-                  env=_hf_env(tmp_path, HF_TOKEN="hf_test_token", HF_ENDPOINT=endpoint))
+                  env=hf_env(tmp_path, HF_TOKEN="hf_test_token", HF_ENDPOINT=endpoint))
     assert out.returncode == 0, out.stderr
     index = json.loads(out.stdout)
     files = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
@@ -188,9 +130,9 @@ def _cache(folder: Path, cache: Path, repo: str) -> Path:
 def test_eval_hf_reads_the_repository_from_the_hub_cache_and_reproduces_the_result(home_run: Path, tmp_path: Path) -> None:
     result = _record(home_run, promote=True)
     folder = tmp_path / "repo"
-    assert gradlab("publish", RUN_ID, "--out", str(folder), env=_hf_env(tmp_path)).returncode == 0
+    assert gradlab("publish", RUN_ID, "--out", str(folder), env=hf_env(tmp_path)).returncode == 0
     snapshot = _cache(folder, tmp_path / "hub", "alice/bandit-ppo")
-    env = _hf_env(tmp_path, HF_HUB_CACHE=str(tmp_path / "hub"), HF_HUB_OFFLINE="1")
+    env = hf_env(tmp_path, HF_HUB_CACHE=str(tmp_path / "hub"), HF_HUB_OFFLINE="1")
     out = gradlab("eval", "hf://alice/bandit-ppo", "--json", env=env)
     assert out.returncode == 0, out.stderr
     again = json.loads(out.stdout)
@@ -219,12 +161,12 @@ def test_eval_hf_reads_the_repository_from_the_hub_cache_and_reproduces_the_resu
 
 def test_publish_refuses_an_unpromoted_checkpoint_and_keeps_the_folder_without_a_token(home_run: Path, tmp_path: Path) -> None:
     _record(home_run, promote=False)
-    out = gradlab("publish", RUN_ID, "--out", str(tmp_path / "r1"), env=_hf_env(tmp_path))
+    out = gradlab("publish", RUN_ID, "--out", str(tmp_path / "r1"), env=hf_env(tmp_path))
     assert out.returncode == 1
     assert "is not promoted (it has no promotion (no checkpoint was accepted))" in out.stderr
     assert "--allow-unaccepted" in out.stderr and not (tmp_path / "r1").exists()
     out = gradlab("publish", RUN_ID, "--allow-unaccepted", "--repo", "alice/x", "--out", str(tmp_path / "r2"),
-                  env=_hf_env(tmp_path))
+                  env=hf_env(tmp_path))
     assert out.returncode == 1
     assert "no Hugging Face token" in out.stderr and "hf upload alice/x" in out.stderr
     assert (tmp_path / "r2" / "gradlab.json").is_file()  # the folder is kept
@@ -260,11 +202,11 @@ def test_warm_start_from_a_published_repository(home_run: Path, tmp_path: Path) 
 
     result = _record(home_run, promote=True)
     folder = tmp_path / "repo"
-    assert gradlab("publish", RUN_ID, "--out", str(folder), env=_hf_env(tmp_path)).returncode == 0
+    assert gradlab("publish", RUN_ID, "--out", str(folder), env=hf_env(tmp_path)).returncode == 0
     _cache(folder, tmp_path / "hub", "alice/bandit-ppo")
     import os
 
-    env = {**os.environ, **_hf_env(tmp_path, HF_HUB_CACHE=str(tmp_path / "hub"), HF_HUB_OFFLINE="1")}
+    env = {**os.environ, **hf_env(tmp_path, HF_HUB_CACHE=str(tmp_path / "hub"), HF_HUB_OFFLINE="1")}
     out = subprocess.run([sys.executable, "-c", _WARM_FROM_HUB, str(tmp_path / "child")], capture_output=True, text=True,
                          cwd=REPO, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]

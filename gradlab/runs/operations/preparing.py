@@ -77,14 +77,16 @@ def outbox_high_water(paths: RunPaths, sink: str) -> int:
     return Outbox(paths.outbox).high_water(sink)
 
 
-def wandb_sink(settings: Settings, spec: RunSpec, paths: RunPaths, mode: str, *, group: str | None = None) -> Any:
+def wandb_sink(settings: Settings, spec: RunSpec, paths: RunPaths, mode: str, *, group: str | None = None,
+               tags: list[str] | None = None) -> Any:
     """The run's :class:`~gradlab.metrics.wandb_sink.WandbSink`, started in the background.
 
     In ``online`` mode the API key comes from ``[wandb] api_key_ref`` when ``WANDB_API_KEY`` is not
     set (:func:`~gradlab.metrics.wandb_sink.resolve_api_key`); a reference that does not resolve is
     logged and W&B looks for its key itself (no key: the sink ends ``pending``, the run goes on).
     W&B's own ``WANDB_INIT_TIMEOUT`` (seconds) bounds its start-up, default 30 s. ``group`` is the
-    W&B group (a sweep's cohort id); the project is :func:`~gradlab.metrics.wandb_sink.wandb_project`.
+    W&B group (the run's leaders' cohort key), ``tags`` its W&B tags (a sweep's cohort id); the
+    project is :func:`~gradlab.metrics.wandb_sink.wandb_project`.
     """
     import os
 
@@ -103,7 +105,7 @@ def wandb_sink(settings: Settings, spec: RunSpec, paths: RunPaths, mode: str, *,
             api_key = resolve_api_key(settings)
         except ConfigError as e:
             log.warning("run %s: W&B key: %s", spec.run_id, e)
-    return WandbSink(spec.run_id, mode, paths.wandb_dir, wandb_project(settings.wandb_project, spec), group=group,
+    return WandbSink(spec.run_id, mode, paths.wandb_dir, wandb_project(settings.wandb_project, spec), group=group, tags=tags,
                      config={"spec": spec.to_json()}, entity=settings.wandb_entity, name=spec.display_name,
                      high_water=outbox_high_water(paths, "wandb"), background=True, api_key=api_key,
                      init_timeout_s=init_timeout_s)
