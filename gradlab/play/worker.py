@@ -136,8 +136,12 @@ class PlaybackWorker:
             self.process.start()
         child.close()
         self._lock = threading.Lock()
+        self._claims = threading.Lock()  # guards generation and load_sent (never held while waiting)
         self._warm = False
         self.info: dict[str, Any] | None = None
+        #: Bumped when the worker is taken back unused (:meth:`reclaim`): a load begun before it is dropped.
+        self.generation = 0
+        self.load_sent = False
 
     @property
     def pid(self) -> int | None:
@@ -180,8 +184,13 @@ class PlaybackWorker:
             WorkerFailed: the session could not be built (the worker's one-line reason; the worker
                 then waits for another load), or the worker died or stayed silent.
         """
+        generation = self.generation
         self.wait_warm(timeout_s)
         with self._lock:
+            with self._claims:
+                if self.generation != generation:
+                    raise WorkerFailed(f"playback worker (pid {self.pid}): the load was abandoned")
+                self.load_sent = True
             self._conn.send(("load", (str(checkpoint_dir), spec, deterministic, seed, verify)))
             kind, payload = self._recv(timeout_s)
         if kind == "error":
@@ -208,6 +217,21 @@ class PlaybackWorker:
             raise WorkerFailed(str(payload))
         return payload
 
+    def reclaim(self) -> bool:
+        """Take the worker back unused when its requester left before any session was loaded:
+        True (a pending :meth:`load` is dropped and the warm process can serve someone else), or
+        False when a load was already sent (then it must be stopped)."""
+        with self._claims:
+            if self.load_sent or not self.process.is_alive():
+                return False
+            self.generation += 1
+            return True
+
+    def cancel(self) -> None:
+        """Stop the worker at once (SIGTERM, then SIGKILL): its requester went away, nothing to save.
+        A thread blocked in :meth:`load` or :meth:`request` then raises :class:`WorkerFailed`."""
+        stop_all([self])
+
     def close(self) -> None:
         """Stop the worker (politely, then by signal)."""
         if self.process.is_alive():
@@ -226,3 +250,23 @@ class PlaybackWorker:
                 self.process.terminate()
                 self.process.join(timeout=5)
         self._conn.close()
+
+
+def stop_all(workers: list[PlaybackWorker], *, grace_s: float = 3.0) -> None:
+    """Stop workers together: SIGTERM to each, one shared wait of ``grace_s``, then SIGKILL.
+
+    Used when nobody waits for a worker's answer (a closed WebSocket, Ctrl-C), so stopping N of them
+    costs one grace period, not N polite goodbyes.
+    """
+    import time
+
+    for worker in workers:
+        if worker.process.is_alive():
+            worker.process.terminate()
+    deadline = time.monotonic() + grace_s
+    for worker in workers:
+        worker.process.join(timeout=max(0.0, deadline - time.monotonic()))
+        if worker.process.is_alive():
+            worker.process.kill()
+            worker.process.join(timeout=5)
+        worker._conn.close()
