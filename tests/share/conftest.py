@@ -53,3 +53,17 @@ def gradlab(*args: str, env: dict[str, str] | None = None, timeout_s: float = 30
     """``gradlab ARGS`` as a user runs it (a subprocess with this test's environment)."""
     return subprocess.run([sys.executable, "-m", "gradlab.cli.app", *args], capture_output=True, text=True, cwd=REPO,
                           env={**os.environ, **(env or {})}, timeout=timeout_s)
+
+
+def place_in_hub_cache(folder: Path, cache: Path, repo: str) -> Path:
+    """Place a repository folder in huggingface_hub's cache layout (what snapshot_download leaves);
+    returns the snapshot folder (``<cache>/models--OWNER--NAME/snapshots/<commit>``)."""
+    import shutil
+
+    owner, name = repo.split("/")
+    root = cache / f"models--{owner}--{name}"
+    snapshot = root / "snapshots" / ("a" * 40)
+    shutil.copytree(folder, snapshot)
+    (root / "refs").mkdir(parents=True)
+    (root / "refs" / "main").write_text("a" * 40)
+    return snapshot
