@@ -375,7 +375,6 @@ def empty_reasons(stores: Stores | None, run_ids: Sequence[str], metrics: Sequen
         if stores is None:
             continue
         from gradlab import receipts as rules
-
         from gradlab.errors import GradlabError
 
         specs = []
