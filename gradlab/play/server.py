@@ -43,6 +43,7 @@ from gradlab.errors import (
     TransientError,
 )
 from gradlab.play.protocol import (
+    OBS_MAGIC,
     PROTOCOL_VERSION,
     Command,
     ErrorMessage,
@@ -363,7 +364,7 @@ async def _play_session(ws: Any, config: PlayConfig) -> None:
                                  action_meanings=info["action_meanings"], gamma=info["gamma"],
                                  signals=info["signals"], events=info["events"], seed=hello.seed,
                                  deterministic=hello.deterministic, fps=hello.fps,
-                                 worker_pid=worker.pid).model_dump_json())
+                                 worker_pid=worker.pid, screen=info.get("screen", "render")).model_dump_json())
         await _drive(ws, worker, hello, commands, gone)
     except WebSocketDisconnect:
         pass
@@ -429,11 +430,13 @@ async def _drive(ws: Any, worker: Any, hello: Hello, commands: asyncio.Queue[Com
         """One worker request, abandoned (None) when the client leaves meanwhile."""
         return await _unless_gone(gone, asyncio.to_thread(worker.request, cmd, arg))
 
-    async def send_steps(steps: list[tuple[dict[str, Any], bytes]] | None) -> None:
+    async def send_steps(steps: list[tuple[dict[str, Any], bytes, bytes | None]] | None) -> None:
         nonlocal seq
-        for telemetry, jpeg in steps or ():
+        for telemetry, jpeg, view in steps or ():
             seq += 1
             await ws.send_text(StepMessage(seq=seq, **telemetry).model_dump_json())
+            if view is not None:  # the observation first: the screen frame completes the step
+                await ws.send_bytes(frame_message(seq, telemetry["t"], view, magic=OBS_MAGIC))
             await ws.send_bytes(frame_message(seq, telemetry["t"], jpeg))
 
     async def send_state() -> None:

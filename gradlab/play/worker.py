@@ -8,9 +8,10 @@ the server only forwards bytes.
 
 Commands (parent → worker): ``("load", (checkpoint_dir, spec, deterministic, seed, verify))`` once,
 then ``("reset", seed | None)``, ``("step", n)``, ``("mode", deterministic)``, ``("record", (out, episodes, fps, seed))``,
-``("close", None)``. Answers: ``("steps", [(telemetry dict, jpeg bytes), ...])``, ``("ok", None)``
+``("close", None)``. Answers: ``("steps", [(telemetry dict, jpeg bytes, observation jpeg | None), ...])``, ``("ok", None)``
 or ``("error", message)``. The worker's first message is ``("warm", None)`` (imports done); a
-load is answered ``("ready", info)`` or ``("error", message)``.
+load is answered ``("ready", info)`` or ``("error", message)``. A step is (telemetry, screen JPEG,
+observation JPEG or None).
 """
 
 from __future__ import annotations
@@ -81,10 +82,12 @@ def _main(conn: Any) -> None:
             "signals": list(session.env_spec.task.signals), "events": list(session.env_spec.task.events),
             "env_id": session.env_spec.env_id, "provider": session.env_spec.provider,
             "checkpoint_sha256": session.manifest.sha256, "checkpoint_step": session.manifest.step,
+            "screen": session.screen,
         }))
 
-        def pack(report: Any) -> tuple[dict[str, Any], bytes]:
-            return report.telemetry(), encode_jpeg(report.frame)
+        def pack(report: Any) -> tuple[dict[str, Any], bytes, bytes | None]:
+            view = None if report.observation is None else encode_jpeg(report.observation)
+            return report.telemetry(), encode_jpeg(report.frame), view
 
         while True:
             cmd, arg = conn.recv()
