@@ -6,6 +6,7 @@ these, so a command and a benchmark it runs share one console per stream.
 Public names:
     console: rich console on stdout. err_console: rich console on stderr (progress, notes, errors).
     print_json(value): one JSON document on stdout, nothing else.
+    plural(n, word): ``1 run``, ``3 runs`` (every count a person reads).
 
 Both consoles size their page by whether their stream is a terminal when this module is first
 imported, so a process that takes over another's descriptors before it runs a command (the warm
@@ -34,3 +35,8 @@ def print_json(value: Any) -> None:
     """
     sys.stdout.write(json.dumps(value, indent=None, sort_keys=False, default=str) + "\n")
     sys.stdout.flush()
+
+
+def plural(n: int, word: str) -> str:
+    """``1 seed``, ``3 seeds``: a count with its noun in the right number (``word`` is the singular)."""
+    return f"{n} {word}{'' if n == 1 else 's'}"

@@ -25,6 +25,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from gradlab.checkpoints.manifest import (
+    BUNDLE_FILES,
     MANIFEST_FILE,
     POLICY_FILE,
     CheckpointManifest,
@@ -200,6 +201,29 @@ def verify_checkpoint(path: Path) -> CheckpointManifest:
         raise IntegrityError(f"{path}: folder name expected {manifest.dir_name} (manifest step and sha256), "
                              f"found {path.name}")
     return manifest
+
+
+def check_bundle_files(path: Path) -> list[str]:
+    """The files of a checkpoint folder, each checked to be one of the bundle's schema
+    (:data:`gradlab.checkpoints.manifest.BUNDLE_FILES` and ``manifest.json``): what a publication of
+    it may upload. Symlinks and anything else planted there are refused, whatever the manifest lists.
+
+    Returns:
+        The relative POSIX paths of its files, sorted.
+
+    Raises:
+        IntegrityError: a file (or link) outside the schema, named.
+    """
+    path = Path(path)
+    names = []
+    for p in sorted(path.rglob("*")):
+        rel = p.relative_to(path).as_posix()
+        if p.is_symlink() or (p.is_file() and rel not in BUNDLE_FILES | {MANIFEST_FILE}):
+            raise IntegrityError(f"{p}: not a file a checkpoint holds (the bundle's files: "
+                                 f"{', '.join(sorted(BUNDLE_FILES))}); refusing to publish the folder")
+        if p.is_file():
+            names.append(rel)
+    return names
 
 
 def verify_against_publication(path: Path, files: Mapping[str, Any], *, what: str = "publication") -> CheckpointManifest:

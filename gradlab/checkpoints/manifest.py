@@ -11,6 +11,15 @@ POLICY_FILE = "policy.zip"
 WEIGHTS_FILE = "policy.safetensors"
 POLICY_SPEC_FILE = "policy_spec.json"
 RESUME_DIR = "resume"
+#: The bundle's schema: every file a checkpoint may hold besides ``manifest.json``, whichever backend
+#: wrote it (docs/ARCHITECTURE.md section 6): the SB3 zip, the weights-only policy, and the resume
+#: state (counters and RNG streams, the optimizer as torch's weights-only file or safetensors,
+#: normalisation and early-stop statistics, the lane state).
+BUNDLE_FILES = frozenset({
+    POLICY_FILE, WEIGHTS_FILE, POLICY_SPEC_FILE,
+    *(f"{RESUME_DIR}/{name}" for name in ("state.json", "optimizer.pt", "optimizer.safetensors", "vecnormalize.json",
+                                          "early_stop.json", "lanes.json", "lanes.npz", "last_obs.npy")),
+})
 
 
 class FileEntry(BaseModel):

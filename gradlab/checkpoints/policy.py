@@ -14,13 +14,22 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gradlab.checkpoints.manifest import POLICY_SPEC_FILE, WEIGHTS_FILE
-from gradlab.errors import ContractViolation
+from gradlab.errors import ContractViolation, IntegrityError
 
 OBS_MEAN_KEY = "gradlab.obs_rms.mean"
 OBS_VAR_KEY = "gradlab.obs_rms.var"
+#: Limits a ``policy_spec.json`` is held to before any network or space is built from it (a shared
+#: repository's spec comes from elsewhere): elements of one observation (raw Atari frames x4 are
+#: 403,200), actions, hidden layers and their width, and the network's parameters in all
+#: (128 Mi float32 parameters = 512 MiB), counted on torch's meta device, which allocates nothing.
+MAX_OBS_ELEMENTS = 1 << 22
+MAX_ACTIONS = 1 << 16
+MAX_LAYERS = 16
+MAX_WIDTH = 1 << 14
+MAX_PARAMETERS = 1 << 27
 
 
 class SpaceSpec(BaseModel):
@@ -40,6 +49,28 @@ class SpaceSpec(BaseModel):
     n: int | None = None
     start: int = 0
     nvec: list[int] | None = None
+
+    @field_validator("shape")
+    @classmethod
+    def _bounded_shape(cls, shape: list[int]) -> list[int]:
+        if len(shape) > 8 or any(d < 1 for d in shape) or int(np.prod(shape, dtype=np.float64)) > MAX_OBS_ELEMENTS:
+            raise ValueError(f"expected at most 8 dimensions of at least 1 and {MAX_OBS_ELEMENTS} elements "
+                             f"in all, found {shape}")
+        return shape
+
+    @field_validator("n")
+    @classmethod
+    def _bounded_n(cls, n: int | None) -> int | None:
+        if n is not None and not 1 <= n <= MAX_ACTIONS:
+            raise ValueError(f"expected 1..{MAX_ACTIONS} actions, found {n}")
+        return n
+
+    @field_validator("nvec")
+    @classmethod
+    def _bounded_nvec(cls, nvec: list[int] | None) -> list[int] | None:
+        if nvec is not None and (len(nvec) > MAX_ACTIONS or any(not 1 <= v <= MAX_ACTIONS for v in nvec)):
+            raise ValueError(f"expected at most {MAX_ACTIONS} entries of 1..{MAX_ACTIONS}, found {len(nvec)} entries")
+        return nvec
 
 
 class ObsNormalization(BaseModel):
@@ -68,6 +99,122 @@ class PolicySpec(BaseModel):
     normalize_images: bool
     transpose_image: bool
     obs_normalization: ObsNormalization | None = None
+
+    @field_validator("features_dim")
+    @classmethod
+    def _bounded_features(cls, dim: int) -> int:
+        if not 1 <= dim <= MAX_WIDTH:
+            raise ValueError(f"expected 1..{MAX_WIDTH}, found {dim}")
+        return dim
+
+    @field_validator("net_arch")
+    @classmethod
+    def _bounded_arch(cls, arch: list[int] | dict[str, list[int]]) -> list[int] | dict[str, list[int]]:
+        for layers in (arch.values() if isinstance(arch, dict) else [arch]):
+            if len(layers) > MAX_LAYERS or any(not 1 <= w <= MAX_WIDTH for w in layers):
+                raise ValueError(f"expected at most {MAX_LAYERS} layers of 1..{MAX_WIDTH} units, found {layers}")
+        return arch
+
+
+def read_policy_spec(path: Path) -> PolicySpec:
+    """``<path>/policy_spec.json`` parsed and held to the limits above (nothing is built yet).
+
+    Raises:
+        ContractViolation: not JSON, or a key missing, unknown or out of its limit (the file, the key
+            path and what was expected).
+    """
+    file = Path(path) / POLICY_SPEC_FILE
+    try:
+        return PolicySpec.model_validate_json(file.read_bytes())
+    except ValidationError as e:
+        err = e.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in err["loc"]) or "<root>"
+        raise ContractViolation(f"{file}: {where}: {err['msg']}") from None
+    except OSError as e:
+        raise ContractViolation(f"{file}: cannot read it ({e.strerror or e})") from None
+
+
+def tensor_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """Name → shape of every tensor in ``<path>/policy.safetensors``, from its header alone.
+
+    Raises:
+        IntegrityError: the header is broken (safetensors' own reason, naming the file).
+    """
+    from safetensors import SafetensorError, safe_open
+
+    file = Path(path) / WEIGHTS_FILE
+    try:
+        with safe_open(str(file), framework="numpy") as f:
+            return {name: tuple(int(d) for d in f.get_slice(name).get_shape()) for name in f.keys()}  # noqa: SIM118
+    except (SafetensorError, OSError, ValueError) as e:
+        raise IntegrityError(f"{file}: not a readable safetensors file ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+
+
+def check_policy_files(path: Path) -> PolicySpec:
+    """Check a folder's weights against its spec before a network is allocated: the spec within its
+    limits, the network it describes (built on torch's meta device: no memory) within
+    :data:`MAX_PARAMETERS`, and every tensor of ``policy.safetensors`` present with the shape that
+    network has, nothing else (besides the observation statistics the spec declares).
+
+    Returns:
+        The spec.
+
+    Raises:
+        ContractViolation: the spec is malformed or over a limit, or a tensor is missing, extra or of
+            another shape (naming it and both shapes). IntegrityError: the safetensors header is broken.
+    """
+    import torch
+
+    spec = read_policy_spec(path)
+    found = tensor_shapes(path)
+    with torch.device("meta"):
+        net = _build_net(spec, meta=True)
+    parameters = sum(p.numel() for p in net.parameters())
+    if parameters > MAX_PARAMETERS:
+        raise ContractViolation(f"{Path(path) / POLICY_SPEC_FILE}: describes a network of {parameters:,} parameters, "
+                                f"more than the {MAX_PARAMETERS:,} a policy may have")
+    expected = {k: tuple(v.shape) for k, v in net.state_dict().items()}
+    if spec.obs_normalization is not None:
+        expected[OBS_MEAN_KEY] = expected[OBS_VAR_KEY] = tuple(spec.observation_space.shape)
+    weights = Path(path) / WEIGHTS_FILE
+    for name, shape in expected.items():
+        if name not in found:
+            raise ContractViolation(f"{weights}: tensor {name} is missing ({POLICY_SPEC_FILE} describes it)")
+        if found[name] != shape:
+            raise ContractViolation(f"{weights}: tensor {name}: shape expected {shape} ({POLICY_SPEC_FILE}), "
+                                    f"found {found[name]}")
+    extra = sorted(set(found) - set(expected))
+    if extra:
+        raise ContractViolation(f"{weights}: tensor {extra[0]} is not part of the network {POLICY_SPEC_FILE} describes")
+    return spec
+
+
+def _build_net(spec: PolicySpec, *, meta: bool = False) -> Any:
+    """SB3's ``ActorCriticPolicy`` that ``spec`` describes, with fresh weights; ``meta``: its shapes
+    only (call it under ``with torch.device("meta")``; SB3 moves its MLP to the policy's device,
+    which is then the meta device too), allocating nothing."""
+    import torch
+    from stable_baselines3.common.policies import ActorCriticPolicy
+    from stable_baselines3.common.torch_layers import FlattenExtractor, NatureCNN
+
+    if meta:
+        class ActorCriticPolicy(ActorCriticPolicy):  # type: ignore[no-redef]
+            @property
+            def device(self) -> Any:
+                return torch.device("meta")
+
+    activation = {"tanh": torch.nn.Tanh, "relu": torch.nn.ReLU}[spec.activation]
+    kwargs: dict[str, Any] = dict(
+        net_arch=spec.net_arch, activation_fn=activation, ortho_init=False, optimizer_class=_NoOptimizer,
+        share_features_extractor=spec.share_features_extractor, normalize_images=spec.normalize_images,
+    )
+    if spec.extractor == "nature_cnn":
+        kwargs.update(features_extractor_class=NatureCNN, features_extractor_kwargs={"features_dim": spec.features_dim})
+    else:
+        kwargs.update(features_extractor_class=FlattenExtractor)
+    with torch.random.fork_rng(devices=[]):
+        return ActorCriticPolicy(spec_to_space(spec.policy_observation_space), spec_to_space(spec.action_space),
+                                 lambda _: 0.0, **kwargs)
 
 
 def space_to_spec(space: Any) -> SpaceSpec:
@@ -187,25 +334,12 @@ class Policy:
 
     def __init__(self, spec: PolicySpec, tensors: dict[str, Any], *, device: str = "cpu"):
         import torch
-        from stable_baselines3.common.policies import ActorCriticPolicy
-        from stable_baselines3.common.torch_layers import FlattenExtractor, NatureCNN
 
         torch.distributions.Distribution.set_default_validate_args(False)
         self.spec = spec
         self.observation_space = spec_to_space(spec.observation_space)
         self.action_space = spec_to_space(spec.action_space)
-        activation = {"tanh": torch.nn.Tanh, "relu": torch.nn.ReLU}[spec.activation]
-        kwargs: dict[str, Any] = dict(
-            net_arch=spec.net_arch, activation_fn=activation, ortho_init=False, optimizer_class=_NoOptimizer,
-            share_features_extractor=spec.share_features_extractor, normalize_images=spec.normalize_images,
-        )
-        if spec.extractor == "nature_cnn":
-            kwargs.update(features_extractor_class=NatureCNN, features_extractor_kwargs={"features_dim": spec.features_dim})
-        else:
-            kwargs.update(features_extractor_class=FlattenExtractor)
-        with torch.random.fork_rng(devices=[]):
-            net = ActorCriticPolicy(spec_to_space(spec.policy_observation_space), self.action_space,
-                                    lambda _: 0.0, **kwargs)
+        net = _build_net(spec)
         state = {k: v for k, v in tensors.items() if not k.startswith("gradlab.")}
         try:
             net.load_state_dict(state, strict=True)
@@ -303,8 +437,10 @@ def load_policy(path: Path, *, verify: bool = True, device: str = "cpu") -> Poli
         verify: check every file's sha256 first (:func:`verify_checkpoint`).
 
     Raises:
-        IntegrityError: a file does not match the manifest (named). NotFound: not a checkpoint.
-        ContractViolation: the tensors do not fit the spec.
+        IntegrityError: a file does not match the manifest (named), or the safetensors header is
+            broken. NotFound: not a checkpoint.
+        ContractViolation: the spec is malformed or over its limits, or the tensors do not fit it
+            (checked from the header before any network is allocated: :func:`check_policy_files`).
     """
     from safetensors.torch import load_file
 
@@ -313,5 +449,5 @@ def load_policy(path: Path, *, verify: bool = True, device: str = "cpu") -> Poli
     path = Path(path)
     if verify:
         verify_checkpoint(path)
-    spec = PolicySpec.model_validate_json((path / POLICY_SPEC_FILE).read_bytes())
+    spec = check_policy_files(path)
     return Policy(spec, load_file(str(path / WEIGHTS_FILE)), device=device)

@@ -35,7 +35,8 @@ def outcome_counts(result: Any) -> str:
     return ", ".join(f"{o} {counts[o]}/{total}" for o in OUTCOMES if counts[o]) or "none"
 
 
-def _render(result: Any, goal: Any, *, protocol: bool, success_defined: bool, title: str | None = None) -> None:
+def _render(result: Any, goal: Any, *, protocol: bool, success_defined: bool, title: str | None = None,
+            actions: str | None = None) -> None:
     """Print the human table of an evaluation.
 
     Args:
@@ -45,6 +46,8 @@ def _render(result: Any, goal: Any, *, protocol: bool, success_defined: bool, ti
         success_defined: the evaluation environment's task program names ``termination.success``
             events; without them no episode can be a success, so the success rate (always 0) is not
             shown, only the outcome counts.
+        actions: how the policy acted when that is not ``result.policy`` (a baseline:
+            ``BASELINE_ACTIONS``; the random one is stochastic whatever the goal's mode).
     """
     from rich.table import Table
 
@@ -55,7 +58,7 @@ def _render(result: Any, goal: Any, *, protocol: bool, success_defined: bool, ti
     table.add_column("metric")
     table.add_column("value")
     table.add_row("verdict", verdict + ("" if protocol else " [yellow](not the goal's protocol)[/]"))
-    table.add_row("episodes", f"{result.completed} of {result.planned} ({result.policy})"
+    table.add_row("episodes", f"{result.completed} of {result.planned} ({actions or result.policy})"
                   + (" — fail-fast stop" if result.completed < result.planned else ""))
     table.add_row("return", f"{agg['eval/episode/return/mean']:.3f} ± {agg['eval/episode/return/std']:.3f} "
                             f"(median {agg['eval/episode/return/median']:.3f}, min {agg['eval/episode/return/min']:.3f}, "
@@ -194,8 +197,10 @@ def _baseline_command(goal_id: str, name: str, *, episodes: int | None, json_out
     if json_out:
         print_json(result.as_json())
     else:
+        from gradlab.evaluation.baselines import BASELINE_ACTIONS
+
         _render(result, goal, protocol=stored is not None, title=f"{goal_id} · {name} baseline",
-                success_defined=bool(goal.train.environment.task.termination.success))
+                success_defined=bool(goal.train.environment.task.termination.success), actions=BASELINE_ACTIONS[name])
         mean = result.aggregates["eval/episode/return/mean"]
         random_mean = others["random"].aggregates["eval/episode/return/mean"] if "random" in others else None
         for ref, value in sorted(goal.reference_scores.items()):

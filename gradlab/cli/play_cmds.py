@@ -54,6 +54,8 @@ def play_command(
     deterministic: Annotated[bool, typer.Option("--deterministic/--stochastic", help="Greedy or sampled actions.")] = True,
     record: Annotated[Path | None, typer.Option("--record", help="Write episodes to this MP4 (headless, no server).")] = None,
     episodes: Annotated[int, typer.Option("--episodes", min=1, help="Episodes to record with --record.")] = 1,
+    max_sessions: Annotated[int, typer.Option("--max-sessions", min=1, max=64, help="Live playback sessions at once "
+                                              "(each a worker process of about 400 MB; one more is kept warm).")] = 2,
 ) -> None:
     """Browse projects, goals, runs and checkpoints and watch a policy play, with live telemetry."""
     from gradlab.errors import GradlabError
@@ -83,7 +85,7 @@ def play_command(
             path = f"/runs/{run_id}/checkpoints/{step}"
         sock = bind_loopback(port)
         config = PlayConfig(catalog=catalog, port=sock.getsockname()[1], fps=fps, seed=seed,
-                            deterministic=deterministic)
+                            deterministic=deterministic, max_sessions=max_sessions)
     except GradlabError as e:
         fail(str(e))
     url = config.url(path)

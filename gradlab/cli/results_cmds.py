@@ -15,17 +15,13 @@ from rich.table import Table
 from gradlab.cli.contracts_cmds import SetOption, resolve_or_exit
 from gradlab.cli.output import console, err_console, fail, print_json
 from gradlab.cli.store_reads import open_stores_or_exit
+from gradlab.console import plural
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON document.")]
 GoalOption = Annotated[str, typer.Option("--goal", help="The goal id, e.g. gradlab__bandit.")]
 
 leaders_app = typer.Typer(help="Rank recipes (cohorts of seeds) and accepted checkpoints of a goal.", no_args_is_help=True)
 reports_app = typer.Typer(help="Static HTML reports: build them, publish them to a store.", no_args_is_help=True)
-
-
-def plural(n: int, word: str) -> str:
-    """``1 seed``, ``3 seeds``."""
-    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 def fmt_estimate(e, digits: int = 3) -> str:
@@ -59,25 +55,35 @@ def curves(
 ) -> None:
     """Draw training and evaluation curves of runs from their local metric journals (read only: the
     journals are never modified). Says where the figure was written."""
-    from gradlab.results.curves import DEFAULT_METRICS, X_AXES, plot_curves, run_curves
+    from gradlab.results.curves import DEFAULT_METRICS, X_AXES, empty_reasons, plot_curves, run_curves
     from gradlab.settings import load_settings
 
     if x not in X_AXES:
         fail(f"--x: expected one of {', '.join(X_AXES)}, found {x!r}", code=2)
     settings = load_settings()
     if out is None:
-        name = run_ids[0] + (f"+{len(run_ids) - 1}" if len(run_ids) > 1 else "")
-        out = settings.home / "curves" / f"{name}.png"
+        out = settings.home / "curves" / default_figure_name(run_ids)
     target = out.absolute()
     if target.suffix.lower() not in (".png", ".svg"):
         fail(f"--out {out}: expected a .png or .svg file", code=2)
-    found = _domain(lambda: run_curves(settings, open_stores_or_exit(), run_ids, metric or DEFAULT_METRICS, x))
-    _domain(lambda: plot_curves(found, target, title=", ".join(run_ids)))
+    stores = open_stores_or_exit()
+    found = _domain(lambda: run_curves(settings, stores, run_ids, metric or DEFAULT_METRICS, x))
+    empty = _domain(lambda: empty_reasons(stores, run_ids, metric or DEFAULT_METRICS, found))
+    _domain(lambda: plot_curves(found, target, title=", ".join(run_ids), empty=empty))
     if json_out:
-        print_json({"out": str(target), "curves": [c.as_json() for c in found]})
+        print_json({"out": str(target), "curves": [c.as_json() for c in found], "empty": empty})
         return
-    err_console.print(f"wrote {escape(str(target))} ({len(found)} curves, {sum(len(c.x) for c in found)} points)",
-                      highlight=False)
+    err_console.print(f"wrote {escape(str(target))} ({plural(len(found), 'curve')}, "
+                      f"{plural(sum(len(c.x) for c in found), 'point')})", highlight=False)
+    for name, why in empty.items():
+        err_console.print(f"{escape(name)}: {escape(why)}", highlight=False)
+
+
+def default_figure_name(run_ids: list[str]) -> str:
+    """``<RUN_ID>.png``; for several runs their ids joined by ``+`` (after 3: ``+N-more``), so the
+    figure of two runs never takes the name of one of them."""
+    shown = run_ids if len(run_ids) <= 4 else [*run_ids[:3], f"{len(run_ids) - 3}-more"]
+    return "+".join(shown) + ".png"
 
 
 # -- sweep -----------------------------------------------------------------------------------------

@@ -32,6 +32,9 @@ from gradlab.errors import ConfigError, Conflict, ContractViolation, NotFound
 from gradlab.evaluation.result import EvalResult, validate_result
 
 BASELINES = ("random", "noop")
+#: How each baseline acts, whatever the goal's action mode its result records (the protocol's, so
+#: it validates against the goal): ``random`` samples (seeded, so reproducible), ``noop`` never varies.
+BASELINE_ACTIONS = {"random": "stochastic", "noop": "deterministic"}
 
 
 def baseline_sha256(name: str) -> str:

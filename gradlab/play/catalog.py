@@ -124,12 +124,15 @@ class Catalog:
             if best is None or record.return_mean > best:
                 best = float(record.return_mean)
                 interval = _interval(record.result)
-        duration = (terminal.sealed_at - rec.created_at).total_seconds() if terminal else None
+        # The receipts' own span: the first attempt's start to the latest attempt's seal (the clock
+        # time to acceptance is measured from too), not the run record's creation.
+        duration = (terminal.sealed_at - attempts[0].started_at).total_seconds() if terminal else None
         return RunRow(run_id=rec.run_id, recipe_id=rec.recipe_id, seed=rec.seed,
                       outcome=terminal.outcome if terminal else ("running" if attempts else None),
                       final_step=terminal.final_step if terminal else None,
                       promoted_step=promotion.checkpoint_step if promotion else None,
-                      best_return_mean=best, best_return_ci95=interval, started_at=rec.created_at.isoformat(),
+                      best_return_mean=best, best_return_ci95=interval,
+                      started_at=(attempts[0].started_at if attempts else rec.created_at).isoformat(),
                       duration_s=round(duration, 1) if duration is not None else None)
 
     def _record(self, run_id: str) -> Any:

@@ -14,12 +14,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 PROTOCOL_VERSION = 1
 FRAME_MAGIC = b"GLF1"
+#: The agent's observation image of the same step (sent after its screen frame, image observations only).
+OBS_MAGIC = b"GLO1"
 FRAME_HEADER = struct.Struct("<4sII")
 
 
-def frame_message(seq: int, t: int, jpeg: bytes) -> bytes:
+def frame_message(seq: int, t: int, jpeg: bytes, *, magic: bytes = FRAME_MAGIC) -> bytes:
     """A binary frame message: header (magic, seq, episode step) + JPEG bytes."""
-    return FRAME_HEADER.pack(FRAME_MAGIC, seq, t) + jpeg
+    return FRAME_HEADER.pack(magic, seq, t) + jpeg
 
 
 class Payload(BaseModel):
@@ -74,7 +76,8 @@ class RunRow(BaseModel):
     best_return_ci95: tuple[float, float] | None = Field(
         default=None, description="Normal-approximation 95% interval of that mean (mean ± 1.96 std / sqrt(n)).")
     started_at: str
-    duration_s: float | None = None
+    duration_s: float | None = Field(default=None, description="Seconds from the first attempt's start to the "
+                                                                 "terminal receipt's sealed_at.")
 
 
 class GoalPage(Payload):
@@ -166,6 +169,8 @@ class Ready(BaseModel):
     deterministic: bool
     fps: float
     worker_pid: int | None = Field(default=None, description="The playback worker's process id (shown in the page).")
+    screen: str = Field(default="render", description="What the frames show: 'colour screen' (kept apart from the "
+                                                      "observation, ALE) or the provider's 'render'.")
 
 
 class StepMessage(BaseModel):
@@ -187,6 +192,8 @@ class StepMessage(BaseModel):
     signals: dict[str, Any]
     events: list[str]
     episode: dict[str, Any] | None
+    obs: list[float | None] | None = Field(default=None, description="A small vector observation after the step; "
+                                                                     "image observations come as OBS_MAGIC frames.")
 
 
 class StateMessage(BaseModel):

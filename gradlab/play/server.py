@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +43,7 @@ from gradlab.errors import (
     TransientError,
 )
 from gradlab.play.protocol import (
+    OBS_MAGIC,
     PROTOCOL_VERSION,
     Command,
     ErrorMessage,
@@ -65,6 +67,12 @@ MEDIA_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; cha
                ".txt": "text/plain; charset=utf-8", ".md": "text/plain; charset=utf-8", ".json": "application/json"}
 #: Steps asked of the worker per round trip at fps 0 (as fast as possible): amortises the pipe hop.
 FAST_BATCH = 4
+#: Live playback workers a launch allows by default (``--max-sessions``), besides the warm reserve.
+DEFAULT_MAX_SESSIONS = 2
+#: Ctrl-C: seconds uvicorn waits for open sessions before it closes them (then every worker is stopped).
+GRACEFUL_SHUTDOWN_S = 5
+#: WebSocket close code when every session is taken (the error message says what to do).
+CLOSE_BUSY = 4429
 
 
 def web_player_root() -> Path:
@@ -87,6 +95,10 @@ def content_security_policy(port: int) -> str:
             "base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 
 
+class PlayerBusy(TransientError):
+    """Every live playback session the launch allows is taken (``gradlab play --max-sessions``)."""
+
+
 @dataclass
 class PlayConfig:
     """What one ``gradlab play`` launch serves.
@@ -96,6 +108,9 @@ class PlayConfig:
         port: the loopback port (the Host and Origin checks need it; 0 is not allowed here).
         token: the launch token (random, 32 bytes url-safe, when not given).
         fps, seed, deterministic: playback defaults for a new WebSocket session.
+        max_sessions: live playback workers at most (sessions and MP4 recordings), besides the one
+            kept warm in reserve; a request beyond it is answered :class:`PlayerBusy`. Each worker
+            holds torch and an environment (about 400 MB).
     """
 
     catalog: Any
@@ -104,33 +119,68 @@ class PlayConfig:
     fps: float = 30.0
     seed: int = 0
     deterministic: bool = True
+    max_sessions: int = DEFAULT_MAX_SESSIONS
     root: Path = field(default_factory=web_player_root)
     workers: set[Any] = field(default_factory=set)
     reserve: Any = None
+    _lock: Any = field(default_factory=threading.Lock, repr=False)
 
     def prestart(self) -> None:
         """Start a playback worker in reserve (it imports torch while nobody waits)."""
         from gradlab.play.worker import PlaybackWorker
 
-        if self.reserve is None or not self.reserve.process.is_alive():
-            self.reserve = PlaybackWorker()
+        with self._lock:
+            if self.reserve is None or not self.reserve.process.is_alive():
+                self.reserve = PlaybackWorker()
 
     def take_worker(self) -> Any:
-        """The reserve worker (or a new one), replaced by a fresh reserve."""
+        """The reserve worker (or a new one). The caller starts the next reserve (:meth:`prestart`) once
+        the session has loaded, so a requester that leaves at once costs no process.
+
+        Raises:
+            PlayerBusy: ``max_sessions`` workers are live (the message says what to do).
+        """
         from gradlab.play.worker import PlaybackWorker
 
-        worker = self.reserve if self.reserve is not None and self.reserve.process.is_alive() else PlaybackWorker()
-        self.reserve = None
-        self.workers.add(worker)
-        self.prestart()
+        with self._lock:
+            if len(self.workers) >= self.max_sessions:
+                raise PlayerBusy(f"the player is at its limit of {self.max_sessions} live playback "
+                                 f"session{'s' if self.max_sessions != 1 else ''}: close another player tab "
+                                 "(or its MP4 recording) and reload, or restart with gradlab play --max-sessions N")
+            reserve = self.reserve if self.reserve is not None and self.reserve.process.is_alive() else None
+            worker = reserve or PlaybackWorker()
+            self.reserve = None
+            self.workers.add(worker)
         return worker
 
+    def release(self, worker: Any, *, cancel: bool = False) -> None:
+        """Give back a worker taken by :meth:`take_worker` (blocks). A worker that never loaded a
+        session becomes the reserve again (when the reserve is not warm yet); any other is stopped,
+        and stops counting against the cap only once its process is gone. ``cancel``: its requester
+        went away, so it is stopped at once (no goodbye)."""
+        with self._lock:
+            if worker.reclaim():
+                spare, self.reserve = self.reserve, worker
+                self.workers.discard(worker)
+                if spare is None or spare is worker:
+                    return
+                worker = spare  # the newer reserve goes: the reclaimed one has had longer to warm
+                self.workers.add(worker)
+        try:
+            worker.cancel() if cancel else worker.close()
+        finally:
+            with self._lock:
+                self.workers.discard(worker)
+
     def close_workers(self) -> None:
-        """Stop every playback worker, the reserve included."""
-        for worker in [*self.workers, *([self.reserve] if self.reserve is not None else [])]:
-            worker.close()
-        self.workers.clear()
-        self.reserve = None
+        """Stop every playback worker, the reserve included, at once (Ctrl-C: nothing to save)."""
+        from gradlab.play.worker import stop_all
+
+        with self._lock:
+            everyone = [*self.workers, *([self.reserve] if self.reserve is not None else [])]
+            self.workers.clear()
+            self.reserve = None
+        stop_all(everyone)
 
     @property
     def hosts(self) -> set[str]:
@@ -216,10 +266,11 @@ def create_app(config: PlayConfig) -> Any:
             raise HTTPException(status_code=422, detail=f"episodes: expected 1..100, found {episodes}")
         resolved = page(cat.resolve, run_id, step)
         seed = config.seed if seed is None else seed
-        worker = config.take_worker()
+        worker = page(config.take_worker)
         try:
             worker.load(resolved.path, resolved.spec, deterministic=config.deterministic if deterministic is None
                         else deterministic, seed=seed, verify=verify_mode(resolved))
+            config.prestart()
             with tempfile.TemporaryDirectory(prefix="gradlab-play-video-") as tmp:
                 out = Path(tmp) / "episodes.mp4"
                 worker.request("record", (str(out), episodes, config.fps or 30.0, seed), timeout_s=1800)
@@ -227,8 +278,7 @@ def create_app(config: PlayConfig) -> Any:
         except WorkerFailed as e:
             raise HTTPException(status_code=500, detail=str(e)) from None
         finally:
-            config.workers.discard(worker)
-            worker.close()
+            config.release(worker)
         name = f"{run_id}-{step}-seed{seed}.mp4"
         return Response(data, media_type="video/mp4", headers={"Content-Disposition": f'attachment; filename="{name}"'})
 
@@ -296,33 +346,71 @@ async def _play_session(ws: Any, config: PlayConfig) -> None:
         return
     from gradlab.play.worker import WorkerFailed
 
+    commands: asyncio.Queue[Command | None] = asyncio.Queue()
+    gone = asyncio.Event()  # the client closed the socket: its worker is cancelled at once
+    reader = asyncio.create_task(_receive(ws, commands, gone))
     worker = None
     try:
         resolved = await asyncio.to_thread(config.catalog.resolve, hello.run_id, hello.step)
-        worker = config.take_worker()
-        info = await asyncio.to_thread(worker.load, resolved.path, resolved.spec, verify=verify_mode(resolved),
-                                       deterministic=hello.deterministic,
-                                       seed=hello.seed)
+        worker = await asyncio.to_thread(config.take_worker)
+        info = await _unless_gone(gone, asyncio.to_thread(
+            worker.load, resolved.path, resolved.spec, verify=verify_mode(resolved),
+            deterministic=hello.deterministic, seed=hello.seed))
+        if info is None:
+            return
+        await asyncio.to_thread(config.prestart)  # the next session's worker warms meanwhile
         await ws.send_text(Ready(run_id=hello.run_id, step=info["checkpoint_step"], goal_id=resolved.spec["goal_id"],
                                  env_id=info["env_id"], checkpoint_sha256=info["checkpoint_sha256"],
                                  action_meanings=info["action_meanings"], gamma=info["gamma"],
                                  signals=info["signals"], events=info["events"], seed=hello.seed,
                                  deterministic=hello.deterministic, fps=hello.fps,
-                                 worker_pid=worker.pid).model_dump_json())
-        await _drive(ws, worker, hello)
+                                 worker_pid=worker.pid, screen=info.get("screen", "render")).model_dump_json())
+        await _drive(ws, worker, hello, commands, gone)
     except WebSocketDisconnect:
         pass
     except (GradlabError, WorkerFailed) as e:
-        logger.info("playback of %s:%s ended: %s", hello.run_id, hello.step, e)
-        try:
-            await ws.send_text(ErrorMessage(message=str(e)).model_dump_json())
-            await _close(ws, CLOSE_FAILED, "playback failed")
-        except (WebSocketDisconnect, RuntimeError):
-            pass
+        if not gone.is_set():
+            logger.info("playback of %s:%s ended: %s", hello.run_id, hello.step, e)
+            try:
+                await ws.send_text(ErrorMessage(message=str(e)).model_dump_json())
+                await _close(ws, CLOSE_BUSY if isinstance(e, PlayerBusy) else CLOSE_FAILED,
+                             "too many sessions" if isinstance(e, PlayerBusy) else "playback failed")
+            except (WebSocketDisconnect, RuntimeError):
+                pass
     finally:
+        reader.cancel()
         if worker is not None:
-            config.workers.discard(worker)
-            await asyncio.to_thread(worker.close)
+            await asyncio.to_thread(config.release, worker, cancel=gone.is_set())
+
+
+async def _receive(ws: Any, commands: asyncio.Queue[Command | None], gone: asyncio.Event) -> None:
+    """Read the page's commands into ``commands`` until the socket closes; then ``None`` and ``gone``."""
+    from pydantic import ValidationError
+    from starlette.websockets import WebSocketDisconnect
+
+    try:
+        while True:
+            text = await ws.receive_text()
+            try:
+                await commands.put(Command.model_validate_json(text))
+            except ValidationError as e:
+                await ws.send_text(ErrorMessage(message=f"bad command: {e.errors()[0]['msg']}").model_dump_json())
+    except (WebSocketDisconnect, RuntimeError, KeyError):
+        gone.set()
+        await commands.put(None)
+
+
+async def _unless_gone(gone: asyncio.Event, work: Any) -> Any:
+    """``await work``, or None as soon as ``gone`` is set (the work's thread is left to the worker's
+    cancellation, which makes it fail at once)."""
+    task = asyncio.ensure_future(work)
+    waiter = asyncio.ensure_future(gone.wait())
+    done, _ = await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    waiter.cancel()
+    if task in done:
+        return task.result()
+    task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved: the cancelled worker's failure is expected
+    return None
 
 
 async def _close(ws: Any, code: int, reason: str) -> None:
@@ -332,32 +420,23 @@ async def _close(ws: Any, code: int, reason: str) -> None:
         pass
 
 
-async def _drive(ws: Any, worker: Any, hello: Hello) -> None:
-    """Play, pause, step, reset and change speed or mode until the client goes away."""
-    from pydantic import ValidationError
-
-    commands: asyncio.Queue[Command | None] = asyncio.Queue()
+async def _drive(ws: Any, worker: Any, hello: Hello, commands: asyncio.Queue[Command | None],
+                 gone: asyncio.Event) -> None:
+    """Play, pause, step, reset and change speed or mode until the client goes away (``gone``)."""
     state = {"playing": True, "fps": hello.fps, "deterministic": hello.deterministic, "seed": hello.seed}
     seq = 0
 
-    async def receive() -> None:
-        from starlette.websockets import WebSocketDisconnect
+    async def ask(cmd: str, arg: Any) -> Any:
+        """One worker request, abandoned (None) when the client leaves meanwhile."""
+        return await _unless_gone(gone, asyncio.to_thread(worker.request, cmd, arg))
 
-        try:
-            while True:
-                text = await ws.receive_text()
-                try:
-                    await commands.put(Command.model_validate_json(text))
-                except ValidationError as e:
-                    await ws.send_text(ErrorMessage(message=f"bad command: {e.errors()[0]['msg']}").model_dump_json())
-        except (WebSocketDisconnect, RuntimeError):
-            await commands.put(None)
-
-    async def send_steps(steps: list[tuple[dict[str, Any], bytes]]) -> None:
+    async def send_steps(steps: list[tuple[dict[str, Any], bytes, bytes | None]] | None) -> None:
         nonlocal seq
-        for telemetry, jpeg in steps:
+        for telemetry, jpeg, view in steps or ():
             seq += 1
             await ws.send_text(StepMessage(seq=seq, **telemetry).model_dump_json())
+            if view is not None:  # the observation first: the screen frame completes the step
+                await ws.send_bytes(frame_message(seq, telemetry["t"], view, magic=OBS_MAGIC))
             await ws.send_bytes(frame_message(seq, telemetry["t"], jpeg))
 
     async def send_state() -> None:
@@ -371,56 +450,54 @@ async def _drive(ws: Any, worker: Any, hello: Hello) -> None:
             state["playing"] = False
         elif cmd.type == "step":
             state["playing"] = False
-            await send_steps(await asyncio.to_thread(worker.request, "step", cmd.n))
+            await send_steps(await ask("step", cmd.n))
         elif cmd.type == "reset":
             if cmd.seed is not None:
                 state["seed"] = cmd.seed
-            await send_steps(await asyncio.to_thread(worker.request, "reset", cmd.seed))
+            await send_steps(await ask("reset", cmd.seed))
         elif cmd.type == "fps" and cmd.fps is not None:
             state["fps"] = cmd.fps
         elif cmd.type == "mode" and cmd.deterministic is not None:
             state["deterministic"] = cmd.deterministic
-            await asyncio.to_thread(worker.request, "mode", cmd.deterministic)
+            await ask("mode", cmd.deterministic)
         await send_state()
 
-    reader = asyncio.create_task(receive())
-    try:
-        await send_steps(await asyncio.to_thread(worker.request, "reset", hello.seed))
-        await send_state()
-        next_at = time.monotonic()
-        while True:
-            if not state["playing"]:
-                cmd = await commands.get()
+    await send_steps(await ask("reset", hello.seed))
+    await send_state()
+    next_at = time.monotonic()
+    while True:
+        if not state["playing"]:
+            cmd = await commands.get()
+            if cmd is None:
+                return
+            await handle(cmd)
+            next_at = time.monotonic()
+            continue
+        while not commands.empty():
+            cmd = commands.get_nowait()
+            if cmd is None:
+                return
+            await handle(cmd)
+        if not state["playing"]:
+            continue
+        fps = state["fps"]
+        n = FAST_BATCH if fps == 0 else 1
+        if gone.is_set():
+            return
+        await send_steps(await ask("step", n))
+        if fps > 0:
+            next_at = max(next_at + 1.0 / fps, time.monotonic() - 0.25)
+            delay = next_at - time.monotonic()
+            if delay > 0:
+                try:
+                    cmd = await asyncio.wait_for(commands.get(), timeout=delay)
+                except TimeoutError:
+                    continue
                 if cmd is None:
                     return
                 await handle(cmd)
-                next_at = time.monotonic()
-                continue
-            while not commands.empty():
-                cmd = commands.get_nowait()
-                if cmd is None:
-                    return
-                await handle(cmd)
-            if not state["playing"]:
-                continue
-            fps = state["fps"]
-            n = FAST_BATCH if fps == 0 else 1
-            await send_steps(await asyncio.to_thread(worker.request, "step", n))
-            if fps > 0:
-                next_at = max(next_at + 1.0 / fps, time.monotonic() - 0.25)
-                delay = next_at - time.monotonic()
-                if delay > 0:
-                    try:
-                        cmd = await asyncio.wait_for(commands.get(), timeout=delay)
-                    except TimeoutError:
-                        continue
-                    if cmd is None:
-                        return
-                    await handle(cmd)
-            else:
-                await asyncio.sleep(0)
-    finally:
-        reader.cancel()
+        else:
+            await asyncio.sleep(0)
 
 
 def bind_loopback(port: int = 0) -> Any:
@@ -455,7 +532,7 @@ def make_server(config: PlayConfig, *, ready: Any = None) -> Any:
 
     server = uvicorn.Server(uvicorn.Config(create_app(config), host="127.0.0.1", port=config.port,
                                            log_level="warning", access_log=False, ws="websockets-sansio",
-                                           lifespan="off"))
+                                           lifespan="off", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S))
     if ready is not None:
         original = server.startup
 

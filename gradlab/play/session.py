@@ -19,15 +19,23 @@ from typing import Any
 
 import numpy as np
 
-#: Action meanings of gymnasium's classic-control and Box2D tasks (from gymnasium's documentation
-#: of each environment's action space); ALE environments report their own.
-KNOWN_ACTION_MEANINGS: dict[str, list[str]] = {
-    "CartPole-v1": ["push left", "push right"],
-    "CartPole-v0": ["push left", "push right"],
-    "Acrobot-v1": ["torque -1", "torque 0", "torque +1"],
-    "MountainCar-v0": ["accelerate left", "don't accelerate", "accelerate right"],
-    "LunarLander-v3": ["do nothing", "fire left engine", "fire main engine", "fire right engine"],
-}
+#: Vector observations up to this many numbers travel with each step (the page shows them).
+MAX_OBS_SHOWN = 64
+
+
+def observation_view(obs: np.ndarray) -> tuple[np.ndarray | None, list[float] | None]:
+    """One lane's observation as the page shows it: (image, None) for an image observation (the newest
+    frame of a channel-first stack, or a channel-last image, as (h, w, 3) uint8), (None, numbers)
+    for a small vector, (None, None) otherwise."""
+    obs = np.asarray(obs)
+    if obs.ndim == 3 and obs.dtype == np.uint8:
+        if obs.shape[-1] in (1, 3):  # channel-last
+            return np.ascontiguousarray(np.broadcast_to(obs[..., -1:] if obs.shape[-1] == 1 else obs,
+                                                        (*obs.shape[:2], 3))), None
+        return np.ascontiguousarray(np.repeat(obs[-1][:, :, None], 3, axis=2)), None
+    if obs.size <= MAX_OBS_SHOWN:
+        return None, [_number(float(x)) if np.isfinite(x) else None for x in obs.astype(np.float64).ravel()]
+    return None, None
 
 
 def returns_to_go(rewards: np.ndarray, *, gamma: float, bootstrap: float = 0.0) -> np.ndarray:
@@ -72,8 +80,12 @@ class StepReport:
 
     Attributes:
         t: steps taken in the current episode (0 at reset).
-        frame: (H, W, 3) uint8 RGB render after the step (for an episode's last step: the first
-            frame of the next episode, since lanes reset in the same step).
+        frame: (H, W, 3) uint8 RGB screen after the step (for an episode's last step: the first
+            frame of the next episode, since lanes reset in the same step): the provider's colour
+            screen where it keeps one apart from the observation (ALE: 210x160), else its render.
+        observation / obs: what the policy sees after the step: for image observations the newest
+            frame of the stack as (h, w, 3) uint8 (``obs`` None); for vectors of at most
+            :data:`MAX_OBS_SHOWN` numbers, ``obs`` (``observation`` None).
         probs: (n_actions,) action probabilities at the observation the step acted on, or None
             for non-Discrete action spaces and for the reset.
         action: the action taken (int for Discrete; a list otherwise), None at reset.
@@ -99,10 +111,12 @@ class StepReport:
     signals: dict[str, Any] = field(default_factory=dict)
     events: list[str] = field(default_factory=list)
     episode: dict[str, Any] | None = None
+    observation: np.ndarray | None = None
+    obs: list[float] | None = None
 
     def telemetry(self) -> dict[str, Any]:
-        """Everything but the frame, as JSON-ready values."""
-        return {
+        """Everything but the frame and the observation image, as JSON-ready values."""
+        return {"obs": self.obs,
             "t": self.t, "probs": self.probs, "action": self.action, "value": self.value,
             "value_acted": self.value_acted, "reward_raw": self.reward_raw, "reward_shaped": self.reward_shaped,
             "episode_return": self.episode_return, "episode_raw_return": self.episode_raw_return,
@@ -155,6 +169,10 @@ class PlaybackSession:
         env_spec = self.run_spec.eval_environment.model_copy(update={"n_envs": 1})
         self.env_spec = env_spec
         self.venv = make_vector_env(env_spec, seed=seed, lane_seeds=[seed], render_mode="rgb_array")
+        enable_screen = getattr(self.venv.backend, "enable_screen", None)
+        if callable(enable_screen):  # a provider whose render is the observation keeps its colour screen apart
+            enable_screen()
+        self.screen = "colour screen" if callable(enable_screen) else "render"
         self.gamma = float(self.run_spec.recipe.train.backend.typed_config().gamma)
         self.deterministic = deterministic
         self.discrete = self.policy.spec.action_space.type == "Discrete"
@@ -170,24 +188,17 @@ class PlaybackSession:
         self._rng = np.random.default_rng(seed)
 
     def _action_meanings(self) -> list[str]:
+        """The provider's action meanings, as ``gradlab env inspect`` prints them
+        (:func:`gradlab.envs.describe`), when they name every action; else ``action i``."""
         n = int(self.policy.spec.action_space.n or 0) if self.discrete else 0
-        envs = getattr(self.venv.backend, "envs", None)
-        candidates = [getattr(self.venv.backend, "action_meanings", None)]
-        if envs:
-            unwrapped = getattr(envs[0], "unwrapped", envs[0])
-            getter = getattr(unwrapped, "get_action_meanings", None)
-            if callable(getter):
-                candidates.append(getter)
-        for cand in candidates:
-            try:
-                names = list(cand() if callable(cand) else cand or [])
-            except Exception:  # noqa: BLE001 - meanings are a nicety
-                names = []
-            if names and len(names) == n:
-                return [str(x) for x in names]
-        known = KNOWN_ACTION_MEANINGS.get(self.env_spec.env_id)
-        if known and len(known) == n:
-            return list(known)
+        from gradlab.envs import describe
+
+        try:
+            names = list(describe(self.env_spec).action_meanings)
+        except Exception:  # noqa: BLE001 - meanings are a nicety; the session plays without them
+            names = []
+        if names and len(names) == n:
+            return [str(x) for x in names]
         return [f"action {i}" for i in range(n)]
 
     # -- stepping ------------------------------------------------------------------------
@@ -203,16 +214,22 @@ class PlaybackSession:
         self.venv.set_next_seed(0, self.seed)
         self._rng = np.random.default_rng(self.seed)
         self._obs = self.venv.reset()
-        return self._begin(self._obs, frame=self.venv.render()[0])
+        return self._begin(self._obs, frame=self._frame())
+
+    def _frame(self) -> np.ndarray:
+        screen = getattr(self.venv.backend, "screen", None)
+        frames = screen() if callable(screen) else None
+        return frames[0] if frames else self.venv.render()[0]
 
     def _begin(self, obs: np.ndarray, *, frame: np.ndarray) -> StepReport:
         self._rewards, self._values = [], []
         self._return = self._raw_return = 0.0
         self.t = 0
         self._value_obs = float(self.policy.value(obs)[0])
+        image, numbers = observation_view(obs[0])
         return StepReport(t=0, frame=frame, probs=self._probs(obs), action=None, value=self._value_obs,
                           value_acted=None, reward_raw=0.0, reward_shaped=0.0, episode_return=0.0,
-                          episode_raw_return=0.0)
+                          episode_raw_return=0.0, observation=image, obs=numbers)
 
     def _probs(self, obs: np.ndarray) -> list[float] | None:
         if not self.discrete:
@@ -244,7 +261,8 @@ class PlaybackSession:
         self.t += 1
         signals = {name: _number(values[0]) for name, values in res.signals.items()}
         events = [name for name, hit in res.events.items() if bool(hit[0])]
-        frame = self.venv.render()[0]
+        frame = self._frame()
+        image, numbers = observation_view(res.obs[0])
         act_json: Any = int(action[0]) if self.discrete else np.asarray(action[0]).tolist()
         episode = None
         if res.episodes:
@@ -259,14 +277,14 @@ class PlaybackSession:
             report = StepReport(t=self.t, frame=frame, probs=probs, action=act_json, value=value_acted,
                                 value_acted=value_acted, reward_raw=raw, reward_shaped=shaped,
                                 episode_return=self._return, episode_raw_return=self._raw_return,
-                                signals=signals, events=events, episode=episode)
+                                signals=signals, events=events, episode=episode, observation=image, obs=numbers)
             self._begin(self._obs, frame=frame)
             return report
         self._value_obs = float(self.policy.value(self._obs)[0])
         return StepReport(t=self.t, frame=frame, probs=probs, action=act_json, value=self._value_obs,
                           value_acted=value_acted, reward_raw=raw, reward_shaped=shaped,
                           episode_return=self._return, episode_raw_return=self._raw_return,
-                          signals=signals, events=events)
+                          signals=signals, events=events, observation=image, obs=numbers)
 
     def close(self) -> None:
         self.venv.close()

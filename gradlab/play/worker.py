@@ -8,9 +8,10 @@ the server only forwards bytes.
 
 Commands (parent → worker): ``("load", (checkpoint_dir, spec, deterministic, seed, verify))`` once,
 then ``("reset", seed | None)``, ``("step", n)``, ``("mode", deterministic)``, ``("record", (out, episodes, fps, seed))``,
-``("close", None)``. Answers: ``("steps", [(telemetry dict, jpeg bytes), ...])``, ``("ok", None)``
+``("close", None)``. Answers: ``("steps", [(telemetry dict, jpeg bytes, observation jpeg | None), ...])``, ``("ok", None)``
 or ``("error", message)``. The worker's first message is ``("warm", None)`` (imports done); a
-load is answered ``("ready", info)`` or ``("error", message)``.
+load is answered ``("ready", info)`` or ``("error", message)``. A step is (telemetry, screen JPEG,
+observation JPEG or None).
 """
 
 from __future__ import annotations
@@ -81,10 +82,12 @@ def _main(conn: Any) -> None:
             "signals": list(session.env_spec.task.signals), "events": list(session.env_spec.task.events),
             "env_id": session.env_spec.env_id, "provider": session.env_spec.provider,
             "checkpoint_sha256": session.manifest.sha256, "checkpoint_step": session.manifest.step,
+            "screen": session.screen,
         }))
 
-        def pack(report: Any) -> tuple[dict[str, Any], bytes]:
-            return report.telemetry(), encode_jpeg(report.frame)
+        def pack(report: Any) -> tuple[dict[str, Any], bytes, bytes | None]:
+            view = None if report.observation is None else encode_jpeg(report.observation)
+            return report.telemetry(), encode_jpeg(report.frame), view
 
         while True:
             cmd, arg = conn.recv()
@@ -136,8 +139,12 @@ class PlaybackWorker:
             self.process.start()
         child.close()
         self._lock = threading.Lock()
+        self._claims = threading.Lock()  # guards generation and load_sent (never held while waiting)
         self._warm = False
         self.info: dict[str, Any] | None = None
+        #: Bumped when the worker is taken back unused (:meth:`reclaim`): a load begun before it is dropped.
+        self.generation = 0
+        self.load_sent = False
 
     @property
     def pid(self) -> int | None:
@@ -180,8 +187,13 @@ class PlaybackWorker:
             WorkerFailed: the session could not be built (the worker's one-line reason; the worker
                 then waits for another load), or the worker died or stayed silent.
         """
+        generation = self.generation
         self.wait_warm(timeout_s)
         with self._lock:
+            with self._claims:
+                if self.generation != generation:
+                    raise WorkerFailed(f"playback worker (pid {self.pid}): the load was abandoned")
+                self.load_sent = True
             self._conn.send(("load", (str(checkpoint_dir), spec, deterministic, seed, verify)))
             kind, payload = self._recv(timeout_s)
         if kind == "error":
@@ -208,6 +220,21 @@ class PlaybackWorker:
             raise WorkerFailed(str(payload))
         return payload
 
+    def reclaim(self) -> bool:
+        """Take the worker back unused when its requester left before any session was loaded:
+        True (a pending :meth:`load` is dropped and the warm process can serve someone else), or
+        False when a load was already sent (then it must be stopped)."""
+        with self._claims:
+            if self.load_sent or not self.process.is_alive():
+                return False
+            self.generation += 1
+            return True
+
+    def cancel(self) -> None:
+        """Stop the worker at once (SIGTERM, then SIGKILL): its requester went away, nothing to save.
+        A thread blocked in :meth:`load` or :meth:`request` then raises :class:`WorkerFailed`."""
+        stop_all([self])
+
     def close(self) -> None:
         """Stop the worker (politely, then by signal)."""
         if self.process.is_alive():
@@ -226,3 +253,23 @@ class PlaybackWorker:
                 self.process.terminate()
                 self.process.join(timeout=5)
         self._conn.close()
+
+
+def stop_all(workers: list[PlaybackWorker], *, grace_s: float = 3.0) -> None:
+    """Stop workers together: SIGTERM to each, one shared wait of ``grace_s``, then SIGKILL.
+
+    Used when nobody waits for a worker's answer (a closed WebSocket, Ctrl-C), so stopping N of them
+    costs one grace period, not N polite goodbyes.
+    """
+    import time
+
+    for worker in workers:
+        if worker.process.is_alive():
+            worker.process.terminate()
+    deadline = time.monotonic() + grace_s
+    for worker in workers:
+        worker.process.join(timeout=max(0.0, deadline - time.monotonic()))
+        if worker.process.is_alive():
+            worker.process.kill()
+            worker.process.join(timeout=5)
+        worker._conn.close()

@@ -322,12 +322,85 @@ def median_band(curves: Sequence[Curve], points: int = 50) -> tuple[np.ndarray, 
     return grid, med, q25, q75
 
 
-def plot_curves(curves: Sequence[Curve], out: Path | str | None = None, *, title: str | None = None):
+#: How each x axis is labelled on a figure (name and unit).
+X_LABELS = {STEP_AXIS: "env steps (train/global_step)", EVAL_AXIS: "env steps of the checkpoint (eval/checkpoint_step)",
+            "seconds": "learner wall time (s)"}
+
+
+def metric_label(metric: str) -> str:
+    """A y-axis label: the metric's last path segments and its registered unit, e.g. ``return/mean (reward)``."""
+    from gradlab.metrics.registry import lookup
+
+    spec = lookup(metric)
+    unit = spec.unit if spec is not None else ""
+    short = "/".join(metric.split("/")[-2:])
+    return f"{short} ({unit})" if unit else short
+
+
+def sensible_limits(ax, xs: Sequence[float], ys: Sequence[float]) -> None:
+    """Give an axis a readable range when its points leave none: a single x (one evaluation) is shown
+    from 0 to 125% of it, a single y value ±10% of it (at least ±0.5), instead of matplotlib's
+    range of a millionth around the point with an offset label."""
+    fx = [v for v in xs if math.isfinite(v)]
+    fy = [v for v in ys if math.isfinite(v)]
+    if fx and max(fx) == min(fx):
+        x = fx[0]
+        ax.set_xlim(*((0.0, 1.25 * x) if x > 0 else (x - 1.0, x + 1.0)))
+    if fy and max(fy) == min(fy):
+        y = fy[0]
+        half = max(0.1 * abs(y), 0.5)
+        ax.set_ylim(y - half, y + half)
+
+
+def empty_reasons(stores: Stores | None, run_ids: Sequence[str], metrics: Sequence[str],
+                  curves: Sequence[Curve]) -> dict[str, str]:
+    """Why each exact requested metric has no points: evaluation turned off (``--no-eval``), no
+    evaluation recorded yet, or nothing logged (yet) in the journals. Templates are left out.
+
+    Returns:
+        metric -> one sentence, for the metrics with no curve.
+    """
+    from gradlab.metrics.registry import REGISTRY
+
+    templates = {m.name for m in REGISTRY if m.is_template}
+    drawn = {c.metric for c in curves}
+    out: dict[str, str] = {}
+    for metric in metrics:
+        if metric in drawn or metric in templates:
+            continue
+        if not metric.startswith("eval/"):
+            out[metric] = "not logged yet"
+            continue
+        out[metric] = "no evaluation yet"
+        if stores is None:
+            continue
+        from gradlab import receipts as rules
+        from gradlab.errors import GradlabError
+
+        specs = []
+        for run_id in run_ids:
+            try:
+                specs.append(rules.read_run_spec(stores, run_id))
+            except GradlabError:  # no spec to read the reason from: "no evaluation yet" stands
+                continue
+        if specs and all(spec.get("evaluate") is False for spec in specs):
+            out[metric] = f"evaluation is off for {'this run' if len(specs) == 1 else 'these runs'} (--no-eval)"
+        elif specs and all(not spec.get("goal", {}).get("eval", {}).get("acceptance") for spec in specs):
+            out[metric] = "the goal is training only (no acceptance rule, nothing evaluated)"
+    return out
+
+
+def plot_curves(curves: Sequence[Curve], out: Path | str | None = None, *, title: str | None = None,
+                empty: dict[str, str] | None = None):
     """Draw curves with matplotlib's Agg canvas: one panel per metric, one line per run, bands shaded.
+
+    Every panel has its x label (axis and unit) and y label (metric and unit); a single point gets a
+    readable range (:func:`sensible_limits`).
 
     Args:
         curves: what :func:`run_curves` returned.
         out: a ``.png`` or ``.svg`` file to write (None: only return the figure).
+        empty: metric -> why it has no points (:func:`empty_reasons`): drawn as a panel saying so.
 
     Returns:
         The :class:`matplotlib.figure.Figure`.
@@ -341,8 +414,10 @@ def plot_curves(curves: Sequence[Curve], out: Path | str | None = None, *, title
     if out is not None and Path(out).suffix.lower() not in (".png", ".svg"):
         raise ContractViolation(f"--out {out}: expected a .png or .svg file")
     if not curves:
-        raise ContractViolation("no points to draw: the journals hold none of the requested metrics")
-    metrics = list(dict.fromkeys(c.metric for c in curves))
+        raise ContractViolation("no points to draw: the journals hold none of the requested metrics"
+                                + (f" ({'; '.join(f'{m}: {why}' for m, why in empty.items())})" if empty else ""))
+    empty = {m: why for m, why in (empty or {}).items() if m not in {c.metric for c in curves}}
+    metrics = list(dict.fromkeys(c.metric for c in curves)) + list(empty)
     cols = min(3, len(metrics))
     rows = math.ceil(len(metrics) / cols)
     fig = Figure(figsize=(5.2 * cols, 3.4 * rows), layout="constrained")
@@ -350,7 +425,17 @@ def plot_curves(curves: Sequence[Curve], out: Path | str | None = None, *, title
     runs = list(dict.fromkeys(c.run_id for c in curves))
     handles: dict[str, object] = {}
     for ax, metric in zip(axes, metrics, strict=False):
-        for c in (c for c in curves if c.metric == metric):
+        mine = [c for c in curves if c.metric == metric]
+        if not mine:  # an empty panel says why
+            ax.text(0.5, 0.5, empty[metric], ha="center", va="center", wrap=True, fontsize=9, color="0.35",
+                    transform=ax.transAxes)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            ax.set_title(metric, fontsize=9)
+            ax.set_xlabel(X_LABELS[EVAL_AXIS if metric.startswith("eval/") else STEP_AXIS], fontsize=8)
+            ax.set_ylabel(metric_label(metric), fontsize=8)
+            continue
+        for c in mine:
             i = runs.index(c.run_id)  # one colour and marker per run across panels
             # hollow markers shrinking run by run and distinct dashes: coinciding runs stay visible
             (line,) = ax.plot(c.x, c.y, marker="osD^v"[i % 5] if len(c.x) < 30 else None,
@@ -364,7 +449,10 @@ def plot_curves(curves: Sequence[Curve], out: Path | str | None = None, *, title
                 else:
                     ax.fill_between(c.x, c.low, c.high, color=line.get_color(), alpha=0.2, linewidth=0)
         ax.set_title(metric, fontsize=9)
-        ax.set_xlabel({"seconds": "learner seconds"}.get(c.x_axis, c.x_axis), fontsize=8)
+        ax.set_xlabel(X_LABELS.get(mine[0].x_axis, mine[0].x_axis), fontsize=8)
+        ax.set_ylabel(metric_label(metric), fontsize=8)
+        sensible_limits(ax, [x for c in mine for x in c.x],
+                        [y for c in mine for y in (*c.y, *(c.low or ()), *(c.high or ()))])
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
     for ax in axes[len(metrics):]:

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from gradlab.console import plural
 from gradlab.errors import Conflict, ContractViolation, GradlabError, NotFound, PermanentError
 from gradlab.results import cohorts as cohorts_mod
 
@@ -62,7 +63,7 @@ def _fmt(e, digits: int = 3) -> str:
     if e.value is None:
         return "-"
     if e.low is None:
-        return f"{e.value:.{digits}f} <span class='note'>(interval undefined: {e.n} seed{'s' if e.n != 1 else ''})</span>"
+        return f"{e.value:.{digits}f} <span class='note'>(interval undefined: {plural(e.n, 'seed')})</span>"
     return f"{e.value:.{digits}f} [{e.low:.{digits}f}, {e.high:.{digits}f}]"
 
 
@@ -81,8 +82,11 @@ _MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 _DASHES = ("-", "--", "-.", ":")
 
 
-def _curves_figure(goal_id: str, groups: dict[str, list]):
+def _curves_figure(goal_id: str, groups: dict[str, list], empty: dict[str, str] | None = None):
     """Median and IQR band across seeds, one line per cohort, one panel per metric; None if no points.
+
+    Every panel has its axis labels and units; a panel without points says why (``empty``: metric ->
+    reason, :func:`gradlab.results.curves.empty_reasons`); a single point gets a readable range.
 
     Cohorts that coincide stay distinguishable: each has its own hollow marker (of decreasing size,
     so a point drawn over another leaves a ring visible) and line style. The legend sits below the
@@ -91,13 +95,15 @@ def _curves_figure(goal_id: str, groups: dict[str, list]):
     """
     from matplotlib.figure import Figure
 
-    from gradlab.results.curves import median_band
+    from gradlab.results.curves import X_LABELS, median_band, metric_label, sensible_limits
 
     fig = Figure(figsize=(13, 4.2), layout="constrained")
     axes = fig.subplots(1, len(CURVE_METRICS), squeeze=False).ravel()
     drawn = False
     handles: dict[str, object] = {}
     for ax, metric in zip(axes, CURVE_METRICS, strict=True):
+        xs: list[float] = []
+        ys: list[float] = []
         for i, (label, curves) in enumerate(groups.items()):
             mine = [c for c in curves if c.metric == metric]
             x, med, q25, q75 = median_band(mine)
@@ -111,8 +117,18 @@ def _curves_figure(goal_id: str, groups: dict[str, list]):
             handles.setdefault(line.get_label(), line)
             if x.size > 1:
                 ax.fill_between(x, q25, q75, color=line.get_color(), alpha=0.15, linewidth=0)
+            xs += list(x)
+            ys += [*med, *q25, *q75]
         ax.set_title(f"{metric} (median, IQR)", fontsize=10)
-        ax.set_xlabel("env steps", fontsize=9)
+        ax.set_xlabel(X_LABELS["eval/checkpoint_step" if metric.startswith("eval/") else "train/global_step"], fontsize=9)
+        ax.set_ylabel(metric_label(metric), fontsize=9)
+        if xs:
+            sensible_limits(ax, xs, ys)
+        else:
+            ax.text(0.5, 0.5, (empty or {}).get(metric, "no points"), ha="center", va="center", fontsize=10,
+                    color="0.35", transform=ax.transAxes)
+            ax.set_xticks([])
+            ax.set_yticks([])
         ax.grid(alpha=0.3)
     if handles:
         fig.legend(list(handles.values()), list(handles), loc="outside lower center",
@@ -167,7 +183,10 @@ def goal_page(settings, stores, goal_id: str, results: Sequence[cohorts_mod.Seed
     if notes is not None:
         notes += left_out
     parts.append("<h2>Learning curves across seeds</h2>")
-    fig = _curves_figure(goal_id, groups)
+    from gradlab.results.curves import empty_reasons
+
+    empty = empty_reasons(stores, [r.run_id for r in results], CURVE_METRICS, [c for cs in groups.values() for c in cs])
+    fig = _curves_figure(goal_id, groups, empty)
     parts.append(f"<img class='curves' alt='learning curves of {_e(goal_id)}' src='{_png(fig)}'>" if fig is not None
                  else "<p class='note'>no curves: no journal on this machine holds these runs</p>")
     parts += [f"<p class='note warning'>left out: {_e(n)}</p>" for n in left_out]
@@ -234,7 +253,7 @@ def build_site(settings, stores, out: Path | str, *, goal: str | None = None) ->
     for project in sorted(listing):
         title = catalog.projects[project].title if project in catalog.projects else project
         body.append(f"<h2>{_e(title)}</h2><ul>")
-        body += [f"<li><a href='{_e(project)}/{_e(g)}.html'>{_e(g)}</a> ({len(by_goal[g])} runs)</li>" for g in listing[project]]
+        body += [f"<li><a href='{_e(project)}/{_e(g)}.html'>{_e(g)}</a> ({plural(len(by_goal[g]), 'run')})</li>" for g in listing[project]]
         body.append("</ul>")
     _write(root / "index.html", _page("gradlab results", "".join(body)))
     return BuiltSite(root=root, pages=("index.html", *pages), goals=tuple(sorted(by_goal)), notes=tuple(notes))

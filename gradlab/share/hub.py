@@ -286,31 +286,48 @@ class HubModel:
 def verify_repo_folder(folder: Path) -> HubModel:
     """Check a repository folder against its ``gradlab.json`` before anything in it is used.
 
+    Untrusted input throughout (:mod:`gradlab.share.repo_files`): a name in the index that is
+    absolute, has ``..`` or resolves outside the snapshot is refused by name before anything is
+    read or hashed; malformed JSON or a missing key is one error naming the file and key path; the
+    policy spec is held to its limits and the tensor shapes checked against it from the
+    safetensors header before any network is built (:func:`gradlab.checkpoints.policy.check_policy_files`).
+
     Raises:
         NotFound: no ``gradlab.json``. IntegrityError: a file missing or with another sha256 than
         the index, an unlisted policy file, the policy files or zip not the checkpoint manifest's,
-        or the goal / recipe not hashing to the recorded hashes (each naming the file).
+        or the goal / recipe not hashing to the recorded hashes (each naming the file); a refused
+        name; malformed JSON or a missing key; a broken safetensors header. ContractViolation: the
+        policy spec over its limits or a tensor of another shape.
     """
+    from gradlab.checkpoints.manifest import CheckpointManifest
+    from gradlab.checkpoints.policy import check_policy_files
     from gradlab.contracts.experiments import goal_contract_sha256, recipe_sha256
     from gradlab.contracts.goal import Goal
     from gradlab.contracts.recipe import Recipe
+    from gradlab.share.repo_files import confined, read_index, read_json, validated
 
     folder = Path(folder)
     index_path = folder / INDEX_FILE
     if not index_path.is_file():
         raise NotFound(f"{folder}: not a gradlab repository (no {INDEX_FILE})")
-    index = json.loads(index_path.read_text())
+    # Every name is confined to the snapshot and every file read below is listed (so hashed) first.
+    index = read_index(folder, INDEX_FILE, required=("run_spec.json", "evaluation.json",
+                                                     *(f"{CHECKPOINT_DIR}/{name}" for name in WEIGHTS_ONLY)))
     if index.get("format") != REPO_FORMAT:
         raise IntegrityError(f"{index_path}: format expected {REPO_FORMAT!r}, found {index.get('format')!r}")
     for rel, digest in sorted(index["files"].items()):
-        path = folder / rel
+        path = confined(folder, rel, listed_in=INDEX_FILE)
         if not path.is_file():
             raise IntegrityError(f"{path}: listed in {INDEX_FILE} but missing")
         found = file_sha256(path)
         if found != digest:
             raise IntegrityError(f"{path}: sha256 expected {digest} ({INDEX_FILE}), found {found}")
-    manifest = json.loads((folder / CHECKPOINT_DIR / "manifest.json").read_text())
+    manifest_path = folder / CHECKPOINT_DIR / "manifest.json"
+    manifest = validated(CheckpointManifest, read_json(folder, f"{CHECKPOINT_DIR}/manifest.json", listed_in=INDEX_FILE),
+                         manifest_path).model_dump(mode="json")
     for name in WEIGHTS_ONLY[1:]:
+        if name not in manifest["files"]:
+            raise IntegrityError(f"{manifest_path}: files: {name} is not listed")
         if manifest["files"][name]["sha256"] != index["files"][f"{CHECKPOINT_DIR}/{name}"]:
             raise IntegrityError(f"{folder / CHECKPOINT_DIR / name}: not the file the checkpoint manifest lists")
     if manifest["sha256"] != index["checkpoint_sha256"]:
@@ -323,14 +340,19 @@ def verify_repo_folder(folder: Path) -> HubModel:
     for rel in zips:
         if index["files"][rel] != index["checkpoint_sha256"]:
             raise IntegrityError(f"{folder / rel}: not the checkpoint's policy.zip (sha256 differs from the manifest)")
-    spec = json.loads((folder / "run_spec.json").read_text())
-    goal, recipe = Goal.model_validate(spec["goal"]), Recipe.model_validate(spec["recipe"])
+    spec = read_json(folder, "run_spec.json", listed_in=INDEX_FILE)
+    spec_path = folder / "run_spec.json"
+    if not isinstance(spec, dict):
+        raise IntegrityError(f"{spec_path}: expected a JSON object, found {type(spec).__name__}")
+    goal = validated(Goal, spec.get("goal"), spec_path)
+    recipe = validated(Recipe, spec.get("recipe"), spec_path)
     for what, found, key in (("goal", goal_contract_sha256(goal), "goal_contract_sha256"),
                              ("recipe", recipe_sha256(recipe), "recipe_sha256")):
         if found != index[key] or found != manifest[key]:
             raise IntegrityError(f"{folder / 'run_spec.json'}: the {what} hashes to {found}, {INDEX_FILE} records "
                                  f"{index[key]} and the checkpoint {manifest[key]}")
-    result = json.loads((folder / "evaluation.json").read_text())
+    result = read_json(folder, "evaluation.json", listed_in=INDEX_FILE)
+    check_policy_files(folder / CHECKPOINT_DIR)  # spec limits and tensor shapes, before any network exists
     return HubModel(folder=folder, checkpoint=folder / CHECKPOINT_DIR, index=index, spec=spec, result=result)
 
 

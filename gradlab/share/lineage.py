@@ -25,11 +25,10 @@ def check_spaces(parent_dir: Path, environment: EnvironmentSpec, *, source: str)
     Raises:
         ContractViolation: ``--init-from SOURCE: observation space ...: expected ..., found ...``.
     """
-    from gradlab.checkpoints.manifest import POLICY_SPEC_FILE
-    from gradlab.checkpoints.policy import PolicySpec, space_to_spec
+    from gradlab.checkpoints.policy import check_policy_files, space_to_spec
     from gradlab.envs import make_vector_env
 
-    parent = PolicySpec.model_validate_json((Path(parent_dir) / POLICY_SPEC_FILE).read_bytes())
+    parent = check_policy_files(Path(parent_dir))  # a malformed spec or weights header: one line, nothing built
     venv = make_vector_env(environment.model_copy(update={"n_envs": 1}), seed=0)
     try:
         obs, act = space_to_spec(venv.single_observation_space), space_to_spec(venv.single_action_space)

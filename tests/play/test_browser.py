@@ -75,7 +75,7 @@ def test_catalog_to_playback_controls_scrub_and_a_killed_worker(file_player: Run
         seq = _seq(page)
         _wait_seq(page, seq + 5)
         assert _attr(page, "#panel-actions", "data-probs") != probs_before
-        assert page.locator("#panel-actions .label", has_text="push left").count() == 1
+        assert page.locator("#panel-actions .label", has_text="PUSH_LEFT").count() == 1  # env inspect's meanings
         screenshot(page, "play-5-playback")
 
         # Pause: nothing advances.
@@ -99,13 +99,13 @@ def test_catalog_to_playback_controls_scrub_and_a_killed_worker(file_player: Run
             page.click("#reset")
             _wait_seq(page, before)
             _wait(page, "() => document.querySelector('#panel-game')?.dataset.t === '0'")
-            firsts.append(page.locator("#panel-game img").screenshot())
+            firsts.append(page.locator("#panel-game img[alt='game frame']").screenshot())
             start = _seq(page)  # read before the click: a step drawn before a later read would overshoot
             page.fill("#step-n", "12")
             page.click("#stepN")
             _wait(page, "(n) => Number(document.querySelector('#panel-game')?.dataset.seq) === n", start + 12)
         assert firsts[0] == firsts[1]
-        assert page.locator("#panel-game img").screenshot() != firsts[0]  # 12 steps later the cart moved
+        assert page.locator("#panel-game img[alt='game frame']").screenshot() != firsts[0]  # 12 steps later the cart moved
 
         # Scrub back to step 2 of the episode: its frame and numbers are shown.
         page.locator("#panel-scrubber input[type=range]").evaluate(

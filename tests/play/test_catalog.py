@@ -43,3 +43,24 @@ def test_a_goal_that_no_longer_validates_is_a_row_with_its_error(experiments_cop
     rows = {r.goal_id: r for r in page.goals}
     assert rows["MountainCar-v0"].error is not None and "episodez" in rows["MountainCar-v0"].error
     assert rows["CartPole-v1"].error is None and rows["CartPole-v1"].title
+
+
+def test_a_runs_duration_is_the_receipts_span(gradlab_home: Path) -> None:
+    """First attempt's start to the terminal receipt's seal: what the receipts say, not the record's creation."""
+    from datetime import timedelta
+
+    from gradlab.receipts import LearnerExit, TerminalMetrics, begin_attempt, open_run, seal_terminal
+    from gradlab.receipts.models import TerminalReceipt
+    from tests.receipts.test_receipts import RUN, T0, _spec
+
+    stores = open_stores(load_settings())
+    open_run(stores, _spec(), now=T0)
+    attempt, _ = begin_attempt(stores, RUN, mode="fresh", now=T0 + timedelta(seconds=40))  # queued 40 s
+    seal_terminal(stores, TerminalReceipt(
+        run_id=RUN, attempt_id=attempt.attempt_id, goal_id="gradlab__bandit", recipe_id="ppo", seed=0,
+        outcome="succeeded", reason="ok", final_step=100, checkpoints=[], evaluations=[], promotion=None,
+        metrics=TerminalMetrics(local_high_water=0, sinks={}), drained=True,
+        learner=LearnerExit(exit_code=0, stop_reason="budget"), sealed_at=T0 + timedelta(seconds=100.5)))
+    (row,) = _catalog().goal_page("smoke", "gradlab__bandit").runs
+    assert row.duration_s == 60.5  # not the 100.5 s since the run record was written
+    assert row.started_at == (T0 + timedelta(seconds=40)).isoformat()

@@ -32,7 +32,7 @@ def test_same_seed_same_first_frames_and_episode(cartpole_checkpoint: tuple[Path
     run_dir, ckpt = cartpole_checkpoint
     session = PlaybackSession(ckpt, _spec(run_dir), deterministic=False, seed=7)
     try:
-        assert session.action_meanings == ["push left", "push right"]
+        assert session.action_meanings == ["PUSH_LEFT", "PUSH_RIGHT"]  # as `gradlab env inspect` names them
         assert session.gamma == 0.98  # the recipe's
         runs = []
         for _ in range(2):
@@ -135,15 +135,52 @@ def test_worker_process_loads_streams_jpeg_frames_and_reports_its_death(cartpole
         with pytest.raises(WorkerFailed, match="NotFound"):  # a session that cannot be built is one line...
             worker.load(tmp_path / "missing", _spec(run_dir))
         info = worker.load(ckpt, _spec(run_dir), seed=7)  # ...and the worker waits for another load
-        assert info["action_meanings"] == ["push left", "push right"] and worker.pid != os.getpid()
-        (telemetry, jpeg), = worker.request("reset", 7)
+        assert info["action_meanings"] == ["PUSH_LEFT", "PUSH_RIGHT"] and worker.pid != os.getpid()
+        (telemetry, jpeg, view), = worker.request("reset", 7)
         assert telemetry["t"] == 0 and jpeg[:2] == b"\xff\xd8"  # JPEG start-of-image
+        assert view is None and len(telemetry["obs"]) == 4  # CartPole's observation: 4 numbers, no image
         steps = worker.request("step", 3)
-        assert [t["t"] for t, _ in steps] == [1, 2, 3]
-        (again, jpeg2), = worker.request("reset", 7)
+        assert [t["t"] for t, _, _ in steps] == [1, 2, 3]
+        (again, jpeg2, _), = worker.request("reset", 7)
         assert jpeg2 == jpeg and again == telemetry
         os.kill(worker.pid, signal.SIGKILL)
         with pytest.raises(WorkerFailed, match="exited"):
             worker.request("step", 1)
     finally:
         worker.close()
+
+
+@pytest.fixture(scope="module")
+def breakout_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    from gradlab.benchmarks.play import write_untrained_run
+
+    return write_untrained_run(tmp_path_factory.mktemp("play_atari"), "Breakout-Atari2600-v0/ppo",
+                               "gradlab-20260101T000000-0000a7a2")
+
+
+def test_atari_meanings_colour_screen_and_observation(breakout_checkpoint: tuple[Path, Path]) -> None:
+    """Every provider's action meanings reach the panel (ALE's as env inspect knows them); the frame is
+    the emulator's colour screen, kept in lockstep with the 84x84 grey observation the agent sees."""
+    from PIL import Image
+
+    from gradlab.envs import describe
+
+    run_dir, ckpt = breakout_checkpoint
+    session = PlaybackSession(ckpt, _spec(run_dir), deterministic=False, seed=3)
+    try:
+        assert session.action_meanings == ["NOOP", "FIRE", "RIGHT", "LEFT"]
+        assert session.action_meanings == describe(session.env_spec).action_meanings
+        assert session.screen == "colour screen"
+        rng = np.random.default_rng(0)
+        reports = [session.reset(3)]
+        while len(reports) < 150:
+            session.deterministic = bool(rng.integers(2))  # some variety in the actions taken
+            reports.append(session.step())
+        for r in reports:
+            assert r.frame.shape == (210, 160, 3) and r.observation.shape == (84, 84, 3) and r.obs is None
+            grey = np.asarray(Image.fromarray(r.frame).convert("L").resize((84, 84), Image.BILINEAR), dtype=float)
+            assert np.abs(grey - r.observation[:, :, 0]).mean() < 4.0, r.t  # the same game, step by step
+        colours = reports[-1].frame.reshape(-1, 3)
+        assert (colours.max(axis=1) != colours.min(axis=1)).any()  # in colour, not grey
+    finally:
+        session.close()

@@ -136,7 +136,7 @@ def test_curves_default_figure_goes_under_the_home_and_says_where(sealed, tmp_pa
     monkeypatch.chdir(tmp_path)
     out = CliRunner().invoke(app, ["runs", "curves", run_id, other])
     assert out.exit_code == 0, out.stderr
-    target = settings.home / "curves" / f"{run_id}+1.png"
+    target = settings.home / "curves" / f"{run_id}+{other}.png"  # as the README says
     assert target.read_bytes()[:4] == b"\x89PNG" and str(target) in out.stderr.replace("\n", "")
     assert list(tmp_path.iterdir()) == []  # nothing in the current folder
 

@@ -152,3 +152,17 @@ def hub_stand_in():
 def hf_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     """A private Hugging Face home for a test's subprocesses (no token unless given)."""
     return {"HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_DISABLE_TELEMETRY": "1", "HF_TOKEN": "", **extra}
+
+
+def place_in_hub_cache(folder: Path, cache: Path, repo: str) -> Path:
+    """Place a repository folder in huggingface_hub's cache layout (what snapshot_download leaves);
+    returns the snapshot folder (``<cache>/models--OWNER--NAME/snapshots/<commit>``)."""
+    import shutil
+
+    owner, name = repo.split("/")
+    root = cache / f"models--{owner}--{name}"
+    snapshot = root / "snapshots" / ("a" * 40)
+    shutil.copytree(folder, snapshot)
+    (root / "refs").mkdir(parents=True)
+    (root / "refs" / "main").write_text("a" * 40)
+    return snapshot

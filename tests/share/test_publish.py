@@ -31,6 +31,7 @@ from gradlab.receipts import (
 from gradlab.receipts.models import CheckpointRef, EvaluationIntent, Promotion
 from gradlab.stores import keys, open_stores
 from tests.share.conftest import gradlab, hf_env, train_run
+from tests.share.conftest import place_in_hub_cache as _cache
 
 RUN_ID = "gradlab-20260101T000000-00b0b0b0"
 T0 = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
@@ -113,17 +114,6 @@ def test_publish_builds_the_repository_and_uploads_it(home_run: Path, tmp_path: 
     sent = {line["value"]["path"]: base64.b64decode(line["value"]["content"]) for line in lines[1:]}
     assert set(sent) == EXPECTED_FILES
     assert all(sent[name] == (folder / name).read_bytes() for name in sent)
-
-
-def _cache(folder: Path, cache: Path, repo: str) -> Path:
-    """Place a repository folder in huggingface_hub's cache layout (what snapshot_download leaves)."""
-    owner, name = repo.split("/")
-    root = cache / f"models--{owner}--{name}"
-    snapshot = root / "snapshots" / ("a" * 40)
-    shutil.copytree(folder, snapshot)
-    (root / "refs").mkdir(parents=True)
-    (root / "refs" / "main").write_text("a" * 40)
-    return snapshot
 
 
 @pytest.mark.slow

@@ -1,7 +1,8 @@
 // The playback WebSocket: hello with the token first, then JSON telemetry and binary frames.
 import { PROTOCOL, token } from "./api.js";
 
-const MAGIC = 0x31464c47; // "GLF1" little-endian
+const MAGIC = 0x31464c47; // "GLF1" little-endian: the screen frame of a step
+const OBS_MAGIC = 0x314f4c47; // "GLO1": the agent's observation image of the same step (sent first)
 
 export function openPlayback({ runId, step, seed, deterministic, fps }, handlers) {
   const ws = new WebSocket(`ws://${location.host}/api/play`);
@@ -21,8 +22,11 @@ export function openPlayback({ runId, step, seed, deterministic, fps }, handlers
       return;
     }
     const view = new DataView(ev.data);
-    if (ev.data.byteLength < 12 || view.getUint32(0, true) !== MAGIC) return;
-    handlers.frame(view.getUint32(4, true), view.getUint32(8, true), new Blob([ev.data.slice(12)], { type: "image/jpeg" }));
+    if (ev.data.byteLength < 12) return;
+    const magic = view.getUint32(0, true);
+    const blob = new Blob([ev.data.slice(12)], { type: "image/jpeg" });
+    if (magic === MAGIC) handlers.frame(view.getUint32(4, true), view.getUint32(8, true), blob);
+    else if (magic === OBS_MAGIC && handlers.observation) handlers.observation(view.getUint32(4, true), blob);
   };
   ws.onclose = (ev) => handlers.closed(ev.code, ev.reason);
   return {

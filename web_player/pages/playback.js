@@ -13,8 +13,8 @@ import { scrubberPanel } from "../panels/scrubber.js";
 
 const enc = encodeURIComponent;
 const MAX_RETAINED = 5000;
-// Charts, the events list and the scrubber redraw at most this often while playing (the game frame
-// and the action bars follow every animation frame); paused or scrubbing, every change redraws.
+// Charts and the events list redraw at most this often while playing (the game frame, the action
+// bars and the scrubber follow every animation frame); paused or scrubbing, every change redraws.
 const CHART_INTERVAL_MS = 100;
 
 function el(tag, attrs = {}, text = "") {
@@ -50,9 +50,13 @@ export async function playbackView(run, step) {
   det.checked = params.get("mode") !== "stochastic";
   const num = (input) => (input.value === "" ? null : Number(input.value));
   detLabel.append(det, document.createTextNode(" deterministic"));
+  const obsLabel = el("label");
+  const obsBox = el("input", { id: "observation", type: "checkbox" });
+  obsBox.checked = params.get("observation") !== "off";
+  obsLabel.append(obsBox, document.createTextNode(" agent's view"));
   const video = el("button", { id: "video", title: "Record one episode from this seed as MP4" }, "Record MP4");
   const status = el("span", { id: "status", class: "muted" });
-  bar.append(play, step1, stepN, stepNBtn, el("span", {}, "seed"), seed, reset, el("span", {}, "fps"), fps, detLabel);
+  bar.append(play, step1, stepN, stepNBtn, el("span", {}, "seed"), seed, reset, el("span", {}, "fps"), fps, detLabel, obsLabel);
   if (page.previous_step != null) bar.append(link(`◀ step ${page.previous_step}`, `/runs/${enc(run)}/checkpoints/${page.previous_step}`));
   if (page.next_step != null) bar.append(link(`step ${page.next_step} ▶`, `/runs/${enc(run)}/checkpoints/${page.next_step}`));
   bar.append(video, status);
@@ -81,7 +85,7 @@ export async function playbackView(run, step) {
   });
 
   function newEpisode() {
-    steps.forEach((s) => s.url && URL.revokeObjectURL(s.url));
+    steps.forEach((s) => { if (s.url) URL.revokeObjectURL(s.url); if (s.obsUrl) URL.revokeObjectURL(s.obsUrl); });
     steps = [];
     view = -1;
   }
@@ -104,6 +108,7 @@ export async function playbackView(run, step) {
     game.show(s);
     if (actions) actions.show(s);
     episode.live(s);
+    scrub.show(steps, idx, view < 0); // with the frame, never behind it (a range and a label: cheap)
     const now = performance.now();
     if (playing && view < 0 && now - chartsAt < CHART_INTERVAL_MS) {
       if (!chartTimer) chartTimer = setTimeout(() => { chartTimer = null; schedule(); }, CHART_INTERVAL_MS);
@@ -113,7 +118,6 @@ export async function playbackView(run, step) {
     if (events) events.show(steps, idx);
     value.show(steps, idx);
     reward.show(steps, idx);
-    scrub.show(steps, idx, view < 0);
   }
 
   const session = openPlayback({
@@ -125,6 +129,7 @@ export async function playbackView(run, step) {
         state.ready = true;
         state.workerPid = msg.worker_pid;
         actions = actionsPanel(b.actions, msg.action_meanings);
+        game.configure(msg.screen, obsBox.checked);
         events = eventsPanel(b.events, msg.signals);
         seed.value = String(msg.seed);
         fps.value = String(msg.fps);
@@ -133,7 +138,7 @@ export async function playbackView(run, step) {
       } else if (msg.type === "step") {
         const last = steps[steps.length - 1];
         if (msg.t === 0 || (last && last.msg.episode) || steps.length >= MAX_RETAINED) newEpisode();
-        const s = { msg, url: null };
+        const s = { msg, url: null, obsUrl: null };
         steps.push(s);
         pending.set(msg.seq, s);
         state.lastSeq = msg.seq;
@@ -145,6 +150,10 @@ export async function playbackView(run, step) {
       } else if (msg.type === "error") {
         showError(msg.message);
       }
+    },
+    observation(seq, blob) {
+      const s = pending.get(seq);
+      if (s && steps.includes(s)) s.obsUrl = URL.createObjectURL(blob);
     },
     frame(seq, t, blob) {
       const s = pending.get(seq);
@@ -189,6 +198,7 @@ export async function playbackView(run, step) {
   reset.addEventListener("click", () => { view = -1; session.send({ type: "reset", seed: Math.max(0, Number(seed.value) || 0) }); });
   fps.addEventListener("change", () => session.send({ type: "fps", fps: Math.max(0, Number(fps.value) || 0) }));
   det.addEventListener("change", () => session.send({ type: "mode", deterministic: det.checked }));
+  obsBox.addEventListener("change", () => game.showObservation(obsBox.checked));
 
   return () => {
     session.close();

@@ -21,6 +21,7 @@ export function scrubberPanel(body, { onScrub, onLive }) {
       range.max = String(Math.max(steps.length - 1, 0));
       range.value = String(index);
       const step = steps[index];
+      if (step) body.dataset.t = String(step.msg.t);
       label.textContent = step ? `t=${step.msg.t} of ${steps[steps.length - 1].msg.t}${isLive ? "" : " (scrubbed)"}` : "";
     },
   };

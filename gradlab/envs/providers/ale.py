@@ -63,13 +63,16 @@ class AleLanes(LaneBackend):
         from gymnasium.spaces import Box, Discrete
 
         h, w = pre.resize if pre.resize is not None else (210, 160)
-        self.env = AtariVectorEnv(
+        self._make = lambda height, width, grayscale, stack: AtariVectorEnv(
             rom, n, num_threads=num_threads or 0, max_num_frames_per_episode=MAX_FRAMES_PER_EPISODE,
             repeat_action_probability=pre.repeat_action_probability, full_action_space=pre.full_action_space,
-            autoreset_mode="NextStep", img_height=h, img_width=w, grayscale=pre.grayscale,
-            stack_num=pre.frame_stack, frameskip=pre.frame_skip, maxpool=pre.max_pool, noop_max=pre.noop_max,
+            autoreset_mode="NextStep", img_height=height, img_width=width, grayscale=grayscale,
+            stack_num=stack, frameskip=pre.frame_skip, maxpool=pre.max_pool, noop_max=pre.noop_max,
             episodic_life=False, life_loss_info=False, reward_clipping=False, use_fire_reset=args.use_fire_reset,
         )
+        self.env = self._make(h, w, pre.grayscale, pre.frame_stack)
+        self._screen_env: Any = None
+        self._screen: np.ndarray | None = None
         self.num_envs = n
         self._rgb = not pre.grayscale
         self._stack = pre.frame_stack
@@ -80,6 +83,24 @@ class AleLanes(LaneBackend):
         self.single_action_space = Discrete(len(self.action_set))
         self._last_obs: np.ndarray | None = None
         self._all = np.ones(n, dtype=bool)
+
+    def enable_screen(self) -> None:
+        """Also keep the colour screen (210x160 RGB) of every lane, for :meth:`screen` (the player).
+
+        A second ``AtariVectorEnv`` of the same game and settings, in colour at the emulator's size,
+        is reset with the same seeds and sent the same actions: sticky actions and no-op starts draw
+        from the seeded emulator, which colour and size do not touch, so it plays the same game.
+        Call before the first reset.
+        """
+        if self._screen_env is None:
+            self._screen_env = self._make(210, 160, False, 1)
+
+    def screen(self) -> list[np.ndarray] | None:
+        """(210, 160, 3) uint8 colour frame per lane after the last step or reset; None unless
+        :meth:`enable_screen` was called."""
+        if self._screen is None:
+            return None
+        return [np.ascontiguousarray(frame[-1]) for frame in self._screen]
 
     def _layout(self, obs: np.ndarray) -> np.ndarray:
         if not self._rgb:
@@ -100,6 +121,12 @@ class AleLanes(LaneBackend):
         seed_arr = np.array([-1 if s is None else seed32(s) for s in seeds], dtype=np.int64)
         options = None if mask.all() else {"reset_mask": mask}
         obs, info = self.env.reset(seed=seed_arr, options=options)
+        if self._screen_env is not None:
+            screen, _ = self._screen_env.reset(seed=seed_arr, options=options)
+            if self._screen is None or mask.all():
+                self._screen = screen.copy()
+            else:
+                self._screen[mask] = screen[mask]
         obs = self._layout(obs)
         infos = self._infos(info, self.num_envs)
         if self._last_obs is None or mask.all():
@@ -116,9 +143,13 @@ class AleLanes(LaneBackend):
 
     def step_async(self, actions: np.ndarray) -> None:
         self.env.send(np.asarray(actions, dtype=np.int64))
+        if self._screen_env is not None:
+            self._screen_env.send(np.asarray(actions, dtype=np.int64))
 
     def step_wait(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[dict]]:
         obs, reward, term, trunc, info = self.env.recv()
+        if self._screen_env is not None:
+            self._screen = self._screen_env.recv()[0]
         obs = self._layout(obs)
         self._last_obs = obs
         return obs, reward.astype(np.float64), term, trunc, self._infos(info, self.num_envs)
@@ -135,10 +166,12 @@ class AleLanes(LaneBackend):
         return frames
 
     def close(self) -> None:
-        try:
-            self.env.close()
-        except Exception:  # noqa: BLE001
-            pass
+        for env in (self.env, self._screen_env):
+            try:
+                if env is not None:
+                    env.close()
+            except Exception:  # noqa: BLE001
+                pass
 
 
 class AleProvider(Provider):

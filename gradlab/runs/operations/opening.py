@@ -184,12 +184,14 @@ def choose_resume_checkpoint(stores: Stores, paths: RunPaths, publications: tupl
 
 def verified_local_checkpoints(paths: RunPaths, outbox: Any, run_id: str, *, above_step: int) -> list[LocalCheckpoint]:
     """The checkpoints the run's learners announced (``checkpoint_ready``) above ``above_step``
-    whose folder verifies against its own manifest and names this run, by step.
+    whose folder verifies against its own manifest, holds only the bundle's files, and names this
+    run, by step.
 
     A checkpoint that fails verification (a crash while writing, a corrupted file) is skipped with
     a warning naming it; one announced twice with different content keeps the latest announcement.
     """
     from gradlab.checkpoints import verify_checkpoint
+    from gradlab.checkpoints.bundle import check_bundle_files
     from gradlab.errors import IntegrityError
 
     announced: dict[int, Any] = {}
@@ -203,6 +205,7 @@ def verified_local_checkpoints(paths: RunPaths, outbox: Any, run_id: str, *, abo
             path = paths.root / path
         try:
             manifest = verify_checkpoint(path)
+            check_bundle_files(path)  # a file planted there (even listed in a rewritten manifest) is refused
         except (IntegrityError, ContractViolation, NotFound, OSError) as e:
             log.warning("run %s: unpublished checkpoint at step %d does not verify (%s): not resumed from",
                         run_id, step, e)

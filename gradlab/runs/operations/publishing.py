@@ -18,13 +18,18 @@ log = logging.getLogger(__name__)
 
 def publish(stores: Stores, run_id: str, attempt_id: str, checkpoint_dir: Path, *,
             epoch: int | None = None) -> CheckpointPublication:
-    """Publish one checkpoint (copy, verify, receipt, index).
+    """Publish one checkpoint (copy, verify, receipt, index): exactly the files of the bundle's schema.
 
     See :func:`gradlab.receipts.publication.publish_checkpoint`.
 
     Raises:
         LeaseLost: ``epoch`` is no longer the lease's (a newer attempt holds the run).
+        IntegrityError: a file outside the bundle's schema is in the folder (named; nothing uploaded),
+            even one its manifest lists (:func:`gradlab.checkpoints.bundle.check_bundle_files`).
     """
+    from gradlab.checkpoints.bundle import check_bundle_files
+
+    check_bundle_files(checkpoint_dir)
     return publish_checkpoint(stores, run_id=run_id, attempt_id=attempt_id, checkpoint_dir=checkpoint_dir,
                               epoch=epoch)
 
