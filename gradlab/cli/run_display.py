@@ -55,7 +55,7 @@ class Starting:
         self._phase: tuple[str, float, float | None] | None = None
 
     def set(self, what: str, expected_s: float | None = None) -> None:
-        """Waiting for ``what`` from now; ``expected_s``: how long it usually takes here, seconds."""
+        """Waiting for ``what`` from now; ``expected_s``: how long it took last time here, seconds."""
         if self._phase is None or self._phase[0] != what:
             self._phase = (what, time.monotonic(), expected_s)
 
@@ -68,8 +68,8 @@ class Starting:
         if self._phase is None:
             return None
         what, since, expected = self._phase
-        usual = f"; usually ~{expected:,.0f} s here" if expected else ""
-        return f"starting: {what} ({time.monotonic() - since:,.0f} s{usual})"
+        usual = f"; it took {expected:,.0f} s last time here" if expected else ""
+        return f"starting: {what}: {time.monotonic() - since:,.0f} s so far{usual}"
 
     @property
     def what(self) -> str | None:

@@ -99,7 +99,8 @@ def train(
     api = configure_prefect(waiting=starting.set)
     err_console.print(f"Prefect API: {escape(api)}", highlight=False)
     starting.set("the supervising flow (importing Prefect, opening the attempt)" if api.startswith("http")
-                 else "Prefect's ephemeral server and the supervising flow (12-20 s on a quiet 2-core box)")
+                 else "Prefect's ephemeral server and the supervising flow (12-20 s on a quiet 2-core box, "
+                      "up to a minute on a loaded one)")
     receipt, state = None, None
     interrupted = False
     try:

@@ -308,7 +308,7 @@ def ensure_server(settings: Settings, *, say: Callable[[str], None],
         say: called with each line for the user (one when this command starts the server, one
             when it gives up on it).
         waiting: called once before waiting for a server to answer, with what is awaited and how
-            long starting one usually takes here (seconds; None before any start was measured).
+            long the last start took here (seconds; None before any start was measured).
     """
     if not settings.daemon:
         return None
