@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli.test_cheap_commands import imported_by, synthesized_home
 from tests.runs.conftest import last_json_line, run_gradlab
 
 
@@ -48,3 +49,12 @@ def test_cold_and_warm_first_runs_are_supervised_from_the_first_step(tmp_path: P
         assert supervised_at is not None and events[0][3] >= supervised_at
     # The same seed trains the same checkpoints cold and warm, and promotes the same bytes.
     assert receipts[0]["promotion"]["sha256"] == receipts[1]["promotion"]["sha256"]
+
+
+@pytest.mark.slow
+def test_experiment_status_imports_prefect_but_not_torch(tmp_path_factory: pytest.TempPathFactory,
+                                                         prefect_api: str) -> None:
+    home, ids = synthesized_home(tmp_path_factory)
+    code, modules, stderr = imported_by(["experiment", "status", "--run", ids[0]], home, PREFECT_API_URL=prefect_api)
+    assert "prefect" in modules, stderr[-2000:]  # it asked the server
+    assert not modules & {"torch", "stable_baselines3", "wandb"}, stderr[-2000:]
