@@ -58,3 +58,15 @@ def test_experiment_status_imports_prefect_but_not_torch(tmp_path_factory: pytes
     code, modules, stderr = imported_by(["experiment", "status", "--run", ids[0]], home, PREFECT_API_URL=prefect_api)
     assert "prefect" in modules, stderr[-2000:]  # it asked the server
     assert not modules & {"torch", "stable_baselines3", "wandb"}, stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_launch_to_a_missing_deployment_names_the_server_it_asked(prefect_api: str, gradlab_home: Path) -> None:
+    from tests.runs.conftest import gradlab_env
+
+    out = run_gradlab(["experiment", "launch", "gradlab__bandit/ppo", "--deployment", "training-run/nowhere"],
+                      gradlab_env(prefect_api), timeout_s=300)
+    assert out.returncode == 1, out.stderr[-2000:]
+    server = prefect_api.rstrip("/")
+    assert f"no deployment 'training-run/nowhere' on the Prefect server at {server}" in out.stderr, out.stderr[-2000:]
+    assert "prefect deploy --all" in out.stderr
