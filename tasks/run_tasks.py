@@ -34,8 +34,9 @@ def open_run(stores: Stores, spec: RunSpec, paths: RunPaths) -> AttemptPlan:
 
 @task(name="start-learner", task_run_name="start-learner-{run_id}", cache_policy=NO_CACHE, persist_result=False)
 def start_learner(run_id: str, paths: RunPaths, resume_from: Path | None, zygote: Path | None = None) -> LearnerProcess:
-    """Start the learner in its own process group (forked by a warm zygote when one is ready)."""
-    return LearnerProcess.start(paths, resume_from=resume_from, zygote=zygote)
+    """Start the learner in its own process group (forked by a warm zygote when one is ready); its
+    first step waits for the driver's loop (``--await-supervisor``)."""
+    return LearnerProcess.start(paths, resume_from=resume_from, zygote=zygote, await_supervisor=True)
 
 
 @task(name="publish-checkpoint", task_run_name="publish-{run_id}-step{step}", **_COMMON)

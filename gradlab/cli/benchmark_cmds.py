@@ -152,6 +152,19 @@ def reports(
     main(runs=runs, rounds=rounds, as_json=as_json)
 
 
+@benchmark_app.command("commands")
+def commands_benchmark(
+    rounds: int = typer.Option(3, min=1, help="Fresh processes per command; the fastest counts."),
+    prefect_api: str = typer.Option(None, "--prefect-api", help="A Prefect API URL: also time `experiment status`."),
+    as_json: bool = typer.Option(False, "--json", help="Print the rows as one JSON document."),
+) -> None:
+    """`runs list|show`, `leaders`, `goals list`, `recipe show` (and `experiment status`) in fresh processes: seconds
+    (budget 1.5 s on a quiet machine) and the heavy modules each imported (none)."""
+    from gradlab.benchmarks.commands import main
+
+    main(rounds=rounds, prefect_api=prefect_api, as_json=as_json)
+
+
 @benchmark_app.command("play")
 def play_benchmark(
     case: list[str] = typer.Option(["cartpole", "breakout"], help="Cases to run: cartpole, breakout."),

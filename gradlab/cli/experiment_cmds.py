@@ -164,8 +164,8 @@ def _live_view(stores: Any, run_id: str) -> dict[str, Any] | None:
 
 
 def _last_evaluation(stores: dict[str, Any]) -> dict[str, Any] | None:
-    """The highest-step evaluation with a result (not ``deferred``), or None."""
-    done = [e for e in stores["evaluations"] if e["status"] != "deferred"]
+    """The highest-step evaluation with a result (not ``deferred``, ``running`` or ``queued``), or None."""
+    done = [e for e in stores["evaluations"] if e["status"] not in ("deferred", "running", "queued")]
     return max(done, key=lambda e: e["checkpoint_step"]) if done else None
 
 
@@ -483,7 +483,7 @@ def retry(
     json_out: JsonOption = False,
 ) -> None:
     """Queue a new attempt of the run (a new flow run with its run id and no recipe): refused while a
-    flow run of it is live or its lease is held; resumes from the last published checkpoint, or only
+    flow run of it is live or its lease is held; resumes from the newest checkpoint that verifies, or only
     drains when the learner had finished (docs/ARCHITECTURE.md section 8)."""
     from gradlab.cli.prefect_runs import FLOW_NAME, deployment_names
     from gradlab.cli.store_reads import open_stores_or_exit

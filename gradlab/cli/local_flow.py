@@ -14,13 +14,17 @@ from rich.markup import escape
 from gradlab.cli.output import err_console
 
 
-def configure_prefect() -> str:
+def configure_prefect(waiting=None) -> str:
     """Point Prefect at its API for this command; quiet its logs and telemetry.
 
     The API is ``PREFECT_API_URL`` / ``[prefect] api_url`` when configured, else the local server
     kept in the background (started now if none is up, which says so in one line on stderr; see
     :mod:`gradlab.runs.server`), else (``GRADLAB_DAEMON=0``, or it did not answer in time)
     Prefect's ephemeral server, started inside this command.
+
+    Args:
+        waiting: ``(what, usual_seconds)`` callback, called before waiting for the local server
+            (:func:`gradlab.runs.server.ensure_server`); the progress display shows it.
 
     Returns:
         A short description of the API in use (its URL, or why it is the ephemeral server).
@@ -43,7 +47,8 @@ def configure_prefect() -> str:
         if settings.prefect_api_url:
             os.environ["PREFECT_API_URL"] = settings.prefect_api_url
             return settings.prefect_api_url
-        state = ensure_server(settings, say=lambda line: err_console.print(escape(line), highlight=False))
+        state = ensure_server(settings, say=lambda line: err_console.print(escape(line), highlight=False),
+                              waiting=waiting)
         if state is not None:
             os.environ["PREFECT_API_URL"] = state.api_url
             return state.api_url

@@ -135,15 +135,23 @@ def create_run(client: SyncPrefectClient, deployment: str, parameters: dict[str,
     The flow run is named after the run and tagged with it (merged with the deployment's tags).
 
     Raises:
-        NotFound: no such deployment on the server (run ``prefect deploy --all``).
+        NotFound: no such deployment on the server (the message names the server asked, its
+            deployments, and ``prefect deploy --all``).
     """
     from prefect.exceptions import ObjectNotFound
 
     try:
         dep = client.read_deployment_by_name(deployment)
     except ObjectNotFound:
-        raise NotFound(f"no deployment {deployment!r} on the Prefect server: run `prefect deploy --all` "
-                       "in the gradlab checkout") from None
+        try:
+            names = sorted({d.name for d in client.read_deployments()})
+        except Exception:  # noqa: BLE001 - the message still names the server
+            names = None
+        has = ("it has no deployments" if names == [] else f"its deployment names: {', '.join(names)}" if names
+               else "its deployments could not be listed")
+        raise NotFound(f"no deployment {deployment!r} on the Prefect server at {client.api_url} ({has}): with "
+                       f"PREFECT_API_URL={client.api_url} set, run `prefect deploy --all` in the gradlab checkout "
+                       "(or point PREFECT_API_URL at the server you deployed to)") from None
     return client.create_flow_run_from_deployment(dep.id, parameters=parameters, name=run_id, tags=[run_id])
 
 

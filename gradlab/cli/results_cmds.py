@@ -210,10 +210,11 @@ def _print_cohort(c, title: str) -> None:
         err_console.print(f"{title}: no sealed runs")
         return
     table = Table(title=f"{escape(title)}: {escape(c.goal_id)}/{escape(c.label)} ({c.objective}, {c.direction})")
-    for col in ("seed", "run", "outcome", "score", "success rate", "steps to acceptance", "seconds to acceptance"):
+    for col in ("seed", "run", "outcome", "score", "scored by", "success rate", "steps to acceptance",
+                "seconds to acceptance"):
         table.add_column(col)
     for s in c.seeds:
-        table.add_row(str(s.seed), s.run_id, str(s.outcome), "-" if s.score is None else f"{s.score:.3f}",
+        table.add_row(str(s.seed), s.run_id, str(s.outcome), "-" if s.score is None else f"{s.score:.3f}", s.scored_by,
                       "-" if s.success_rate is None else f"{s.success_rate:.3f}", str(s.steps_to_acceptance or "-"),
                       "-" if s.seconds_to_acceptance is None else f"{s.seconds_to_acceptance:.1f}")
     console.print(table)
@@ -221,6 +222,7 @@ def _print_cohort(c, title: str) -> None:
     console.print(f"median [IQR]: {fmt_estimate(c.median)}")
     console.print(f"steps to acceptance, median [IQR]: {fmt_estimate(c.steps_to_acceptance, 0)}; "
                   f"accepted {c.accepted}/{len(c.seeds)}")
+    console.print(f"scored: {escape(c.note)}", highlight=False)
 
 
 # -- compare ---------------------------------------------------------------------------------------
@@ -278,13 +280,19 @@ def leaders_runs(
     if not found:
         err_console.print(f"goal {goal}: no cohort with at least {plural(min_seeds, 'evaluated seed')}")
         return
-    table = Table("rank", "recipe", "seeds", f"IQM of {found[0].objective} [95% CI]", "median [IQR]",
+    table = Table("rank", "recipe", "seeds scored", f"IQM of {found[0].objective} [95% CI]", "median [IQR]",
                   "accepted", "steps to acceptance (median)", title=f"leaders: {escape(goal)}")
     for i, c in enumerate(found, start=1):
         steps = c.steps_to_acceptance.value
-        table.add_row(str(i), escape(c.label), str(len(c.scores)), fmt_estimate(c.iqm), fmt_estimate(c.median),
-                      f"{c.accepted}/{len(c.seeds)}", "-" if steps is None else f"{steps:,.0f}")
+        table.add_row(str(i), escape(c.label), f"{len(c.scores)}/{len(c.seeds)}", fmt_estimate(c.iqm),
+                      fmt_estimate(c.median), f"{c.accepted}/{len(c.seeds)}", "-" if steps is None else f"{steps:,.0f}")
     console.print(table)
+    from gradlab.results.cohorts import SCORING_RULE
+
+    console.print(f"scoring: {SCORING_RULE}", highlight=False)
+    for c in found:
+        if len(c.scores) != len(c.seeds) or any(r.scored_by != "promoted" for r in c.seeds):
+            console.print(f"{escape(c.label)}: {escape(c.note)}", highlight=False)
 
 
 @leaders_app.command("checkpoints")

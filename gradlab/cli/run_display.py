@@ -46,6 +46,36 @@ def print_summary(receipt: dict, elapsed_s: float) -> None:
     err_console.print(table)
 
 
+class Starting:
+    """What a run is waiting for before its first step, and since when: the command sets the phase
+    it knows (the Prefect server); the outbox says the rest (the flow watching, the learner's
+    first step). Thread-safe enough for one writer and the display thread (one tuple swapped)."""
+
+    def __init__(self) -> None:
+        self._phase: tuple[str, float, float | None] | None = None
+
+    def set(self, what: str, expected_s: float | None = None) -> None:
+        """Waiting for ``what`` from now; ``expected_s``: how long it took last time here, seconds."""
+        if self._phase is None or self._phase[0] != what:
+            self._phase = (what, time.monotonic(), expected_s)
+
+    def line(self, progress) -> str | None:
+        """The line for the user while the learner has not started, else None."""
+        if progress.started or progress.finished or progress.step:
+            return None
+        if progress.supervised:
+            self.set("the learner's first step (importing torch, building its envs; the supervising flow is watching)")
+        if self._phase is None:
+            return None
+        what, since, expected = self._phase
+        usual = f"; it took {expected:,.0f} s last time here" if expected else ""
+        return f"starting: {what}: {time.monotonic() - since:,.0f} s so far{usual}"
+
+    @property
+    def what(self) -> str | None:
+        return self._phase[0] if self._phase else None
+
+
 def _finishing(progress) -> str:
     """What a finished learner's run still waits for: the evaluations left and their expected time."""
     left, each = progress.evaluations_left, progress.eval_seconds_mean
@@ -79,15 +109,18 @@ class _LinePrinter:
         self.last_milestones: tuple | None = None
         self.printed_at = float("-inf")
 
-    def offer(self, progress, now: float) -> bool:
-        """Print ``progress``'s line if it says something new; True when printed."""
-        line = _progress_line(progress)
+    def offer(self, progress, now: float, starting: Starting | None = None) -> bool:
+        """Print ``progress``'s line (or, before the first step, what is starting) if it says
+        something new; True when printed."""
+        waiting = starting.line(progress) if starting is not None else None
+        line = waiting or _progress_line(progress)
+        milestones = ("starting", starting.what) if waiting else progress.milestones
         if line == self.last_line:
             return False
-        if progress.milestones == self.last_milestones and now - self.printed_at < self.every_s:
+        if milestones == self.last_milestones and now - self.printed_at < self.every_s:
             return False
         self.out(line)
-        self.last_line, self.last_milestones, self.printed_at = line, progress.milestones, now
+        self.last_line, self.last_milestones, self.printed_at = line, milestones, now
         return True
 
 
@@ -99,14 +132,16 @@ class LiveProgress:
     Args:
         outbox_path: the run's ``outbox.sqlite`` (read only; it may not exist yet).
         timesteps: the run's total env steps (the bar's length).
+        starting: what the run waits for before its first step (shown, with for how long, instead
+            of the step until the learner has started).
     """
 
-    def __init__(self, outbox_path: Path, timesteps: int) -> None:
+    def __init__(self, outbox_path: Path, timesteps: int, starting: Starting | None = None) -> None:
         self.outbox_path, self.timesteps = outbox_path, timesteps
         self._stop = threading.Event()
         self._printer = _LinePrinter()
-        self._thread = threading.Thread(target=_show_progress, args=(outbox_path, timesteps, self._stop, self._printer),
-                                        daemon=True)
+        self._thread = threading.Thread(target=_show_progress,
+                                        args=(outbox_path, timesteps, self._stop, self._printer, starting), daemon=True)
 
     def start(self) -> LiveProgress:
         """Start showing the progress (a daemon thread); returns ``self``."""
@@ -132,8 +167,10 @@ def _print_final_progress(outbox_path, timesteps: int, printer: _LinePrinter) ->
         pass
 
 
-def _show_progress(outbox_path, timesteps: int, stop: threading.Event, printer: _LinePrinter | None = None) -> None:
-    """Live progress on stderr: a rich progress bar on a terminal, else a line when something changed."""
+def _show_progress(outbox_path, timesteps: int, stop: threading.Event, printer: _LinePrinter | None = None,
+                   starting: Starting | None = None) -> None:
+    """Live progress on stderr: a rich progress bar on a terminal, else a line when something
+    changed; before the first step, what is starting and for how long."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     from gradlab.runs.progress import RunProgress
@@ -143,7 +180,7 @@ def _show_progress(outbox_path, timesteps: int, stop: threading.Event, printer: 
         printer = printer or _LinePrinter()
         while not stop.wait(1.0):
             try:
-                printer.offer(progress.refresh(), time.monotonic())
+                printer.offer(progress.refresh(), time.monotonic(), starting)
             except Exception:  # noqa: BLE001 - the display must never disturb the run
                 continue
         return
@@ -155,5 +192,6 @@ def _show_progress(outbox_path, timesteps: int, stop: threading.Event, printer: 
                 progress.refresh()
             except Exception:  # noqa: BLE001 - the display must never disturb the run
                 continue
-            info = _progress_line(progress).split(" · ", 1)[-1]  # the bar shows the step itself
+            waiting = starting.line(progress) if starting is not None else None
+            info = waiting or _progress_line(progress).split(" · ", 1)[-1]  # the bar shows the step itself
             bar.update(task, completed=min(progress.step, timesteps), info=info)

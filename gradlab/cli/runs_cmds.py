@@ -83,7 +83,7 @@ def retry(
     json_out: JsonOption = False,
 ) -> None:
     """A new attempt of RUN_ID: refused while its lease is live; drain-only if the learner had
-    finished; otherwise the learner resumes from the last published checkpoint."""
+    finished; otherwise the learner resumes from the newest checkpoint that verifies."""
     from gradlab import receipts as rules
     from gradlab.cli.local_flow import configure_prefect, run_flow
     from gradlab.cli.run_display import LiveProgress, print_summary
@@ -104,8 +104,9 @@ def retry(
 
     started = time.monotonic()
     published = max((c["step"] for c in view["checkpoints"]), default=None)
-    resumes = f"the learner resumes from the newest usable published checkpoint (step {published:,} or before)" if published is not None \
-        else "the learner starts from step 0 (nothing was published)"
+    resumes = (f"the learner resumes from the newest checkpoint that verifies (published: step {published:,}; "
+               "a newer local one verified against its manifest goes first)") if published is not None \
+        else "the learner resumes from the newest local checkpoint that verifies, else starts from step 0 (nothing was published)"
     err_console.print(f"run [bold]{run_id}[/]: attempt {len(view['attempts']) + 1}; {resumes}, or only the pending "
                       "work is drained if the learner had finished", highlight=False)
     err_console.print(f"Prefect API: {escape(configure_prefect())}", highlight=False)

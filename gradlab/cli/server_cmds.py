@@ -39,7 +39,8 @@ def start(
                                                      "command (e.g. 30m; 0 = never; default GRADLAB_DAEMON_IDLE_S "
                                                      "or 30 minutes).")] = None,
 ) -> None:
-    """Start the Prefect server on 127.0.0.1 and a warm learner in the background (no-op when up)."""
+    """Start the Prefect server on 127.0.0.1 and a warm learner in the background (no-op when up as asked; a
+    server up with another --port or --idle-timeout is restarted as asked when no run trains on it, else exit 1)."""
     from gradlab.errors import GradlabError, TransientError
     from gradlab.runs.server import running_server, start_server
     from gradlab.settings import load_settings
@@ -51,7 +52,11 @@ def start(
     wait_s, idle_s = _seconds("--wait", wait), _seconds("--idle-timeout", idle_timeout)
     if wait_s is not None and wait_s <= 0:
         fail(f"--wait {wait!r}: expected a duration > 0")
-    was_up = running_server(settings) is not None
+    up = running_server(settings)
+    if up is not None and _differs(up, port, idle_s):
+        _move_or_exit(settings, up, port, idle_s, wait, idle_timeout)
+        up = None
+    was_up = up is not None
     try:
         # Also (re)starts the warm learner beside a running one.
         state = start_server(settings, port=port, timeout_s=wait_s, idle_s=idle_s,
@@ -62,9 +67,37 @@ def start(
         console.print(f"Prefect server already up at {state.url} (pid {state.pid}); UI: {state.url}")
     else:
         console.print(f"Prefect server up at {state.url} (pid {state.pid}); UI: {state.url}")
-    if port is not None and state.url != f"http://127.0.0.1:{port}":
-        err_console.print(f"(not on port {port}: the server already up keeps its port; `gradlab server stop` first)",
-                          highlight=False)
+
+
+def _differs(state, port: int | None, idle_s: float | None) -> bool:
+    """True when ``--port`` or ``--idle-timeout`` asks for other than the running server has."""
+    return (port is not None and state.url != f"http://127.0.0.1:{port}") or (idle_s is not None and state.idle_s != idle_s)
+
+
+def _move_or_exit(settings, state, port: int | None, idle_s: float | None, wait: str | None,
+                  idle_timeout: str | None) -> None:
+    """Stop the server that is up so that ``start`` brings it back as asked, when nothing runs on it;
+    else exit 1 saying what runs there and what to do."""
+    from gradlab.runs.server import describe_s, stop_server
+    from gradlab.runs.view import live_attempts
+    from gradlab.stores import open_stores
+
+    has = f"{state.url}, " + (f"idle timeout {describe_s(state.idle_s)}" if state.idle_s else "no idle timeout")
+    asked = " ".join(filter(None, [f"--port {port}" if port is not None else None,
+                                   f"--idle-timeout {idle_timeout}" if idle_timeout is not None else None,
+                                   f"--wait {wait}" if wait is not None else None]))
+    try:
+        live = live_attempts(open_stores(settings))
+    except Exception as e:  # noqa: BLE001 - any store failure: say so, move nothing
+        fail(f"a Prefect server is already up ({has}), and whether runs train on it cannot be told "
+             f"({settings.control_store_url}: {e}); `gradlab server stop` and then `gradlab server start {asked}`")
+    if live:
+        runs = ", ".join(f"{run_id} ({attempt_id})" for run_id, attempt_id in live)
+        fail(f"a Prefect server is already up ({has}) and {len(live)} run(s) train on it: {runs}; it keeps "
+             f"running as it is. When they have ended: `gradlab server stop` and then `gradlab server start {asked}`")
+    err_console.print(f"a Prefect server is already up ({has}) and no run trains on it: restarting it with {asked}",
+                      highlight=False)
+    stop_server(settings)
 
 
 @server_app.command("stop")

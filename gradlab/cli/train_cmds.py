@@ -27,7 +27,7 @@ from rich.markup import escape
 from gradlab.cli.contracts_cmds import SetOption, resolve_or_exit, runnable_or_exit
 from gradlab.cli.local_flow import cancel_on_ctrl_c, configure_prefect, run_flow, stored_receipt
 from gradlab.cli.output import err_console, fail, print_json, say
-from gradlab.cli.run_display import LiveProgress, print_summary
+from gradlab.cli.run_display import LiveProgress, Starting, print_summary
 from gradlab.errors import ConfigError
 
 
@@ -80,7 +80,9 @@ def train(
         if init_from else None
     spec, paths = operations.prepare_spec(settings, recipe=ref, seed=seed, overrides=list(overrides or []),
                                           run_id=new_run_id(), evaluate=not no_eval, init_from=parent)
-    learner = LearnerProcess.start(paths, zygote=warm_learner_dir(settings))
+    # Imports and envs now, overlapping Prefect's start-up; the first step once the flow's driver
+    # watches (supervised from the first step, cold or warm: docs/ARCHITECTURE.md section 8).
+    learner = LearnerProcess.start(paths, zygote=warm_learner_dir(settings), await_supervisor=True)
     cancel_on_ctrl_c()
     if spec.evaluate and spec.goal.evaluation_mode == "evaluated":
         # The flow (in this process) takes its evaluation worker from here: it imports torch while
@@ -91,9 +93,14 @@ def train(
              if settings.daemon else "cold: a new process, ~5 s of imports; GRADLAB_DAEMON=0 keeps no warm learner")
     err_console.print(f"run [bold]{spec.run_id}[/] ({escape(spec.display_name)}), learner pid {learner.pid} ({start})",
                       highlight=False)
-    api = configure_prefect()
+    # What the run waits for before its first step, and for how long, on the display from now on.
+    starting = Starting()
+    display = LiveProgress(paths.outbox, spec.recipe.train.timesteps, starting).start()
+    api = configure_prefect(waiting=starting.set)
     err_console.print(f"Prefect API: {escape(api)}", highlight=False)
-    display = LiveProgress(paths.outbox, spec.recipe.train.timesteps).start()
+    starting.set("the supervising flow (importing Prefect, opening the attempt)" if api.startswith("http")
+                 else "Prefect's ephemeral server and the supervising flow (12-20 s on a quiet 2-core box, "
+                      "up to a minute on a loaded one)")
     receipt, state = None, None
     interrupted = False
     try:

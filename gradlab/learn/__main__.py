@@ -22,6 +22,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stop-at-step", type=int, default=None, help="Stop (as if requested) at the first boundary at or past N steps.")
     parser.add_argument("--parent-pid", type=int, default=None,
                         help="The supervising process; the learner stops (supervisor_lost) once it is gone.")
+    parser.add_argument("--await-supervisor", action="store_true",
+                        help="Take the first step only once the outbox says its attempt's supervisor is watching.")
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
@@ -40,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         result = run_learner(spec, args.run_dir, resume_from=args.resume_from,
-                             stop_at_step=args.stop_at_step, parent_pid=args.parent_pid)
+                             stop_at_step=args.stop_at_step, parent_pid=args.parent_pid,
+                             await_supervisor=args.await_supervisor)
     except PermanentError as e:
         print(f"gradlab.learn: {e}", file=sys.stderr)
         return 2

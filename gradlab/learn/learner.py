@@ -22,6 +22,12 @@ Order of one iteration (the one place that orders the phases)::
   early stop) it writes one ``final`` checkpoint at the current step instead.
 * Every checkpoint is followed by a ``checkpoint_ready`` event; the last event is
   ``learner_finished`` with ``final_step`` and ``stop_reason``.
+* Supervised from the first step (``await_supervisor``, ``--await-supervisor``): a learner started
+  before its supervisor is watching (``gradlab train`` starts it while Prefect starts) does its
+  imports and builds its envs, then waits until the outbox says its attempt's supervisor loop is
+  running (:meth:`gradlab.outbox.Outbox.mark_supervised`) before its first rollout. Every
+  checkpoint is then published, evaluated and able to stop the run as on a warm start; a stop,
+  signal, fence or lost supervisor while waiting ends it at its start step with no checkpoint.
 """
 
 from __future__ import annotations
@@ -101,7 +107,8 @@ def backend_config_sha256(spec: RunSpec) -> str:
 
 def run_learner(spec: RunSpec, run_dir: Path, *, resume_from: Path | None = None,
                 stop_at_step: int | None = None, env: Any | None = None,
-                watch_parent: bool = True, parent_pid: int | None = None) -> LearnerResult:
+                watch_parent: bool = True, parent_pid: int | None = None,
+                await_supervisor: bool = False) -> LearnerResult:
     """Train one run to its budget or a stop, writing the outbox and checkpoints in ``run_dir``.
 
     Args:
@@ -117,6 +124,8 @@ def run_learner(spec: RunSpec, run_dir: Path, *, resume_from: Path | None = None
             that died while this process was still importing is noticed too; default: the parent now.
         watch_parent: stop with ``supervisor_lost`` once the supervisor (``parent_pid``) has exited
             (watched through a pidfd, so a recycled pid is not mistaken for it).
+        await_supervisor: take the first step only once the supervisor loop of the outbox's
+            current attempt is watching (see the module docstring).
 
     Returns:
         The final step and stop reason.
@@ -162,6 +171,11 @@ def run_learner(spec: RunSpec, run_dir: Path, *, resume_from: Path | None = None
         elif spec.init_from is not None:
             backend.warm_start(spec.init_from)
             logger.info("warm start from %s (%s)", spec.init_from.source, spec.init_from.checkpoint_sha256[:16])
+        if await_supervisor and (waited := _await_supervisor(outbox, flag, supervisor)) is not None:
+            step = backend.num_timesteps
+            outbox.append("learner_finished", step, {"final_step": step, "stop_reason": waited})
+            logger.info("learner stopped before its first step (%s)", waited)
+            return LearnerResult(final_step=step, stop_reason=waited, checkpoints=())
         backend.begin(resumed=resume_from is not None)
         step = backend.num_timesteps
         outbox.append("learner_started", step, {"pid": os.getpid(), "step": step,
@@ -243,6 +257,36 @@ def run_learner(spec: RunSpec, run_dir: Path, *, resume_from: Path | None = None
         flag.restore()
         backend.close()
         outbox.close()
+
+
+#: Seconds between readings of the outbox while a learner waits for its supervisor.
+AWAIT_POLL_S = 0.05
+
+
+def _await_supervisor(outbox: Outbox, flag: _SignalFlag, supervisor: ProcessWatch | None) -> str | None:
+    """Wait until the supervisor loop of the outbox's current attempt is watching; then stamp this
+    learner's events with that attempt's fence. Returns None to train, else the stop reason
+    (``stop_requested``, ``sigterm``, ``supervisor_lost``, ``fenced``) that came first."""
+    started = time.monotonic()
+    logger.info("ready; waiting for the supervisor to watch before the first step")
+    while True:
+        fence = outbox.fence()
+        if fence is not None and outbox.supervised() == fence[0]:
+            outbox.adopt_fence()
+            if (superseded := outbox.superseded()) is not None:
+                logger.warning("fenced out before the first step: %s", superseded)
+                return FENCED
+            logger.info("supervised by attempt %s after %.1f s; training", fence[0], time.monotonic() - started)
+            return None
+        if flag.signal:
+            return flag.signal
+        if supervisor is not None and not supervisor.alive():
+            logger.warning("supervisor (pid %d) is gone before the first step", supervisor.pid)
+            return SUPERVISOR_LOST
+        if (requested := outbox.stop_requested()) is not None:
+            logger.info("stop requested before the first step: %s", requested)
+            return "stop_requested"
+        time.sleep(AWAIT_POLL_S)
 
 
 def _checkpoint(backend: Backend, monitor: EarlyStopMonitor, run_dir: Path, outbox: Outbox, step: int, purpose: str,

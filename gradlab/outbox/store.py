@@ -43,6 +43,8 @@ EVENT_KINDS = ("learner_started", "metrics", "checkpoint_ready", "stop_observed"
 
 STOP_KEY = "stop_requested"
 FENCE_KEY = "fence"
+#: Control key: the attempt whose supervisor loop is watching (:meth:`Outbox.mark_supervised`).
+SUPERVISED_KEY = "supervised"
 IDENTITY_KEY = "identity"
 BUSY_TIMEOUT_S = 30.0
 #: SQLite's result code for "database or disk is full" (https://sqlite.org/rescode.html#full).
@@ -318,6 +320,15 @@ class Outbox:
         """The stop reason if a stop was requested, else None."""
         value = self.get_control(STOP_KEY)
         return value or None
+
+    def mark_supervised(self, attempt: str) -> None:
+        """The supervisor's side: its loop is watching this outbox for ``attempt`` (the driver's
+        first act); a learner started with ``--await-supervisor`` takes its first step only then."""
+        self.set_control(SUPERVISED_KEY, attempt)
+
+    def supervised(self) -> str | None:
+        """The attempt whose supervisor is watching this outbox, or None before any is."""
+        return self.get_control(SUPERVISED_KEY) or None
 
     def identity(self) -> str | None:
         """The outbox's identity nonce (16 hex), fixed when the file was created; None for an

@@ -32,6 +32,13 @@ from gradlab.results import stats
 log = logging.getLogger(__name__)
 
 COHORTS_PREFIX = "cohorts/"
+
+SCORED_PROMOTED, SCORED_BEST, NOT_SCORED = "promoted", "best evaluated", "not scored"
+#: How every seed of a cohort is scored, the same in ``leaders``, ``compare``, reports and the
+#: sweep's cohort receipt (which say it): no seed drops out silently.
+SCORING_RULE = ("each seed scores its promoted checkpoint's evaluation; a seed that promoted nothing (failed, "
+                "cancelled, rejected) scores its best evaluated result; a seed with no evaluated result is left "
+                "out of the statistics and named")
 _FALLBACK_OBJECTIVE = ("eval/episode/return/mean", "maximize")
 
 
@@ -41,6 +48,7 @@ class CohortRun(Contract):
     seed: int = Field(ge=0)
     outcome: str | None = Field(description="The run's terminal outcome; None when no receipt was sealed.")
     flow_run_id: str | None = None
+    scored_by: str | None = Field(default=None, description="promoted | best evaluated | not scored (SCORING_RULE).")
 
 
 class CohortReceipt(Contract):
@@ -54,6 +62,7 @@ class CohortReceipt(Contract):
     runs: list[CohortRun]
     deployment: str | None = Field(default=None, description="Deployment the runs were queued on; None: local.")
     flow_run_id: str | None = Field(default=None, description="The sweep's Prefect flow run.")
+    scoring_rule: str | None = Field(default=None, description="How each seed is scored (SCORING_RULE).")
     created_at: AwareDatetime
     sealed_at: AwareDatetime
 
@@ -119,10 +128,16 @@ def build_cohort_receipt(stores, *, cohort_id: str, recipe: str, overrides: Sequ
             outcome = receipt.outcome if receipt is not None else None
         except NotFound:
             pass
+        try:
+            result = seed_result(stores, item["run_id"])
+        except NotFound:
+            result = None
         runs.append(CohortRun(run_id=item["run_id"], seed=int(item["seed"]), outcome=outcome,
-                              flow_run_id=item.get("flow_run_id")))
+                              flow_run_id=item.get("flow_run_id"),
+                              scored_by=result.scored_by if result is not None else NOT_SCORED))
     receipt = CohortReceipt(cohort_id=cohort_id, goal_id=goal_id, recipe_id=recipe_id, overrides=list(overrides),
                             seeds=list(seeds), runs=runs, deployment=deployment, flow_run_id=flow_run_id,
+                            scoring_rule=SCORING_RULE,
                             created_at=created_at, sealed_at=utcnow())
     return seal_cohort(stores, receipt)
 
@@ -138,7 +153,8 @@ def cohort_table(stores, receipt: CohortReceipt) -> list[dict]:
             result = None
         rows.append({"seed": run.seed, "run_id": run.run_id, "outcome": run.outcome,
                      "promoted_step": result.steps_to_acceptance if result else None,
-                     objective[0]: result.score if result else None})
+                     objective[0]: result.score if result else None,
+                     "scored_by": result.scored_by if result else NOT_SCORED})
     return rows
 
 
@@ -162,6 +178,7 @@ class SeedResult:
     seconds_to_acceptance: float | None
     checkpoint_sha256: str | None
     created_at: datetime
+    scored_by: str = "not scored"  #: promoted | best evaluated | not scored (:data:`SCORING_RULE`)
 
     @property
     def cohort(self) -> tuple[str, str, tuple[str, ...]]:
@@ -332,33 +349,42 @@ def seed_result(stores, run_id: str, *, objective: tuple[str, str] | None = None
     receipt = next((r for a in reversed(attempts) if (r := read_terminal(stores, run_id, a.attempt_id))), None)
     if receipt is None:
         return None
-    metric, _ = objective or goal_objective(record.goal_id)
+    metric, direction = objective or goal_objective(record.goal_id)
     shas = {c.step: c.sha256 for c in receipt.checkpoints}
     evaluated = [e for e in receipt.evaluations if e.status in ("accepted", "rejected") and e.result_uri]
-    chosen = None
+
+    def aggregates_of(e) -> dict:
+        key = _eval_key(stores, e.result_uri)
+        rec = read_optional(stores.eval, key, EvaluationRecord) if key else None
+        if rec is not None and rec.checkpoint_sha256 != shas.get(e.checkpoint_step):
+            raise ContractViolation(f"run {run_id}: evaluation {e.result_uri} is of checkpoint "
+                                    f"{rec.checkpoint_sha256[:16]}, the receipt lists {shas.get(e.checkpoint_step)}")
+        return (rec.result or {}).get("aggregates", {}) if rec is not None else {}
+
+    def score_of(e, aggregates: dict) -> float | None:
+        value = aggregates.get(metric, e.return_mean if metric == "eval/episode/return/mean" else None)
+        return None if value is None else float(value)
+
+    chosen, aggregates, scored_by = None, {}, NOT_SCORED
     if receipt.promotion is not None:
         chosen = next((e for e in evaluated if e.checkpoint_step == receipt.promotion.checkpoint_step), None)
-    if chosen is None and evaluated:
-        chosen = max(evaluated, key=lambda e: e.checkpoint_step)
-    aggregates: dict = {}
-    if chosen is not None:
-        key = _eval_key(stores, chosen.result_uri)
-        rec = read_optional(stores.eval, key, EvaluationRecord) if key else None
-        if rec is not None and rec.checkpoint_sha256 != shas.get(chosen.checkpoint_step):
-            raise ContractViolation(f"run {run_id}: evaluation {chosen.result_uri} is of checkpoint "
-                                    f"{rec.checkpoint_sha256[:16]}, the receipt lists {shas.get(chosen.checkpoint_step)}")
-        aggregates = (rec.result or {}).get("aggregates", {}) if rec is not None else {}
+        if chosen is not None:
+            aggregates, scored_by = aggregates_of(chosen), SCORED_PROMOTED
+    if chosen is None and evaluated:  # nothing promoted: the best evaluated result, never only the survivors
+        sign = 1.0 if direction == "maximize" else -1.0
+        scored = [(e, a) for e in evaluated if score_of(e, a := aggregates_of(e)) is not None]
+        if scored:
+            chosen, aggregates = max(scored, key=lambda ea: (sign * score_of(*ea), -ea[0].checkpoint_step))
+            scored_by = SCORED_BEST
     seconds = None
     promotion = read_promotion(stores, run_id) if receipt.promotion is not None else None
     if promotion is not None and attempts:
         seconds = (promotion.promoted_at - attempts[0].started_at).total_seconds()
-    score = aggregates.get(metric)
-    if score is None and chosen is not None and metric == "eval/episode/return/mean":
-        score = chosen.return_mean
+    score = score_of(chosen, aggregates) if chosen is not None else None
     return SeedResult(
         run_id=run_id, goal_id=record.goal_id, recipe_id=record.recipe_id,
         overrides=canonical_overrides(record.overrides),
-        seed=record.seed, outcome=receipt.outcome, score=None if score is None else float(score),
+        seed=record.seed, outcome=receipt.outcome, score=score, scored_by=scored_by if score is not None else NOT_SCORED,
         return_mean=chosen.return_mean if chosen is not None else None,
         success_rate=aggregates.get("eval/outcome/success/rate"),
         evaluated_step=chosen.checkpoint_step if chosen is not None else None,
@@ -415,10 +441,25 @@ class CohortStats:
     def label(self) -> str:
         return cohort_label(self.recipe_id, self.overrides)
 
+    @property
+    def not_scored(self) -> list[SeedResult]:  # no evaluated result: left out of the statistics, named
+        return [r for r in self.seeds if r.score is None]
+
+    @property
+    def note(self) -> str:
+        """What the statistics count, for a person: the seeds scored, by which rule, and any left out by name."""
+        best = [f"seed {r.seed}" for r in self.seeds if r.scored_by == SCORED_BEST]
+        out = [f"seed {r.seed} {r.run_id} ({r.outcome or 'no receipt'})" for r in self.not_scored]
+        return "; ".join([f"{len(self.scores)} of {len(self.seeds)} seed{'s' if len(self.seeds) != 1 else ''} scored"]
+                         + ([f"by the best evaluated result (nothing promoted): {', '.join(best)}"] if best else [])
+                         + ([f"left out (no evaluated result): {', '.join(out)}"] if out else []))
+
     def as_json(self) -> dict:
         return {"goal_id": self.goal_id, "recipe_id": self.recipe_id, "overrides": list(self.overrides),
                 "label": self.label, "objective": self.objective, "direction": self.direction,
                 "n_seeds": len(self.seeds), "n_scored": len(self.scores), "accepted": self.accepted,
+                "scoring_rule": SCORING_RULE, "note": self.note,
+                "not_scored": [{"seed": r.seed, "run_id": r.run_id, "outcome": r.outcome} for r in self.not_scored],
                 "iqm": self.iqm.as_json(), "median_iqr": self.median.as_json(),
                 "success_rate_median_iqr": self.success_median.as_json(),
                 "steps_to_acceptance_median_iqr": self.steps_to_acceptance.as_json(),

@@ -164,12 +164,16 @@ def goal_page(settings, stores, goal_id: str, results: Sequence[cohorts_mod.Seed
              "<h2>Leaders</h2>"]
     if ranked:
         rows = "".join(
-            f"<tr><td>{i}</td><td>{_e(c.label)}</td><td>{len(c.scores)}</td><td>{_fmt(c.iqm)}</td><td>{_fmt(c.median)}</td>"
+            f"<tr><td>{i}</td><td>{_e(c.label)}</td><td>{len(c.scores)}/{len(c.seeds)}</td><td>{_fmt(c.iqm)}</td>"
+            f"<td>{_fmt(c.median)}</td>"
             f"<td>{c.accepted}/{len(c.seeds)}</td><td>{_fmt(c.steps_to_acceptance, 0)}</td>"
             f"<td>{_fmt(c.seconds_to_acceptance, 1)}</td></tr>" for i, c in enumerate(ranked, start=1))
-        parts.append(f"<table id='leaders'><tr><th>rank</th><th>recipe</th><th>seeds</th>"
+        parts.append(f"<table id='leaders'><tr><th>rank</th><th>recipe</th><th>seeds scored</th>"
                      f"<th>IQM of {_e(ranked[0].objective)} [95% CI]</th><th>median [IQR]</th><th>accepted</th>"
                      f"<th>steps to acceptance, median [IQR]</th><th>seconds to acceptance, median [IQR]</th></tr>{rows}</table>")
+        parts.append(f"<p class='note' id='scoring'>scoring: {_e(cohorts_mod.SCORING_RULE)}</p>")
+        parts += [f"<p class='note'>{_e(c.label)}: {_e(c.note)}</p>" for c in ranked
+                  if c.not_scored or any(r.scored_by != cohorts_mod.SCORED_PROMOTED for r in c.seeds)]
     else:
         parts.append("<p class='note'>no evaluated runs</p>")
     groups: dict[str, list] = defaultdict(list)

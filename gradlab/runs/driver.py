@@ -139,6 +139,9 @@ class AttemptDriver:
         if self.learner is None:
             sup.freeze()
         try:
+            # From here on every checkpoint is seen within a tick: a learner waiting with
+            # ``--await-supervisor`` takes its first step now (docs/ARCHITECTURE.md section 8).
+            self.outbox.mark_supervised(self.plan.attempt.attempt_id)
             while True:
                 self._check_cancel()
                 self._renew_lease()

@@ -40,13 +40,16 @@ class LearnerProcess:
 
     @classmethod
     def start(cls, paths: RunPaths, *, resume_from: Path | None = None, env: dict[str, str] | None = None,
-              zygote: Path | None = None) -> LearnerProcess:
+              zygote: Path | None = None, await_supervisor: bool = False) -> LearnerProcess:
         """Start the learner on ``paths.spec`` in a new session (its own process group).
 
         Output goes to ``paths.learner_log`` (appended). With ``zygote`` (a zygote folder,
         ``gradlab.learn.zygote``) a ready zygote forks the learner with its imports already done
         (~5 s sooner to the first env step here); without one, or when none can serve, a new
-        process is started. Either way the learner watches this process (``--parent-pid``).
+        process is started. Either way the learner watches this process (``--parent-pid``). With
+        ``await_supervisor`` it imports and builds its envs at once but takes its first step only
+        once the attempt's supervisor loop watches its outbox (``--await-supervisor``,
+        :func:`gradlab.learn.learner.run_learner`), so every checkpoint is supervised.
 
         Raises:
             FileNotFoundError: the spec file is missing.
@@ -56,6 +59,8 @@ class LearnerProcess:
         args = ["--spec", str(paths.spec), "--run-dir", str(paths.root), "--parent-pid", str(os.getpid())]
         if resume_from is not None:
             args += ["--resume-from", str(resume_from)]
+        if await_supervisor:
+            args.append("--await-supervisor")
         if zygote is not None:
             from gradlab.learn.zygote import fork_learner
 

@@ -32,6 +32,10 @@ class RunProgress:
     accepted: int = 0
     stop: str | None = None
     finished: bool = False
+    #: The learner has written ``learner_started`` (its first step is under way).
+    started: bool = False
+    #: An attempt's supervisor loop is watching the outbox (``Outbox.supervised``).
+    supervised: bool = False
     after_seq: int = 0
     #: Steps of the checkpoints announced, evaluated, and accepted (from the supervisor's metrics).
     ready_steps: set[int] = field(default_factory=set)
@@ -83,12 +87,13 @@ class RunProgress:
                     self.evaluated = int(metrics.get("orchestration/checkpoints/evaluated", self.evaluated))
                     self.accepted = accepted
                 elif event.kind == "learner_started":  # a new attempt's learner: the last one's end is past
-                    self.stop, self.finished = None, False
+                    self.stop, self.finished, self.started = None, False, True
                 elif event.kind == "stop_observed":
                     self.stop = str(event.payload.get("reason"))
                 elif event.kind == "learner_finished":
                     self.finished = True
                     self.step = max(self.step, int(event.payload.get("final_step", self.step)))
+            self.supervised = self.supervised or outbox.supervised() is not None
         finally:
             outbox.close()
         now = time.monotonic()

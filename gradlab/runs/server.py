@@ -192,15 +192,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def measured_startup_s(settings: Settings) -> float | None:
+    """Seconds the last local server start-up took here (``startup.json``), None before any."""
+    try:
+        return max(float(json.loads((prefect_home(settings) / "startup.json").read_text())["seconds"]), 0.0)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def expected_startup_s(settings: Settings) -> float:
     """How long starting a local server takes here, seconds: twice the last measured start-up plus
     2 s (the load on a shared machine moves it by 2×), at most the configured start-up wait, which
     is also the answer before any start was measured."""
-    try:
-        seconds = float(json.loads((prefect_home(settings) / "startup.json").read_text())["seconds"])
-    except (OSError, ValueError, KeyError, TypeError):
+    seconds = measured_startup_s(settings)
+    if seconds is None:
         return settings.server_start_timeout_s
-    return min(2.0 * max(seconds, 0.0) + 2.0, settings.server_start_timeout_s)
+    return min(2.0 * seconds + 2.0, settings.server_start_timeout_s)
 
 
 def _spawn(settings: Settings, lock_fd: int, *, port: int, idle_s: float, start_timeout_s: float) -> int:
@@ -287,7 +294,8 @@ def start_server(settings: Settings, *, port: int | None = None, timeout_s: floa
     return state
 
 
-def ensure_server(settings: Settings, *, say: Callable[[str], None]) -> ServerState | None:
+def ensure_server(settings: Settings, *, say: Callable[[str], None],
+                  waiting: Callable[[str, float | None], None] | None = None) -> ServerState | None:
     """The background server for a command that needs Prefect: reuse it, or start it, or None.
 
     None when ``settings.daemon`` is off (``GRADLAB_DAEMON=0``) or when no server answered in time;
@@ -299,6 +307,8 @@ def ensure_server(settings: Settings, *, say: Callable[[str], None]) -> ServerSt
     Args:
         say: called with each line for the user (one when this command starts the server, one
             when it gives up on it).
+        waiting: called once before waiting for a server to answer, with what is awaited and how
+            long the last start took here (seconds; None before any start was measured).
     """
     if not settings.daemon:
         return None
@@ -321,6 +331,9 @@ def ensure_server(settings: Settings, *, say: Callable[[str], None]) -> ServerSt
             budget, waited_for = settings.server_start_timeout_s, pid
         else:
             budget, waited_for = expected_startup_s(settings), None
+        if waiting is not None:
+            whose = "the local Prefect server" if waited_for is not None else "the local Prefect server another command is starting"
+            waiting(f"{whose} (at most {budget:,.0f} s)", measured_startup_s(settings))
         state = _wait_ready(settings, budget, waited_for)
         if state is None:
             whose = "it" if waited_for is not None else "the local server another command is starting"

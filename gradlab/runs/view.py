@@ -26,8 +26,9 @@ def run_view(stores: Stores, run_id: str) -> dict[str, Any]:
         JSON-ready ``{"run": run record, "init_from": the run spec's warm-start parent or None,
         "attempts": [{"attempt_id", "mode", "started_at", "outcome" (None while unsealed),
         "skipped_checkpoints", "outbox_replaced"}], "receipt": the newest attempt's terminal receipt
-        that is sealed or None, "checkpoints", "evaluations" (a published checkpoint never submitted
-        is ``deferred``), "promotion" or None}``.
+        that is sealed or None, "checkpoints", "evaluations" (while the newest attempt is open, one
+        without a result is ``running`` or ``queued``, :func:`live_statuses`; once sealed, a
+        published checkpoint never evaluated is ``deferred``), "promotion" or None}``.
 
     Raises:
         NotFound: no run record of ``run_id`` (the message names the control store).
@@ -64,9 +65,42 @@ def run_view(stores: Stores, run_id: str) -> dict[str, Any]:
         "attempts": attempts,
         "receipt": receipt,
         "checkpoints": [c.model_dump(mode="json") for c in checkpoints],
-        "evaluations": [e.model_dump(mode="json") for e in evaluations],
+        "evaluations": _worded(stores, run_id, [e.model_dump(mode="json") for e in evaluations],
+                               live=bool(attempts) and attempts[-1]["outcome"] is None),
         "promotion": promotion.model_dump(mode="json") if promotion else None,
     }
+
+
+#: While an attempt is open, an evaluation with no result yet is ``running`` (its intent is
+#: written) or ``queued`` (published, not yet asked); ``deferred`` (not evaluated) is an end
+#: state: said once the receipt is sealed, or while open for a step above an accepted one (the
+#: supervisor never evaluates those; promotion takes the lowest accepted step).
+LIVE_STATUSES = ("running", "queued")
+
+
+def _worded(stores: Stores, run_id: str, evaluations: list[dict[str, Any]], *, live: bool) -> list[dict[str, Any]]:
+    if not live:
+        return evaluations
+    from gradlab import receipts as rules
+
+    asked = {intent.checkpoint_step for intent, _ in rules.list_evaluations(stores, run_id)}
+    return live_statuses(evaluations, asked=asked)
+
+
+def live_statuses(evaluations: list[dict[str, Any]], *, asked: set[int]) -> list[dict[str, Any]]:
+    """The evaluations of a run whose newest attempt is open, in its words (:data:`LIVE_STATUSES`).
+
+    Args:
+        evaluations: terminal-receipt entries as JSON (``deferred`` where there is no result yet).
+        asked: checkpoint steps with an evaluation intent (submitted).
+    """
+    accepted = min((e["checkpoint_step"] for e in evaluations if e["status"] == "accepted"), default=None)
+    out = []
+    for e in evaluations:
+        if e["status"] == "deferred" and (accepted is None or e["checkpoint_step"] < accepted):
+            e = {**e, "status": "running" if e["checkpoint_step"] in asked else "queued"}
+        out.append(e)
+    return out
 
 
 def live_attempts(stores: Stores, *, now: datetime | None = None) -> list[tuple[str, str]]:

@@ -85,7 +85,8 @@ def test_server_stop_without_a_server_is_not_refused(gradlab_home: Path) -> None
 def test_server_lifecycle_with_a_live_run(gradlab_home: Path) -> None:
     """A real Prefect server (~15 s) on a port that is not Prefect's 4200: start (saying what it
     waits for, for as long as --wait says), the UI's settings naming this server's own API, start
-    again ("already up"), refused stop, forced stop."""
+    again ("already up"), refused stop, a move to another port refused while a run trains and made
+    once none does, forced stop."""
     import json
     import urllib.request
 
@@ -118,6 +119,23 @@ def test_server_lifecycle_with_a_live_run(gradlab_home: Path) -> None:
         assert out.returncode == 1 and f"{RUN_A} (attempt-001)" in out.stderr and "--force" in out.stderr
         assert running_server(settings) == state  # still up, same process
 
+        # Asked for another port and no idle timeout while a run trains on it: refused, saying what to do.
+        moved_to = free_port()
+        out = gradlab("server", "start", "--port", str(moved_to), "--idle-timeout", "0", timeout=180)
+        assert out.returncode == 1 and f"{RUN_A} (attempt-001)" in out.stderr, out.stderr
+        assert f"gradlab server start --port {moved_to} --idle-timeout 0" in out.stderr
+        assert running_server(settings) == state
+        # Once nothing runs on it, the server moves to what was asked.
+        _seal(stores, RUN_A, "attempt-001")
+        out = gradlab("server", "start", "--port", str(moved_to), "--idle-timeout", "0", timeout=360)
+        assert out.returncode == 0, out.stderr
+        moved = running_server(settings)
+        assert moved is not None and moved.url == f"http://127.0.0.1:{moved_to}" and moved.idle_s == 0
+        assert "no run trains on it: restarting it" in out.stderr
+        assert out.stdout.strip() == f"Prefect server up at {moved.url} (pid {moved.pid}); UI: {moved.url}"
+
+        _open(stores, RUN_B)
+        begin_attempt(stores, RUN_B, mode="fresh", ttl_s=600.0)
         out = gradlab("server", "stop", "--force")
         assert out.returncode == 0, out.stderr
         assert out.stdout.strip() == "stopped"
