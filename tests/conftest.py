@@ -26,7 +26,7 @@ def gradlab_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.M
     # that needs Prefect uses the test's own server or Prefect's ephemeral one, so no test leaves a
     # daemon behind. The daemon's own tests (tests/cli/test_daemon.py) set GRADLAB_DAEMON=1.
     monkeypatch.setenv("GRADLAB_DAEMON", "0")
-    for var in ("GRADLAB_CONTROL_STORE_URL", "GRADLAB_EVAL_STORE_URL", "GRADLAB_MODEL_STORE_URL",
+    for var in ("GRADLAB_CONTROL_STORE_URL", "GRADLAB_EVAL_STORE_URL", "GRADLAB_MODEL_STORE_URL", "GRADLAB_DATASET_STORE_URL",
                 "GRADLAB_DAEMON_IDLE_S", "GRADLAB_SERVER_START_TIMEOUT_S"):
         monkeypatch.delenv(var, raising=False)
     return home
