@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.hub_stand_in import hub_stand_in  # noqa: F401 - the Hub stand-in fixture (tests/share, tests/datasets)
+
 REPO = Path(__file__).resolve().parents[1]
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")

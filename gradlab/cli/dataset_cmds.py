@@ -215,3 +215,68 @@ def show(name: Annotated[str, typer.Argument(help="The dataset.")], json_out: Js
                                                                      for e in manifest.episodes]})
     else:
         _print_show(manifest)
+
+
+def _local_copy(name: str) -> tuple[Any, Path]:
+    from gradlab.datasets.store import fetch_dataset, read_dataset
+
+    store = _store()
+    manifest = read_dataset(store, name)
+    return manifest, fetch_dataset(store, manifest, _cache())
+
+
+@dataset_app.command("export")
+def export(
+    name: Annotated[str, typer.Argument(help="The dataset.")],
+    fmt: Annotated[str, typer.Option("--format", help="minari or hf (a Hugging Face dataset folder).")],
+    out: Annotated[Path | None, typer.Option("--out", help="minari: the Minari datasets folder (MINARI_DATASETS_PATH); hf: the new folder. Default: ./<name>-<format>.")] = None,
+) -> None:
+    """Write the dataset in Minari's layout or as a Hugging Face dataset folder (files verified first)."""
+    from gradlab.datasets.export import FORMATS, export_hf, export_minari
+
+    if fmt not in FORMATS:
+        fail(f"--format: expected one of {', '.join(FORMATS)}, found {fmt!r}", code=2)
+    out = out or Path(f"{name}-{fmt}")
+    try:
+        manifest, folder = _local_copy(name)
+        if fmt == "minari":
+            dataset_id = export_minari(manifest, folder, out)
+            console.print(f"Minari dataset {dataset_id} in {escape(str(out))} (MINARI_DATASETS_PATH={escape(str(out))} "
+                          f"python -c \"import minari; minari.load_dataset('{dataset_id}')\")", highlight=False)
+        else:
+            written = export_hf(manifest, folder, out, summary=dataset_summary(manifest))
+            console.print(f"Hugging Face dataset folder {escape(str(written))} (datasets.load_dataset('{escape(str(written))}'))",
+                          highlight=False)
+    except GradlabError as e:
+        fail(str(e))
+
+
+@dataset_app.command("upload")
+def upload(
+    name: Annotated[str, typer.Argument(help="The dataset.")],
+    repo: Annotated[str, typer.Argument(help="OWNER/NAME of the Hugging Face dataset repository.")],
+    out: Annotated[Path | None, typer.Option("--out", help="Where the folder is built (kept). Default: a temporary folder.")] = None,
+    private: Annotated[bool, typer.Option("--private", help="Create the repository private.")] = False,
+) -> None:
+    """Export the dataset as a Hugging Face dataset (with a dataset card) and upload it when a token is configured."""
+    import tempfile
+
+    from gradlab.datasets.export import export_hf
+    from gradlab.datasets.hub import upload_dataset
+    from gradlab.share.hub import hf_token, parse_hf_ref
+
+    try:
+        repo_id = parse_hf_ref(repo if repo.startswith("hf://") else f"hf://{repo}")
+        manifest, folder = _local_copy(name)
+        target = out or Path(tempfile.mkdtemp(prefix=f"gradlab-dataset-{name}-")) / "repo"
+        export_hf(manifest, folder, target, summary=dataset_summary(manifest))
+        token = hf_token()
+        if not token:
+            console.print(f"no Hugging Face token (HF_TOKEN, [hub] token_ref or `hf auth login`): the folder is "
+                          f"{escape(str(target))}; upload it with `hf upload {repo_id} {escape(str(target))} "
+                          "--repo-type dataset`", highlight=False)
+            return
+        url = upload_dataset(target, repo_id, token=token, manifest=manifest, private=private)
+    except GradlabError as e:
+        fail(str(e))
+    console.print(f"uploaded dataset {escape(name)} to hf://datasets/{repo_id}: {escape(url)}", highlight=False)

@@ -75,7 +75,13 @@ def space_json(space: Any) -> dict[str, Any]:
     if isinstance(space, spaces.Discrete):
         out.update(n=int(space.n), start=int(space.start))
     elif isinstance(space, spaces.Box):
-        out.update(low=np.asarray(space.low).tolist(), high=np.asarray(space.high).tolist())
+        # JSON has no infinity: unbounded sides as the strings "inf" / "-inf" (numpy parses them back).
+        # One number when every element shares it (image spaces).
+        def bounds(a: Any) -> list | float | str:
+            flat = [float(v) if np.isfinite(v) else str(float(v)) for v in np.asarray(a, dtype=np.float64).ravel()]
+            return flat[0] if flat and all(v == flat[0] for v in flat) else flat
+
+        out.update(low=bounds(space.low), high=bounds(space.high))
     elif isinstance(space, spaces.MultiDiscrete):
         out.update(nvec=np.asarray(space.nvec).tolist())
     return out
@@ -94,8 +100,10 @@ def space_from_json(data: dict[str, Any]) -> Any:
     if kind == "Discrete":
         return spaces.Discrete(data["n"], start=data.get("start", 0))
     if kind == "Box":
-        return spaces.Box(low=np.asarray(data["low"], dtype=data["dtype"]), high=np.asarray(data["high"], dtype=data["dtype"]),
-                          dtype=data["dtype"])
+        shape = tuple(data["shape"])
+        low, high = (np.broadcast_to(np.array(data[k], dtype=np.float64), shape).astype(data["dtype"])
+                     for k in ("low", "high"))
+        return spaces.Box(low=low, high=high, dtype=data["dtype"])
     if kind == "MultiDiscrete":
         return spaces.MultiDiscrete(data["nvec"])
     if kind == "MultiBinary":

@@ -202,7 +202,11 @@ def record_chunk(plan: RecordingPlan, chunk: int) -> ChunkResult:
     queues = manifest.lane_queues()
     venv = make_vector_env(environment.model_copy(update={"n_envs": manifest.n_lanes}), seed=plan.base_seed,
                            lane_seeds=[q[0].seed for q in queues], render_mode="rgb_array" if plan.frames else None)
-    policy = make_policy(plan, venv.single_action_space)
+    try:
+        policy = make_policy(plan, venv.single_action_space)
+    except BaseException:
+        venv.close()
+        raise
     recorder = EpisodeRecorder(venv, out_dir, frames=plan.frames, event_names=list(environment.task.events))
     try:
         rows = run_episodes(venv, manifest, policy, deterministic=plan.agent.policy_mode == "deterministic",

@@ -90,3 +90,25 @@ def test_a_killed_recording_leaves_no_dataset_and_can_be_retried(tmp_path, gradl
                           frames=False)
     publish_dataset(store, plan, [record_chunk(plan, i) for i in range(len(plan.chunks))], created_at="now")
     assert [e.index for e in read_dataset(store, "killed").episodes] == list(range(40))
+
+
+def test_eval_record_dataset_keeps_the_evaluations_episodes(prefect_harness, monkeypatch):
+    """A stochastic policy (the random baseline): the dataset's episodes are still the evaluation's rows,
+    since its one chunk is the evaluation's manifest (same lanes, seeds and sampling generator)."""
+    import json
+
+    from prefect.settings import PREFECT_API_URL
+    from typer.testing import CliRunner
+
+    from gradlab.cli.app import app
+
+    monkeypatch.setenv("PREFECT_API_URL", PREFECT_API_URL.value())
+    out = CliRunner().invoke(app, ["eval", "--baseline", "random", "gradlab__bandit", "--episodes", "24", "--json",
+                                   "--record-dataset", "bandit-eval"], catch_exceptions=False)
+    assert out.exit_code == 0, out.output
+    result = json.loads(out.stdout)
+    manifest = read_dataset(open_dataset_store(), "bandit-eval")
+    assert manifest.agent.kind == "random"
+    assert [(e.index, e.seed, e.return_, e.outcome) for e in manifest.episodes] == \
+        [(r["index"], r["seed"], r["return"], r["outcome"]) for r in result["episodes"]]
+    assert "returns, lengths and outcomes equal the evaluation's rows" in out.stderr

@@ -108,3 +108,82 @@ def test_list_and_show_give_counts_return_intervals_and_provenance(cartpole_data
     assert [d["name"] for d in json.loads(listed.stdout)] == ["cartpole-tiny"]
     missing = _cli("dataset", "show", "nope", store_dir=folder, monkeypatch=monkeypatch)
     assert missing.exit_code == 1 and "dataset 'nope': no " in missing.output
+
+
+def test_minari_and_hf_exports_load_with_their_own_packages(cartpole_dataset, tmp_path, monkeypatch):
+    import datasets
+    import minari
+
+    folder = Path(cartpole_dataset.store.base_url.removeprefix("file://"))
+    manifest = cartpole_dataset.manifest
+    out = _cli("dataset", "export", "cartpole-tiny", "--format", "minari", "--out", str(tmp_path / "minari"),
+               store_dir=folder, monkeypatch=monkeypatch)
+    assert out.exit_code == 0, out.output
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
+    loaded = minari.load_dataset("gradlab/cartpole-tiny-v0")
+    assert loaded.total_episodes == 10 and loaded.total_steps == sum(e.length for e in manifest.episodes)
+    assert loaded.observation_space.shape == (4,) and loaded.action_space.n == 2
+    episodes = list(loaded.iterate_episodes())
+    assert [float(np.sum(e.rewards)) for e in episodes] == [e.return_ for e in manifest.episodes]
+    assert [len(e.observations) for e in episodes] == [e.length + 1 for e in manifest.episodes]
+    assert loaded.storage.metadata["algorithm_name"] == "gradlab:checkpoint"
+    assert manifest.sha256 in loaded.storage.metadata["description"]
+
+    out = _cli("dataset", "export", "cartpole-tiny", "--format", "hf", "--out", str(tmp_path / "hf"),
+               store_dir=folder, monkeypatch=monkeypatch)
+    assert out.exit_code == 0, out.output
+    ds = datasets.load_dataset(str(tmp_path / "hf"), split="train")
+    assert ds.num_rows == sum(e.length for e in manifest.episodes)
+    assert len(set(ds["episode_id"])) == 10
+    by_episode: dict[int, float] = {}
+    for index, reward in zip(ds["episode_index"], ds["rewards"], strict=True):
+        by_episode[index] = by_episode.get(index, 0.0) + reward
+    assert [by_episode[e.index] for e in manifest.episodes] == pytest.approx([e.return_ for e in manifest.episodes])
+    assert {"observations", "actions", "terminations", "truncations", "seed", "infos", "collector"} <= set(ds.column_names)
+
+
+def test_upload_sends_the_dataset_and_its_card_to_the_hub(cartpole_dataset, tmp_path, monkeypatch, hub_stand_in):
+    import base64
+
+    from huggingface_hub import DatasetCard
+
+    endpoint, requests = hub_stand_in
+    folder = Path(cartpole_dataset.store.base_url.removeprefix("file://"))
+    for key, value in {"HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_DISABLE_TELEMETRY": "1",
+                       "HF_TOKEN": "hf_test_token", "HF_ENDPOINT": endpoint}.items():
+        monkeypatch.setenv(key, value)
+    import huggingface_hub.constants as hf_constants
+
+    monkeypatch.setattr(hf_constants, "ENDPOINT", endpoint)
+    out = _cli("dataset", "upload", "cartpole-tiny", "alice/cartpole-tiny", "--out", str(tmp_path / "repo"),
+               store_dir=folder, monkeypatch=monkeypatch)
+    assert out.exit_code == 0, out.output
+    created = [(auth, json.loads(body)) for path, auth, body in requests if path == "/api/repos/create"]
+    assert len(created) == 1 and created[0][0] == "Bearer hf_test_token"
+    assert created[0][1]["type"] == "dataset" and created[0][1]["name"] == "cartpole-tiny"
+    commit = [body for path, _, body in requests if path.startswith("/api/datasets/alice/cartpole-tiny/commit/main")]
+    assert len(commit) == 1
+    lines = [json.loads(line) for line in commit[0].decode().splitlines() if line.strip()]
+    sent = {line["value"]["path"]: base64.b64decode(line["value"]["content"]) for line in lines[1:]}
+    assert set(sent) == {"README.md", "gradlab_manifest.json", "data/train-00000-of-00001.parquet"}
+    card = DatasetCard.load(tmp_path / "repo" / "README.md")
+    assert {"gradlab", "reinforcement-learning", "CartPole-v1"} <= set(card.data.tags)
+    assert cartpole_dataset.manifest.agent.checkpoint_sha256 in card.text
+    assert cartpole_dataset.manifest.sha256 in card.text
+
+
+def test_frames_are_one_mp4_per_episode_with_one_frame_per_step(tmp_path):
+    from gradlab.datasets.plan import plan_recording
+    from gradlab.datasets.record import record_chunk
+    from gradlab.datasets.store import fetch_dataset, publish_dataset
+    from gradlab.video import count_frames
+
+    store = open_store((tmp_path / "store").as_uri())
+    plan = plan_recording("cartpole-frames", goal_id="CartPole-v1", policy="random", episodes=3, chunk_episodes=3)
+    assert plan.frames and plan.n_lanes == 3
+    manifest = publish_dataset(store, plan, [record_chunk(plan, 0)], created_at="now")
+    folder = fetch_dataset(store, manifest, tmp_path / "cache")
+    assert [count_frames(folder / e.frames_file) for e in manifest.episodes] == [e.length for e in manifest.episodes]
+    report = verify_dataset(store, "cartpole-frames", cache=tmp_path / "cache")
+    assert report.ok and report.episodes_replayed == 3
+    assert report.unchecked == ["frames: checked against their sha256 only (MP4 is lossy; not re-rendered)"]
