@@ -50,7 +50,7 @@ def train_seed(recipe: str, seed: int, overrides: list[str], run_id: str, cohort
 def seal_cohort(cohort_id: str, recipe: str, overrides: list[str], seeds: list[int], launched: list[dict],
                 deployment: str | None, created_at: Any) -> dict:
     """Seal the cohort receipt (create-only) from the runs' terminal receipts in the store."""
-    from gradlab.results.cohorts import build_cohort_receipt
+    from gradlab.results.cohort_receipts import build_cohort_receipt
     from gradlab.stores import open_stores
 
     return build_cohort_receipt(open_stores(), cohort_id=cohort_id, recipe=recipe, overrides=overrides, seeds=seeds,
@@ -102,7 +102,7 @@ def sweep(
     """
     from gradlab.contracts.run_spec import new_run_id
     from gradlab.receipts.models import utcnow
-    from gradlab.results.cohorts import new_cohort_id
+    from gradlab.results.cohort_receipts import new_cohort_id
 
     record_this_flow_run()  # the daemon tells a killed sweep process from a live one
     created_at = utcnow()
@@ -132,7 +132,7 @@ def sweep(
 def _cohort_artifact(receipt: dict) -> None:
     from prefect.artifacts import create_table_artifact
 
-    from gradlab.results.cohorts import CohortReceipt, cohort_table
+    from gradlab.results.cohort_receipts import CohortReceipt, cohort_table
     from gradlab.stores import open_stores
 
     try:

@@ -65,6 +65,9 @@ class Settings:
     #: True (``GRADLAB_SHARED_PERMISSIONS=1`` or ``[permissions] shared = true``): the process
     #: umask decides, as for any other program (docs/ARCHITECTURE.md section 9).
     shared_permissions: bool = False
+    #: The ``dataset`` store (recorded episodes, docs/ARCHITECTURE.md section 12):
+    #: ``GRADLAB_DATASET_STORE_URL`` / ``[stores] dataset``; "" = ``$GRADLAB_HOME/stores/dataset``.
+    dataset_store_url: str = ""
 
     def secret(self, ref_key: str) -> str | None:
         """The secret that the reference at dotted key ``ref_key`` (``wandb.api_key_ref``) points at.
@@ -240,6 +243,7 @@ def load_settings() -> Settings:
         control_store_url=pick("GRADLAB_CONTROL_STORE_URL", stores.get("control"), (stores_dir / "control").as_uri()),
         eval_store_url=pick("GRADLAB_EVAL_STORE_URL", stores.get("eval"), (stores_dir / "eval").as_uri()),
         model_store_url=pick("GRADLAB_MODEL_STORE_URL", stores.get("model"), (stores_dir / "model").as_uri()),
+        dataset_store_url=pick("GRADLAB_DATASET_STORE_URL", stores.get("dataset"), (stores_dir / "dataset").as_uri()),
         wandb_mode=pick("GRADLAB_WANDB_MODE", wandb.get("mode")),
         wandb_entity=pick("GRADLAB_WANDB_ENTITY", wandb.get("entity")),
         wandb_project=pick("GRADLAB_WANDB_PROJECT", wandb.get("project")),

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.hub_stand_in import hub_stand_in  # noqa: F401 - the Hub stand-in fixture (tests/share, tests/datasets)
+
 REPO = Path(__file__).resolve().parents[1]
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -26,7 +28,7 @@ def gradlab_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.M
     # that needs Prefect uses the test's own server or Prefect's ephemeral one, so no test leaves a
     # daemon behind. The daemon's own tests (tests/cli/test_daemon.py) set GRADLAB_DAEMON=1.
     monkeypatch.setenv("GRADLAB_DAEMON", "0")
-    for var in ("GRADLAB_CONTROL_STORE_URL", "GRADLAB_EVAL_STORE_URL", "GRADLAB_MODEL_STORE_URL",
+    for var in ("GRADLAB_CONTROL_STORE_URL", "GRADLAB_EVAL_STORE_URL", "GRADLAB_MODEL_STORE_URL", "GRADLAB_DATASET_STORE_URL",
                 "GRADLAB_DAEMON_IDLE_S", "GRADLAB_SERVER_START_TIMEOUT_S"):
         monkeypatch.delenv(var, raising=False)
     return home

@@ -8,6 +8,7 @@ from rich.markup import escape
 from gradlab.cli import (
     benchmark_cmds,
     contracts_cmds,
+    dataset_cmds,
     env_cmds,
     eval_cmds,
     experiment_cmds,
@@ -49,6 +50,7 @@ app.add_typer(results_cmds.leaders_app, name="leaders")
 app.add_typer(results_cmds.reports_app, name="reports")
 app.command("export")(share_cmds.export_command)
 app.command("publish")(share_cmds.publish_command)
+app.add_typer(dataset_cmds.dataset_app, name="dataset")
 
 
 def _secure_home() -> None:

@@ -179,3 +179,16 @@ def play_benchmark(
     if unknown:
         raise typer.BadParameter(f"unknown case(s) {', '.join(unknown)}; expected {', '.join(CASES)}")
     main(cases=tuple(case), seconds=seconds, settle_s=settle_s, as_json=as_json)
+
+
+@benchmark_app.command("datasets")
+def datasets_benchmark(
+    goal: list[str] = typer.Option(["gradlab__bandit", "CartPole-v1"], help="Goals to record."),
+    episodes: int = typer.Option(200, min=1, help="Episodes per side and round."),
+    rounds: int = typer.Option(3, min=1, help="Timed repetitions, alternating which side goes first; the fastest counts."),
+    as_json: bool = typer.Option(False, "--json", help="Print the rows as one JSON document."),
+) -> None:
+    """Dataset recording throughput against the bare evaluation of the same episodes (goal: ratio >= 0.8)."""
+    from gradlab.benchmarks.datasets import main
+
+    main(goals=tuple(goal), episodes=episodes, rounds=rounds, as_json=as_json)

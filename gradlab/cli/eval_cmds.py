@@ -92,13 +92,22 @@ def eval_command(
     baseline: Annotated[str | None, typer.Option("--baseline", help="random or noop: evaluate that reference policy on GOAL (the argument is then a goal id); the result is stored in the eval store.")] = None,
     video: Annotated[Path | None, typer.Option("--video", help="Also record manifest episodes as MP4 files into this folder.")] = None,
     video_episodes: Annotated[int, typer.Option("--video-episodes", min=1, help="How many manifest episodes --video records (the first K).")] = 1,
+    record_dataset: Annotated[str | None, typer.Option("--record-dataset", help="Also keep the evaluation's episodes as this dataset (gradlab dataset show NAME).")] = None,
 ) -> None:
     """Evaluate a checkpoint (or a --baseline policy) on its goal's fixed episode manifest and print the verdict."""
     if video is not None and video.exists() and not video.is_dir():  # before the evaluation, not after it
         fail(f"--video {video}: expected a folder, found a file")
+    if record_dataset is not None:
+        from gradlab.datasets.store import dataset_exists
+        from gradlab.stores import open_dataset_store
+
+        if dataset_exists(open_dataset_store(), record_dataset):  # before the evaluation, not after it
+            fail(f"--record-dataset {record_dataset}: that dataset exists already (datasets are immutable)")
     if baseline is not None:
-        _baseline_command(checkpoint, baseline, episodes=episodes, json_out=json_out, video=video,
-                          video_episodes=video_episodes)
+        result = _baseline_command(checkpoint, baseline, episodes=episodes, json_out=json_out, video=video,
+                                   video_episodes=video_episodes)
+        if record_dataset is not None:
+            _record_dataset(record_dataset, result, goal_id=checkpoint, policy=baseline)
         return
     try:
         from gradlab.checkpoints import read_manifest
@@ -153,6 +162,31 @@ def eval_command(
 
         _record_videos(weights_only_policy, result=result, goal=spec.goal, environment=spec.eval_environment,
                        out_dir=video, count=video_episodes, prefix=f"{spec.goal_id}__step{result.checkpoint_step}")
+    if record_dataset is not None:
+        _record_dataset(record_dataset, result, goal_id=spec.goal_id, policy=checkpoint)
+
+
+def _record_dataset(name: str, result: Any, *, goal_id: str, policy: str) -> None:
+    """``eval --record-dataset``: record the evaluation's manifest episodes as dataset ``name`` through
+    the dataset-record flow, in one chunk: the chunk's manifest is then the evaluation's (same N, lanes,
+    seeds, action mode and sampling generator), so the episodes are the evaluation's; says whether
+    the rows agree."""
+    from gradlab.cli.dataset_cmds import run_recording
+    from gradlab.datasets.plan import plan_recording
+
+    try:
+        plan = plan_recording(name, goal_id=goal_id, policy=policy, episodes=result.planned, frames=False,
+                              policy_mode=result.policy, chunk_episodes=result.planned, warn=say)
+    except GradlabError as e:
+        fail(str(e))
+    manifest = run_recording(plan, workers=1)
+    recorded = [(e["index"], e["return"], e["length"], e["outcome"]) for e in manifest["episodes"]]
+    evaluated = [(r.index, r.return_, r.length, r.outcome) for r in result.episodes]
+    same = recorded[:len(evaluated)] == evaluated
+    err_console.print(f"dataset {name}: {len(recorded)} episodes stored; "
+                      + ("returns, lengths and outcomes equal the evaluation's rows" if same else
+                         "[yellow]its episodes differ from the evaluation's rows (a stochastic policy or environment)[/]"),
+                      highlight=False)
 
 
 def _record_videos(make_policy: Any, *, result: Any, goal: Any, environment: Any, out_dir: Path, count: int,
@@ -174,7 +208,7 @@ def _record_videos(make_policy: Any, *, result: Any, goal: Any, environment: Any
 
 
 def _baseline_command(goal_id: str, name: str, *, episodes: int | None, json_out: bool, video: Path | None,
-                      video_episodes: int) -> None:
+                      video_episodes: int) -> Any:
     """``gradlab eval --baseline random|noop GOAL``: evaluate, store (protocol runs only), print."""
     try:
         from gradlab.contracts.experiments import Experiments
@@ -225,3 +259,4 @@ def _baseline_command(goal_id: str, name: str, *, episodes: int | None, json_out
 
         _record_videos(baseline_policy, result=result, goal=goal, environment=goal.eval_environment(), out_dir=video,
                        count=video_episodes, prefix=f"{goal_id}__{name}", metadata={"baseline": name})
+    return result

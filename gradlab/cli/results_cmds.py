@@ -117,7 +117,7 @@ def sweep(
         err_console.print("note: a cohort of one seed has no intervals (they are undefined); use --seeds 3 or more")
     from gradlab.cli.local_flow import cancel_on_ctrl_c, configure_prefect
     from gradlab.contracts.run_spec import new_run_id
-    from gradlab.results.cohorts import new_cohort_id
+    from gradlab.results.cohort_receipts import new_cohort_id
 
     cohort_id = new_cohort_id()
     run_ids = [new_run_id() for _ in range(seeds)]

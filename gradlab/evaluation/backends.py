@@ -97,18 +97,31 @@ def _rebuild_error(kind: str, message: str) -> GradlabError:
 # ----------------------------------------------------------------------------------------- local
 
 
-def _worker_main(request_json: dict[str, Any], conn: Any) -> None:
-    """Child process: evaluate and send ``("ok", result_json)`` or ``("error", kind, message)``."""
+#: The worker job that evaluates a checkpoint (``module:function``, JSON in and out).
+EVALUATE_ENTRY = "gradlab.evaluation.runner:run_evaluation_json"
+
+
+def _entry_function(entry: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """The ``module:function`` a worker job names; only gradlab's own modules."""
+    import importlib
+
+    module, _, name = entry.partition(":")
+    if not module.startswith("gradlab.") or not name:
+        raise ContractViolation(f"worker job {entry!r}: expected 'gradlab.<module>:<function>'")
+    return getattr(importlib.import_module(module), name)
+
+
+def _worker_main(request_json: dict[str, Any], conn: Any, entry: str = EVALUATE_ENTRY) -> None:
+    """Child process: run ``entry`` on the request and send ``("ok", answer_json)`` or ``("error", kind, message)``."""
     try:
-        try:
-            import torch
+        if entry == EVALUATE_ENTRY:  # other jobs import torch only when they need it, and set its threads then
+            try:
+                import torch
 
-            torch.set_num_threads(1)
-        except ImportError:  # pragma: no cover - torch is a dependency
-            pass
-        from gradlab.evaluation.runner import run_evaluation_json
-
-        conn.send(("ok", run_evaluation_json(request_json)))
+                torch.set_num_threads(1)
+            except ImportError:  # pragma: no cover - torch is a dependency
+                pass
+        conn.send(("ok", _entry_function(entry)(request_json)))
     except BaseException as e:  # noqa: BLE001 - every failure must reach the parent
         conn.send(("error", type(e).__name__, str(e)))
     finally:
@@ -142,10 +155,10 @@ def _warm_worker_main(conn: Any, parent_pid: int | None = None) -> None:
     except ImportError:  # pragma: no cover - all are dependencies
         pass
     try:
-        request_json = conn.recv()
+        entry, request_json = conn.recv()
     except (EOFError, OSError):
         return  # the parent went away or closed the spare
-    _worker_main(request_json, conn)
+    _worker_main(request_json, conn, entry)
 
 
 @contextlib.contextmanager
@@ -202,9 +215,10 @@ def _take_spare() -> tuple[Any, Any] | None:
 
 
 class _Job:
-    def __init__(self, handle: EvalHandle, request_json: dict[str, Any]):
+    def __init__(self, handle: EvalHandle, request_json: dict[str, Any], entry: str = EVALUATE_ENTRY):
         self.handle = handle
         self.request_json = request_json
+        self.entry = entry
         self.process: Any = None
         self.conn: Any = None
         self.answer: tuple | None = None
@@ -228,9 +242,17 @@ class LocalBackend:
         self._ids = itertools.count(1)
 
     def submit(self, request: EvalRequest) -> EvalHandle:
+        return self.submit_job(EVALUATE_ENTRY, request.as_json(), checkpoint_sha256=request.checkpoint_sha256,
+                               checkpoint_step=request.checkpoint_step)
+
+    def submit_job(self, entry: str, payload: dict[str, Any], *, checkpoint_sha256: str,
+                   checkpoint_step: int) -> EvalHandle:
+        """Queue another job for the same workers: ``entry`` (``gradlab.<module>:<function>``, JSON in and
+        out) on ``payload``; collect its answer with :meth:`poll_json`. ``gradlab dataset record``
+        runs its chunks so."""
         handle = EvalHandle(backend=self.name, id=f"local-{os.getpid()}-{next(self._ids)}",
-                            checkpoint_sha256=request.checkpoint_sha256, checkpoint_step=request.checkpoint_step)
-        self._jobs[handle.id] = _Job(handle, request.as_json())
+                            checkpoint_sha256=checkpoint_sha256, checkpoint_step=checkpoint_step)
+        self._jobs[handle.id] = _Job(handle, payload, entry)
         self._queue.append(handle.id)
         self._start_queued()
         return handle
@@ -261,13 +283,13 @@ class LocalBackend:
             spare = _take_spare()
             if spare is not None:
                 job.process, job.conn = spare
-                job.conn.send(job.request_json)
+                job.conn.send((job.entry, job.request_json))
                 logger.info("evaluation %s started in a warm process (pid %s)", job.handle.id, job.process.pid)
                 if _SPARE_REFILL:
                     prewarm(_SPARE_TARGET)  # replace the spare for the next evaluation
                 continue
             parent, child = self._ctx.Pipe(duplex=False)
-            job.process = self._ctx.Process(target=_worker_main, args=(job.request_json, child), daemon=True,
+            job.process = self._ctx.Process(target=_worker_main, args=(job.request_json, child, job.entry), daemon=True,
                                             name=f"gradlab-eval-{job.handle.id}")
             with _sigint_blocked():
                 job.process.start()
@@ -288,6 +310,11 @@ class LocalBackend:
             The worker's gradlab error (IntegrityError, ContractViolation, NotFound...), or
             EvaluationFailed for anything else, including a worker that died without answering.
         """
+        answer = self.poll_json(handle)
+        return None if answer is None else _check_answer(handle, answer, f"local evaluation {handle.id}")
+
+    def poll_json(self, handle: EvalHandle) -> dict[str, Any] | None:
+        """A job's JSON answer when finished, else None (errors as :meth:`poll`)."""
         job = self._job(handle)
         self._start_queued()  # collects every finished worker, then fills free slots
         if job.answer is None:
@@ -296,7 +323,7 @@ class LocalBackend:
         if job.conn is not None:
             job.conn.close()
         if job.answer[0] == "ok":
-            return _check_answer(handle, job.answer[1], f"local evaluation {handle.id}")
+            return job.answer[1]
         raise _rebuild_error(job.answer[1], job.answer[2])
 
     def cancel(self, handle: EvalHandle) -> bool:

@@ -39,6 +39,21 @@ class Policy(Protocol):
         ...
 
 
+class StepObserver(Protocol):
+    """What :func:`run_episodes` tells a recorder (``gradlab dataset record``) about every step.
+
+    ``started`` is called once with the first observations (after the first reset); ``step`` after each vector step with the observations the actions were chosen on,
+    the actions and the step's result; ``ended`` once per finished episode of a lane, with its row
+    when the episode is a manifest episode and None when it ran beyond the lane's quota (discarded).
+    """
+
+    def started(self, obs: np.ndarray) -> None: ...
+
+    def step(self, obs: np.ndarray, actions: np.ndarray, result: Any) -> None: ...
+
+    def ended(self, lane: int, row: EpisodeRow | None) -> None: ...
+
+
 def policy_rng(manifest: EpisodeManifest) -> np.random.Generator:
     """The action-sampling generator of an evaluation: seeded from the manifest hash, so reproducible."""
     return np.random.default_rng(int(manifest.sha256[:16], 16))
@@ -53,6 +68,7 @@ def run_episodes(
     rng: np.random.Generator,
     fail_fast: bool = False,
     max_steps: int | None = None,
+    observer: StepObserver | None = None,
 ) -> list[EpisodeRow]:
     """Step a vector env until every lane has finished its manifest quota.
 
@@ -66,6 +82,7 @@ def run_episodes(
         fail_fast: stop at the first completed episode whose outcome is not ``success`` (records
             of the same step in earlier lanes are kept; later lanes' are not).
         max_steps: safety limit on vector steps; None = unlimited.
+        observer: told every step and every episode end (:class:`StepObserver`); None = nobody.
 
     Returns:
         Rows of completed manifest episodes, sorted by index. Episodes a lane runs beyond its quota
@@ -93,6 +110,8 @@ def run_episodes(
     for lane in range(manifest.n_lanes):
         stage(lane, 0)
     obs = venv.reset()
+    if observer is not None:
+        observer.started(obs)
     for lane in range(manifest.n_lanes):
         stage(lane, 1)
     pos = [0] * manifest.n_lanes
@@ -105,13 +124,17 @@ def run_episodes(
                 f"evaluation did not finish {manifest.planned} episodes within {max_steps} vector steps "
                 f"({manifest.planned - remaining} done)"
             )
-        actions = policy.act(obs, deterministic=deterministic, rng=rng)
-        res = venv.step(np.asarray(actions))
+        actions = np.asarray(policy.act(obs, deterministic=deterministic, rng=rng))
+        res = venv.step(actions)
         steps += 1
+        if observer is not None:
+            observer.step(obs, actions, res)
         obs = res.obs
         for rec in sorted(res.episodes, key=lambda r: r.lane):
             lane = rec.lane
             if pos[lane] >= len(queues[lane]):
+                if observer is not None:
+                    observer.ended(lane, None)
                 continue  # beyond the lane's quota: discarded
             ident = queues[lane][pos[lane]]
             if rec.seed is not None and rec.seed != ident.seed:
@@ -131,6 +154,8 @@ def run_episodes(
                 progress={k: float(v) for k, v in sorted(rec.progress.items())},
             )
             rows.append(row)
+            if observer is not None:
+                observer.ended(lane, row)
             remaining -= 1
             pos[lane] += 1
             stage(lane, pos[lane] + 1)
@@ -252,24 +277,15 @@ def parse_spec(spec: Mapping[str, Any], *, source: str = "evaluation request") -
         raise ContractViolation(f"{source}: spec is not a valid run spec: {problems}") from None
 
 
-def run_evaluation(request: EvalRequest | Mapping[str, Any]) -> EvalResult:
-    """Evaluate a checkpoint on its goal's manifest (what every backend runs).
-
-    Args:
-        request: the request or its JSON.
+def checked_policy(req: EvalRequest) -> tuple[Policy, RunSpec, Any]:
+    """Verify a request's checkpoint against the request and its run spec, then load its policy weights-only.
 
     Returns:
-        The result (docs/ARCHITECTURE.md section 8 shape).
+        ``(policy, run spec, checkpoint manifest)``.
 
     Raises:
-        NotFound: no checkpoint at ``checkpoint_dir``.
-        IntegrityError: a checkpoint file fails its sha256, or the checkpoint's hash or step is not
-            the requested one.
-        ContractViolation: the checkpoint was trained under another goal, recipe or environment
-            than the spec says, or the spec's evaluation environment hashes differently from its
-            training environment.
+        As :func:`run_evaluation`.
     """
-    req = request if isinstance(request, EvalRequest) else EvalRequest.model_validate(request)
     spec = parse_spec(req.spec)
     path = Path(req.checkpoint_dir)
     if req.verify == "full":
@@ -292,7 +308,28 @@ def run_evaluation(request: EvalRequest | Mapping[str, Any]) -> EvalResult:
                                 f"the spec records {spec.environment_sha256}")
     from gradlab.checkpoints import load_policy
 
-    policy = load_policy(path, verify=False)  # verified above
+    return load_policy(path, verify=False), spec, manifest  # verified above
+
+
+def run_evaluation(request: EvalRequest | Mapping[str, Any]) -> EvalResult:
+    """Evaluate a checkpoint on its goal's manifest (what every backend runs).
+
+    Args:
+        request: the request or its JSON.
+
+    Returns:
+        The result (docs/ARCHITECTURE.md section 8 shape).
+
+    Raises:
+        NotFound: no checkpoint at ``checkpoint_dir``.
+        IntegrityError: a checkpoint file fails its sha256, or the checkpoint's hash or step is not
+            the requested one.
+        ContractViolation: the checkpoint was trained under another goal, recipe or environment
+            than the spec says, or the spec's evaluation environment hashes differently from its
+            training environment.
+    """
+    req = request if isinstance(request, EvalRequest) else EvalRequest.model_validate(request)
+    policy, spec, manifest = checked_policy(req)
     return evaluate_policy(
         policy, goal=spec.goal, environment=spec.eval_environment, hashes=spec.hashes,
         checkpoint_sha256=manifest.sha256, checkpoint_step=manifest.step, run_id=spec.run_id,

@@ -247,8 +247,11 @@ def commit_message(index: dict[str, Any]) -> str:
     return f"gradlab publish {index['goal_id']} run {index['run_id']} step {index['step']} ({index['checkpoint_sha256'][:16]})"
 
 
-def upload_folder(folder: Path, repo_id: str, *, token: str, private: bool, message: str) -> str:
-    """Create the model repository (if needed) and upload the folder as one commit; returns the commit URL.
+def upload_folder(folder: Path, repo_id: str, *, token: str, private: bool, message: str,
+                  repo_type: str = "model") -> str:
+    """Create the repository (if needed) and upload the folder as one commit; returns the commit URL.
+
+    ``repo_type``: ``model`` (``gradlab publish``) or ``dataset`` (``gradlab dataset upload``).
 
     The endpoint is huggingface_hub's own setting (``HF_ENDPOINT``).
 
@@ -260,8 +263,8 @@ def upload_folder(folder: Path, repo_id: str, *, token: str, private: bool, mess
 
     api = HfApi(token=token)
     try:
-        api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True)
-        info = api.upload_folder(folder_path=str(folder), repo_id=repo_id, repo_type="model", commit_message=message)
+        api.create_repo(repo_id, repo_type=repo_type, private=private, exist_ok=True)
+        info = api.upload_folder(folder_path=str(folder), repo_id=repo_id, repo_type=repo_type, commit_message=message)
     except HfHubHTTPError as e:
         raise ConfigError(f"hf://{repo_id}: the hub refused the upload: {e}") from None
     return str(info)

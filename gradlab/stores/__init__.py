@@ -4,12 +4,13 @@ Public names:
     open_store(url, *, endpoint_url=None, settings=None) -> ObjectStore: a store for one URL.
     s3_credentials(settings): the S3 client credentials from `[stores]` secret references.
     open_stores(settings=None) -> Stores: the three logical stores (control, eval, model).
+    open_dataset_store(settings=None) -> ObjectStore: the fourth, ``dataset`` (recorded episodes).
     ObjectStore: the interface (``put_create_only``, ``put_if_match``, ``get``, ``get_with_etag``,
         ``exists``, ``list``, ``put_verified``, ``url``). FileStore, S3Store: the backends.
     keys: the key of every receipt and bundle.
 
-Shipped defaults: three ``file://`` folders under ``$GRADLAB_HOME/stores/{control,eval,model}``,
-overridable by ``GRADLAB_{CONTROL,EVAL,MODEL}_STORE_URL`` (``s3://bucket/prefix`` with
+Shipped defaults: four ``file://`` folders under ``$GRADLAB_HOME/stores/{control,eval,model,dataset}``,
+overridable by ``GRADLAB_{CONTROL,EVAL,MODEL,DATASET}_STORE_URL`` (``s3://bucket/prefix`` with
 ``GRADLAB_S3_ENDPOINT_URL`` for Cloudflare R2). Errors: ``NotFound``, ``Conflict`` (create-only met
 different bytes, or compare-and-swap lost), ``StoreUnavailable`` (transient: retry only this).
 
@@ -32,6 +33,10 @@ file's sha256; every object is create-only except those marked CAS)::
     model store
       runs/<run_id>/checkpoints/<step>-<sha16>/<file>          checkpoint bundle files (verified)
       runs/<run_id>/index.json                                 RunIndex (CAS): checkpoints + promotion
+    dataset store
+      datasets/<name>/recordings/<recording_id>/<file>         a recording's episode files (verified)
+      datasets/<name>/manifest.json                            DatasetManifest, written last: the dataset
+                                                               exists once it is there
 """
 
 from __future__ import annotations
@@ -50,7 +55,8 @@ if TYPE_CHECKING:
     from gradlab.stores.s3 import S3Store
 
 __all__ = [
-    "FileStore", "ObjectStore", "S3Store", "Stores", "keys", "open_store", "open_stores", "s3_credentials",
+    "FileStore", "ObjectStore", "S3Store", "Stores", "keys", "open_dataset_store", "open_store", "open_stores",
+    "s3_credentials",
     "sha256_hex", "validate_key",
 ]
 
@@ -143,6 +149,16 @@ def open_stores(settings: Settings | None = None) -> Stores:
         eval=open_store(settings.eval_store_url, endpoint_url=endpoint, settings=settings),
         model=open_store(settings.model_store_url, endpoint_url=endpoint, settings=settings),
     )
+
+
+def open_dataset_store(settings: Settings | None = None) -> ObjectStore:
+    """The ``dataset`` store named by ``settings`` (default: :func:`load_settings`): file or S3, create-only."""
+    if settings is None:
+        from gradlab.settings import load_settings
+
+        settings = load_settings()
+    url = settings.dataset_store_url or (settings.home / "stores" / "dataset").as_uri()
+    return open_store(url, endpoint_url=settings.s3_endpoint_url, settings=settings)
 
 
 def __getattr__(name: str):  # lazy: botocore is imported only when an s3:// store is opened

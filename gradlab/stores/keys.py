@@ -103,3 +103,19 @@ def checkpoint_file(run_id: str, step: int, sha256: str, name: str) -> str:
 
 def run_index(run_id: str) -> str:
     return run_prefix(run_id) + "index.json"
+
+
+# -- dataset store ---------------------------------------------------------------------------
+def dataset_prefix(name: str) -> str:
+    """``datasets/<name>/``."""
+    return f"datasets/{_seg(name, 'dataset name')}/"
+
+
+def dataset_manifest(name: str) -> str:
+    """``datasets/<name>/manifest.json``: written last, create-only; the dataset exists once it is there."""
+    return dataset_prefix(name) + "manifest.json"
+
+
+def dataset_file(name: str, recording_id: str, path: str) -> str:
+    """``datasets/<name>/recordings/<recording_id>/<path>`` (``path`` as the manifest lists it)."""
+    return dataset_prefix(name) + f"recordings/{_seg(recording_id, 'recording id')}/{path}"

@@ -59,7 +59,13 @@ def test_compare_refuses_two_goals_and_unknown_recipes(stores) -> None:
 
 def test_cohort_receipt_is_create_only(stores) -> None:
     from gradlab.receipts.models import utcnow
-    from gradlab.results.cohorts import CohortReceipt, CohortRun, new_cohort_id, read_cohort, seal_cohort
+    from gradlab.results.cohort_receipts import (
+        CohortReceipt,
+        CohortRun,
+        new_cohort_id,
+        read_cohort,
+        seal_cohort,
+    )
 
     now = utcnow()
     receipt = CohortReceipt(cohort_id=new_cohort_id(), goal_id="gradlab__bandit", recipe_id="ppo", seeds=[0],

@@ -80,7 +80,8 @@ def test_every_seed_is_scored_by_one_rule_and_a_seed_left_out_is_named(stores, g
     from typer.testing import CliRunner
 
     from gradlab.cli.app import app
-    from gradlab.results.cohorts import SCORING_RULE, build_cohort_receipt, find_cohort
+    from gradlab.results.cohort_receipts import build_cohort_receipt
+    from gradlab.results.cohorts import SCORING_RULE, find_cohort
     from gradlab.results.reports import build_site
     from gradlab.settings import load_settings
 

@@ -80,7 +80,7 @@ def stores(cohort: Cohort, monkeypatch: pytest.MonkeyPatch):
 
 def test_sweep_seals_three_run_receipts_and_a_cohort_receipt(cohort: Cohort, stores) -> None:
     from gradlab import receipts as rules
-    from gradlab.results.cohorts import list_cohorts, read_cohort
+    from gradlab.results.cohort_receipts import list_cohorts, read_cohort
 
     receipt = cohort.doc["cohort"]
     assert (receipt["goal_id"], receipt["recipe_id"], receipt["seeds"]) == (GOAL, RECIPE, [0, 1, 2])

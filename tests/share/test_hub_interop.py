@@ -2,7 +2,7 @@
 (issue 22 items 1 and 2): the card's code with plain SB3, rl-zoo3's ``load_from_hub`` (through
 huggingface_sb3's ``load_from_hub``) and ``enjoy``.
 
-``gradlab publish --repo`` uploads to the loopback Hub stand-in (:class:`tests.share.conftest.HubStandIn`),
+``gradlab publish --repo`` uploads to the loopback Hub stand-in (:class:`tests.hub_stand_in.HubStandIn`),
 which then serves the committed files to huggingface_hub's downloads, as the Hub does.
 """
 

@@ -1,0 +1,106 @@
+"""The dataset contract: a named, immutable, content-addressed set of recorded episodes of one goal.
+
+A dataset's ``manifest.json`` (docs/ARCHITECTURE.md section 12) says what was recorded, under which
+goal and environment contract, by which agent, and lists every file with its sha256 and size, as a
+checkpoint's manifest does. Per episode one ``episodes/<index:06d>.npz`` holds the steps (arrays
+below, ``T`` = the episode's length); ``frames/<index:06d>.mp4`` the rendered frames when recorded:
+
+==================  ====================  ===========================================================
+array               shape, dtype          meaning
+==================  ====================  ===========================================================
+``actions``         (T, *action_shape)    the provider-native action of each step (the policy's dtype)
+``rewards``         (T,) float32          the task program's shaped reward
+``raw_rewards``     (T,) float32          the provider's native reward
+``terminated``      (T,) bool             the episode ended for good at this step
+``truncated``       (T,) bool             the episode was cut at this step (never with terminated)
+``events``          (T, E) bool           which of ``event_names`` fired at each step
+``event_names``     (E,) str              the task program's event names, sorted
+``observations``    (T + 1, *obs_shape)   the observation before each step, then the final one
+==================  ====================  ===========================================================
+
+The dataset's identity (:attr:`DatasetManifest.sha256`) is the sha256 of the manifest's canonical JSON.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import ConfigDict, Field
+
+from gradlab.contracts.base import Contract
+from gradlab.contracts.hashing import sha256_json
+from gradlab.contracts.task import Outcome
+
+DATASET_FORMAT = "gradlab.dataset/1"
+#: Agents a dataset can come from: a checkpoint's policy, the reference policies, a person.
+AgentKind = Literal["checkpoint", "random", "noop", "human"]
+#: How far a dataset can be re-simulated: ``deterministic`` (same seed + actions give the same
+#: episode, bit for bit), ``sticky`` (the provider repeats actions at random: ALE's
+#: ``repeat_action_probability`` > 0), ``stochastic`` (any other randomness outside the recorded actions).
+Determinism = Literal["deterministic", "sticky", "stochastic"]
+
+
+class DatasetFile(Contract):
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    size_bytes: int = Field(ge=0)
+
+
+class DatasetAgent(Contract):
+    """Who chose the actions."""
+
+    kind: AgentKind
+    checkpoint_sha256: str | None = Field(default=None, description="The policy file's sha256 (kind checkpoint).")
+    checkpoint_step: int | None = Field(default=None, ge=0)
+    run_id: str | None = None
+    publication: str | None = Field(default=None, description="Where the checkpoint was read: a store URL, "
+                                    "hf://OWNER/NAME or a folder.")
+    policy_mode: Literal["deterministic", "stochastic"] | None = None
+    input_device: str | None = Field(default=None, description="kind human: keyboard, gamepad...")
+
+
+class DatasetEpisode(Contract):
+    """One recorded episode: its manifest identity and what happened."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    index: int = Field(ge=0, description="Position in the recording's episode plan.")
+    seed: int = Field(ge=0, lt=2**32, description="Reset seed.")
+    start: str | None = None
+    return_: float = Field(alias="return", description="Shaped return (task program reward), summed.")
+    raw_return: float
+    length: int = Field(ge=1, description="Steps.")
+    outcome: Outcome
+    reason: str
+    steps_file: str = Field(description="Path of the episode's .npz inside the dataset.")
+    frames_file: str | None = Field(default=None, description="Path of its .mp4, when frames were recorded.")
+
+
+class DatasetManifest(Contract):
+    """``manifest.json`` of a dataset (see the module docstring)."""
+
+    format: Literal["gradlab.dataset/1"] = DATASET_FORMAT
+    name: str
+    recording_id: str = Field(description="The recording that wrote the files (their key prefix).")
+    goal_id: str
+    goal: dict[str, Any] = Field(description="The goal contract JSON the episodes were recorded under.")
+    environment: dict[str, Any] = Field(description="The environment contract JSON (one lane).")
+    goal_contract_sha256: str
+    environment_sha256: str
+    episode_plan_sha256: str = Field(description="sha256 of the planned (index, seed, start) list.")
+    determinism: Determinism
+    agent: DatasetAgent
+    episodes: list[DatasetEpisode]
+    frames: bool
+    observation_space: dict[str, Any] = Field(description="{type, shape, dtype[, low, high, n]}.")
+    action_space: dict[str, Any]
+    files: dict[str, DatasetFile]
+    versions: dict[str, str]
+    created_at: str
+
+    @property
+    def sha256(self) -> str:
+        """The dataset's identity: sha256 of the manifest's canonical JSON."""
+        return sha256_json(self.as_json())
+
+    def as_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True)
