@@ -295,12 +295,16 @@ class Policy:
             return dist.get_actions(deterministic=deterministic).cpu().numpy()
 
 
-def load_policy(path: Path, *, verify: bool = True, device: str = "cpu") -> Policy:
+def load_policy(path: Path, *, verify: bool = True, device: str = "cpu") -> Any:
     """Load a checkpoint's weights-only policy (no pickle is read, so no trust is needed).
 
     Args:
         path: the checkpoint folder.
         verify: check every file's sha256 first (:func:`verify_checkpoint`).
+
+    Returns:
+        A :class:`Policy`, or a :class:`gradlab.checkpoints.program.ProgramPolicy` when the
+        checkpoint holds a search backend's action program (``format: gradlab.program/1``).
 
     Raises:
         IntegrityError: a file does not match the manifest (named). NotFound: not a checkpoint.
@@ -313,5 +317,10 @@ def load_policy(path: Path, *, verify: bool = True, device: str = "cpu") -> Poli
     path = Path(path)
     if verify:
         verify_checkpoint(path)
-    spec = PolicySpec.model_validate_json((path / POLICY_SPEC_FILE).read_bytes())
+    raw = json.loads((path / POLICY_SPEC_FILE).read_bytes())
+    from gradlab.checkpoints.program import is_program, load_program
+
+    if is_program(raw):  # a search backend's action program (gradlab.checkpoints.program)
+        return load_program(path, raw)
+    spec = PolicySpec.model_validate(raw)
     return Policy(spec, load_file(str(path / WEIGHTS_FILE)), device=device)

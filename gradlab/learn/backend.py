@@ -27,6 +27,7 @@ BACKENDS: dict[str, str] = {
     "sb3.ppo": "gradlab.learn.sb3:SB3Backend",
     "sb3.a2c": "gradlab.learn.sb3:SB3Backend",
     "gradlab.ppo": "gradlab.learn.ppo:PPOBackend",
+    "gradlab.go_explore": "gradlab.learn.go_explore:GoExploreBackend",
 }
 """Registered backend ids (``train.backend.id``) → the class that implements them, as ``"module:Class"``."""
 
