@@ -429,12 +429,16 @@ class Policy:
             return dist.get_actions(deterministic=deterministic).cpu().numpy()
 
 
-def load_policy(path: Path, *, verify: bool = True, device: str = "cpu") -> Policy:
+def load_policy(path: Path, *, verify: bool = True, device: str = "cpu") -> Any:
     """Load a checkpoint's weights-only policy (no pickle is read, so no trust is needed).
 
     Args:
         path: the checkpoint folder.
         verify: check every file's sha256 first (:func:`verify_checkpoint`).
+
+    Returns:
+        A :class:`Policy`, or a :class:`gradlab.checkpoints.program.ProgramPolicy` when the
+        checkpoint holds a search backend's action program (``format: gradlab.program/1``).
 
     Raises:
         IntegrityError: a file does not match the manifest (named), or the safetensors header is
@@ -449,5 +453,13 @@ def load_policy(path: Path, *, verify: bool = True, device: str = "cpu") -> Poli
     path = Path(path)
     if verify:
         verify_checkpoint(path)
+    from gradlab.checkpoints.program import is_program, load_program
+
+    try:
+        raw = json.loads((path / POLICY_SPEC_FILE).read_bytes())
+    except (OSError, ValueError):  # unreadable or malformed: check_policy_files names it
+        raw = None
+    if isinstance(raw, dict) and is_program(raw):  # a search backend's action program
+        return load_program(path, raw)
     spec = check_policy_files(path)
     return Policy(spec, load_file(str(path / WEIGHTS_FILE)), device=device)

@@ -93,12 +93,49 @@ class A2CConfig(Contract):
     normalize_advantage: bool = False
 
 
+class CellConfig(Contract):
+    """What makes two states one archive cell (``gradlab.explore.cells``)."""
+
+    kind: Literal["signals", "frame"] = "signals"
+    signals: list[str] = Field(default_factory=list, description="kind signals: task-program signals, in key order.")
+    bins: dict[str, float] = Field(default_factory=dict, description="kind signals: bin width per signal (default 1).")
+    width: int = Field(default=11, ge=1, le=160, description="kind frame: downscaled width in pixels.")
+    height: int = Field(default=8, ge=1, le=210, description="kind frame: downscaled height in pixels.")
+    levels: int = Field(default=8, ge=2, le=256, description="kind frame: grey levels kept.")
+
+
+class GoExploreConfig(Contract):
+    """``gradlab.go_explore``: Go-Explore's exploration phase (Ecoffet et al. 2019) on provider state snapshots."""
+
+    n_steps: int = Field(default=128, ge=1, description="Env steps per lane per iteration.")
+    explore_steps: int = Field(default=50, ge=1, description="Steps explored from a selected cell before returning.")
+    repeat_action_probability: float = Field(default=0.95, ge=0.0, lt=1.0,
+                                             description="Chance to repeat the previous exploration action.")
+    max_cells: int = Field(default=10_000, ge=1, description="Archive bound; past it the weakest cell is evicted.")
+    success_guidance: float = Field(default=0.0, ge=0.0, le=1.0,
+                                    description="Share of selections drawn from the best successful lineage.")
+    cell: CellConfig = Field(default_factory=CellConfig)
+
+
+class JerkConfig(Contract):
+    """``gradlab.jerk``: Just Enough Retained Knowledge (Nichol et al. 2018, "Gotta Learn Fast", section 4.1)."""
+
+    n_steps: int = Field(default=128, ge=1, description="Env steps per lane per iteration.")
+    run_length: tuple[int, int] = Field(default=(4, 32), description="Steps one exploration action is held, (min, max).")
+    jump_probability: float = Field(default=0.1, ge=0.0, le=1.0,
+                                    description="Chance per step of one random other action inside a run.")
+    exploit_bias: float = Field(default=0.25, ge=0.0, le=1.0,
+                                description="Exploit probability = exploit_bias + (1 - exploit_bias) * steps / timesteps.")
+    max_retained: int = Field(default=64, ge=1, description="Retained sequences (the best by mean return are kept).")
+
+
 BACKEND_CONFIGS: dict[str, type[Contract]] = {"sb3.ppo": PPOConfig, "sb3.a2c": A2CConfig,
-                                              "gradlab.ppo": GradlabPPOConfig}
+                                              "gradlab.ppo": GradlabPPOConfig, "gradlab.go_explore": GoExploreConfig,
+                                              "gradlab.jerk": JerkConfig}
 
 
 class Backend(Contract):
-    id: Literal["sb3.ppo", "sb3.a2c", "gradlab.ppo"]
+    id: Literal["sb3.ppo", "sb3.a2c", "gradlab.ppo", "gradlab.go_explore", "gradlab.jerk"]
     config: dict[str, Any] = Field(default_factory=dict, description="Validated by the backend's own model.")
 
     @model_validator(mode="after")
@@ -107,7 +144,7 @@ class Backend(Contract):
         object.__setattr__(self, "config", normalised)
         return self
 
-    def typed_config(self) -> PPOConfig | A2CConfig:
+    def typed_config(self) -> Any:
         return BACKEND_CONFIGS[self.id].model_validate(self.config)  # type: ignore[return-value]
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from gradlab.contracts.environment import EnvironmentSpec
+from gradlab.envs.snapshot import StateUnsupported
 from gradlab.version import __version__
 
 
@@ -124,6 +125,33 @@ class LaneBackend:
         actions = self._pending_actions
         self._pending_actions = None
         return self.step(actions)
+
+    def capture_state(self, lane: int) -> bytes:
+        """Lane ``lane``'s complete state as portable bytes (:mod:`gradlab.envs.snapshot`), no pickle.
+
+        Restoring it with :meth:`restore_state` in any process holding lanes of the same spec and
+        stepping the same actions gives the same observations, rewards and flags.
+
+        Raises:
+            StateUnsupported: the provider's API cannot capture this environment's state (the default).
+        """
+        raise StateUnsupported(self.state_problem() or f"{type(self).__name__}: provider state capture is not supported")
+
+    def restore_state(self, lane: int, state: bytes) -> np.ndarray:
+        """Put lane ``lane`` back into a state :meth:`capture_state` wrote.
+
+        Returns:
+            The lane's observation in that state (*obs_shape).
+
+        Raises:
+            StateUnsupported: as for :meth:`capture_state`. IntegrityError: ``state`` is not a
+                snapshot of this environment.
+        """
+        raise StateUnsupported(self.state_problem() or f"{type(self).__name__}: provider state restore is not supported")
+
+    def state_problem(self) -> str | None:
+        """Why :meth:`capture_state` cannot work here, or None when it can."""
+        return f"{type(self).__name__}: provider state capture is not supported"
 
     def flag_values(self, name: str) -> np.ndarray:
         """(N,) values of provider flag ``name`` after the last step."""

@@ -83,6 +83,28 @@ class FrameStack:
         self._frames.append(f)
         return np.concatenate(self._frames) if self.stack > 1 else f.copy()
 
+    def frames(self) -> list[np.ndarray]:
+        """The kept (C, H, W) uint8 frames, oldest first (a provider state snapshot saves them)."""
+        return list(self._frames)
+
+    def set_frames(self, frames: list[np.ndarray]) -> None:
+        """Replace the kept frames with ``frames`` (from :meth:`frames`), oldest first.
+
+        Raises:
+            IntegrityError: not ``stack`` frames of this stack's (C, H, W) shape.
+        """
+        from gradlab.errors import IntegrityError
+
+        shape = (self.channels, *self.shape[1:])
+        if len(frames) != self.stack or any(tuple(f.shape) != shape or f.dtype != np.uint8 for f in frames):
+            raise IntegrityError(f"provider state: expected {self.stack} uint8 frames of shape {shape}")
+        kept = []
+        for f in frames:
+            f = np.array(f, dtype=np.uint8)
+            f.flags.writeable = False
+            kept.append(f)
+        self._frames.extend(kept)
+
     def repeat_last(self) -> np.ndarray:
         """The current observation again (a new array), for a step that produced no new frame."""
         return np.concatenate(self._frames) if self.stack > 1 else self._frames[-1].copy()

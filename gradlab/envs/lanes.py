@@ -24,11 +24,17 @@ from typing import Any
 import numpy as np
 
 from gradlab.envs.backend import LaneBackend
-from gradlab.errors import PermanentError
+from gradlab.envs.snapshot import StateUnsupported
+from gradlab.errors import IntegrityError, PermanentError
 
 logger = logging.getLogger(__name__)
 
 LaneFactory = Callable[..., Any]
+#: How a provider captures and restores one lane env's state when the env has no
+#: ``capture_state()`` / ``restore_state(bytes)`` methods of its own: ``(capture(env) -> bytes,
+#: restore(env, bytes) -> obs, problem(env) -> str | None)``, module-level functions (picklable
+#: for :class:`AsyncLanes`).
+StateCodec = tuple[Callable[[Any], bytes], Callable[[Any, bytes], Any], Callable[[Any], "str | None"]]
 
 
 class LaneCrashed(PermanentError, RuntimeError):
@@ -44,8 +50,11 @@ def _discrete(space: Any) -> bool:
 class SyncLanes(LaneBackend):
     """N single envs stepped one after another in this process."""
 
-    def __init__(self, factory: LaneFactory, n: int, *, render_mode: str | None = None, lane_offset: int = 0):
+    def __init__(self, factory: LaneFactory, n: int, *, render_mode: str | None = None, lane_offset: int = 0,
+                 state_codec: StateCodec | None = None):
         self.envs = [factory(lane=lane_offset + i, render_mode=render_mode) for i in range(n)]
+        # Three attributes, not the tuple: resume's lane state skips code but refuses a tuple of it.
+        self._capture_fn, self._restore_fn, self._problem_fn = state_codec or (None, None, None)
         self.num_envs = n
         self.single_observation_space = self.envs[0].observation_space
         self.single_action_space = self.envs[0].action_space
@@ -87,6 +96,29 @@ class SyncLanes(LaneBackend):
     def ram(self) -> np.ndarray:
         return np.stack([np.asarray(env.get_ram(), dtype=np.uint8) for env in self.envs])
 
+    def state_problem(self) -> str | None:
+        env = self.envs[0]
+        if self._problem_fn is not None:
+            return self._problem_fn(env)
+        problem = getattr(env, "state_problem", None)
+        if callable(problem) and (reason := problem()) is not None:
+            return reason
+        if callable(getattr(env, "capture_state", None)):
+            return None
+        return f"{type(env).__name__}: this environment cannot capture its state (no capture_state)"
+
+    def capture_state(self, lane: int) -> bytes:
+        if (problem := self.state_problem()) is not None:
+            raise StateUnsupported(problem)
+        env = self.envs[lane]
+        return self._capture_fn(env) if self._capture_fn is not None else env.capture_state()
+
+    def restore_state(self, lane: int, state: bytes) -> np.ndarray:
+        if (problem := self.state_problem()) is not None:
+            raise StateUnsupported(problem)
+        env = self.envs[lane]
+        return np.asarray(self._restore_fn(env, state) if self._restore_fn is not None else env.restore_state(state))
+
     def render(self) -> list[np.ndarray]:
         return [env.render() for env in self.envs]
 
@@ -98,10 +130,11 @@ class SyncLanes(LaneBackend):
                 logger.debug("closing a lane failed", exc_info=True)
 
 
-def _worker(conn: Any, factory: LaneFactory, n: int, lane_offset: int, render_mode: str | None) -> None:
+def _worker(conn: Any, factory: LaneFactory, n: int, lane_offset: int, render_mode: str | None,
+            state_codec: StateCodec | None = None) -> None:
     """Subprocess main loop: owns lanes [lane_offset, lane_offset + n)."""
     try:
-        lanes = SyncLanes(factory, n, render_mode=render_mode, lane_offset=lane_offset)
+        lanes = SyncLanes(factory, n, render_mode=render_mode, lane_offset=lane_offset, state_codec=state_codec)
         conn.send(("ok", (lanes.single_observation_space, lanes.single_action_space, lanes.has_ram,
                           lanes.starts)))
     except BaseException:  # noqa: BLE001 - reported to the parent
@@ -121,6 +154,12 @@ def _worker(conn: Any, factory: LaneFactory, n: int, lane_offset: int, render_mo
                     conn.send(("ok", lanes.render()))
                 elif cmd == "ram":
                     conn.send(("ok", lanes.ram()))
+                elif cmd == "state_problem":
+                    conn.send(("ok", lanes.state_problem()))
+                elif cmd == "capture":
+                    conn.send(("ok", lanes.capture_state(arg)))
+                elif cmd == "restore":
+                    conn.send(("ok", lanes.restore_state(*arg)))
                 elif cmd == "close":
                     lanes.close()
                     conn.send(("ok", None))
@@ -163,7 +202,8 @@ class AsyncLanes(LaneBackend):
     """
 
     def __init__(self, factory: LaneFactory, n: int, *, render_mode: str | None = None,
-                 workers: int | None = None, lanes_per_worker: int | None = None, name: str = "lanes"):
+                 workers: int | None = None, lanes_per_worker: int | None = None, name: str = "lanes",
+                 state_codec: StateCodec | None = None):
         self.num_envs = n
         if lanes_per_worker is not None:
             workers = -(-n // lanes_per_worker)
@@ -176,7 +216,7 @@ class AsyncLanes(LaneBackend):
         self._closed = False
         for lo, hi in self._blocks:
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_worker, args=(child, factory, hi - lo, lo, render_mode), daemon=True,
+            proc = ctx.Process(target=_worker, args=(child, factory, hi - lo, lo, render_mode, state_codec), daemon=True,
                                name=f"gradlab-{name}-{lo}")
             with main_hidden():
                 proc.start()
@@ -199,6 +239,9 @@ class AsyncLanes(LaneBackend):
             lo, hi = self._blocks[i]
             raise LaneCrashed(f"environment worker for lanes {lo}..{hi - 1} died "
                               f"(exit code {self._procs[i].exitcode})") from e
+        if status == "refused":
+            kind, message = payload
+            raise (StateUnsupported if kind == "StateUnsupported" else IntegrityError)(message)
         if status == "error":
             lo, hi = self._blocks[i]
             raise LaneCrashed(f"environment lanes {lo}..{hi - 1} raised:\n{payload}")
@@ -245,6 +288,27 @@ class AsyncLanes(LaneBackend):
     def ram(self) -> np.ndarray:
         return np.concatenate(self._all("ram"))
 
+    def _worker_of(self, lane: int) -> tuple[int, int]:
+        for w, (lo, hi) in enumerate(self._blocks):
+            if lo <= lane < hi:
+                return w, lane - lo
+        raise IndexError(f"lane {lane} out of range 0..{self.num_envs - 1}")
+
+    def state_problem(self) -> str | None:
+        self._conns[0].send(("state_problem", None))
+        return self._recv(0)
+
+    def capture_state(self, lane: int) -> bytes:
+        """The lane's state, captured in its worker process (refusals are raised here as they were there)."""
+        w, local = self._worker_of(lane)
+        self._conns[w].send(("capture", local))
+        return self._recv(w)
+
+    def restore_state(self, lane: int, state: bytes) -> np.ndarray:
+        w, local = self._worker_of(lane)
+        self._conns[w].send(("restore", (local, state)))
+        return self._recv(w)
+
     def render(self) -> list[np.ndarray]:
         return [frame for part in self._all("render") for frame in part]
 
@@ -277,7 +341,8 @@ class AsyncLanes(LaneBackend):
 
 
 def build_lanes(factory: LaneFactory, spec: Any, *, default: str, render_mode: str | None,
-                lanes_per_worker: int | None = None, name: str = "lanes") -> LaneBackend:
+                lanes_per_worker: int | None = None, name: str = "lanes",
+                state_codec: StateCodec | None = None) -> LaneBackend:
     """Sync or async lanes for ``spec`` (``vectorization: auto`` → ``default``; ``native`` → sync).
 
     Args:
@@ -285,14 +350,15 @@ def build_lanes(factory: LaneFactory, spec: Any, *, default: str, render_mode: s
         spec: the EnvironmentSpec (``n_envs``, ``vectorization``, ``num_threads`` = worker processes).
         default: "sync" or "async", the provider's choice for ``auto``.
         lanes_per_worker: force lanes per process for async (stable-retro: 1).
+        state_codec: how to capture/restore a lane env that has no methods of its own (gymnasium).
     """
     mode = spec.vectorization if spec.vectorization in ("sync", "async") else default
     if mode == "native":
         mode = "sync"
     if mode == "async":
         return AsyncLanes(factory, spec.n_envs, render_mode=render_mode, workers=spec.num_threads,
-                          lanes_per_worker=lanes_per_worker, name=name)
-    return SyncLanes(factory, spec.n_envs, render_mode=render_mode)
+                          lanes_per_worker=lanes_per_worker, name=name, state_codec=state_codec)
+    return SyncLanes(factory, spec.n_envs, render_mode=render_mode, state_codec=state_codec)
 
 
 def parse_provider_args(model: type, spec: Any) -> Any:

@@ -198,6 +198,48 @@ class TaskRunner:
         for name in self.event_names:
             self._count[name][idx] = 0
 
+    def lane_state(self, lane: int) -> dict[str, Any]:
+        """Lane ``lane``'s episode state as JSON-able data (step count, returns, seed, start, the
+        signals' last values and the events' counters), for a provider state snapshot.
+
+        Non-finite and missing signal values are stored as None."""
+        def value(v: Any) -> Any:
+            if v is None:
+                return None
+            if isinstance(v, (np.generic, float, int, bool)):
+                f = float(v)
+                return f if math.isfinite(f) else None
+            return v if isinstance(v, str) else None
+
+        return {"steps": int(self.steps[lane]), "return": float(self.returns[lane]),
+                "raw_return": float(self.raw_returns[lane]), "seed": self.seeds[lane], "start": self.starts[lane],
+                "prev": {n: value(self._prev[n][lane]) for n in self.signal_names},
+                "last": {n: value(self._last[n][lane]) for n in self.signal_names},
+                "count": {n: int(self._count[n][lane]) for n in self.event_names}}
+
+    def set_lane_state(self, lane: int, state: dict[str, Any]) -> None:
+        """Put lane ``lane`` back into a :meth:`lane_state` (the episode continues from there).
+
+        Raises:
+            IntegrityError: the state names other signals or events than this program's.
+        """
+        from gradlab.errors import IntegrityError
+
+        if sorted(state["prev"]) != sorted(self.signal_names) or sorted(state["count"]) != sorted(self.event_names):
+            raise IntegrityError("provider state: the task-program state names other signals or events than this goal's")
+        idx = np.array([lane], dtype=np.int64)
+        self.steps[lane] = int(state["steps"])
+        self.returns[lane] = float(state["return"])
+        self.raw_returns[lane] = float(state["raw_return"])
+        self.seeds[lane] = state["seed"]
+        self.starts[lane] = state["start"]
+        for name in self.signal_names:
+            for table, key in ((self._prev, "prev"), (self._last, "last")):
+                v = state[key][name]
+                table[name] = self._set(table[name], idx, None if v is None else np.array([v]))
+        for name in self.event_names:
+            self._count[name][lane] = int(state["count"][name])
+
     @staticmethod
     def _set(target: np.ndarray, idx: np.ndarray, values: np.ndarray | None) -> np.ndarray:
         if values is None:

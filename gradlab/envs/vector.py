@@ -282,6 +282,44 @@ class VectorEnv:
             info["gradlab_episode"] = ep.as_json()
             infos[ep.lane] = info
 
+    # -- provider state ----------------------------------------------------------------------
+    def capture_lane(self, lane: int) -> bytes:
+        """Lane ``lane`` mid-episode as portable bytes: the provider's state
+        (``LaneBackend.capture_state``) and the task program's lane state, one snapshot
+        (:mod:`gradlab.envs.snapshot`, kind ``gradlab.lane``).
+
+        Raises:
+            StateUnsupported: the provider cannot capture this environment's state.
+        """
+        from gradlab.envs.snapshot import Snapshot, pack
+
+        provider = self.backend.capture_state(lane)
+        return pack(Snapshot("gradlab.lane", meta={"task": self.task.lane_state(lane),
+                                                   "env": f"{self.spec.provider}:{self.spec.env_id}"},
+                             blobs={"provider": provider}))
+
+    def restore_lane(self, lane: int, state: bytes) -> np.ndarray:
+        """Put lane ``lane`` back into a :meth:`capture_lane` state (after :meth:`reset`); its
+        episode continues from there (step count, returns and events included).
+
+        Returns:
+            The lane's observation there (*obs_shape).
+
+        Raises:
+            StateUnsupported: the provider cannot restore. IntegrityError: ``state`` is not a lane
+                snapshot of this environment.
+        """
+        from gradlab.envs.snapshot import unpack
+        from gradlab.errors import IntegrityError
+
+        snap = unpack(state, kind="gradlab.lane")
+        where = f"{self.spec.provider}:{self.spec.env_id}"
+        if snap.meta["env"] != where:
+            raise IntegrityError(f"provider state: a snapshot of {snap.meta['env']}, this env is {where}")
+        obs = self.backend.restore_state(lane, snap.blobs["provider"])
+        self.task.set_lane_state(lane, snap.meta["task"])
+        return obs
+
     def render(self) -> list[np.ndarray]:
         """One RGB frame (H, W, 3) uint8 per lane (built with ``render_mode="rgb_array"``)."""
         return [np.asarray(frame) for frame in self.backend.render()]

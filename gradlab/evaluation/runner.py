@@ -76,7 +76,8 @@ def run_episodes(
         venv: a ``gradlab.envs.VectorEnv`` with ``manifest.n_lanes`` lanes whose first reset uses
             each lane's first manifest seed (``make_vector_env(..., lane_seeds=...)``).
         manifest: the episodes to run; lane ``l`` runs ``manifest.lane_queues()[l]`` in order.
-        policy: ``act(obs (N, *obs_shape), deterministic=, rng=) -> (N,) actions``.
+        policy: ``act(obs (N, *obs_shape), deterministic=, rng=) -> (N,) actions``; a policy with
+            ``after_step(step_result)`` (an action program) is told every step's result.
         deterministic: greedy actions (True) or sampled ones.
         rng: the generator passed to ``policy.act``.
         fail_fast: stop at the first completed episode whose outcome is not ``success`` (records
@@ -116,6 +117,7 @@ def run_episodes(
         stage(lane, 1)
     pos = [0] * manifest.n_lanes
     remaining = manifest.planned
+    after_step = getattr(policy, "after_step", None)
     rows: list[EpisodeRow] = []
     steps = 0
     while remaining > 0:
@@ -126,6 +128,8 @@ def run_episodes(
             )
         actions = np.asarray(policy.act(obs, deterministic=deterministic, rng=rng))
         res = venv.step(actions)
+        if after_step is not None:  # an open-loop action program counts each lane's steps
+            after_step(res)
         steps += 1
         if observer is not None:
             observer.step(obs, actions, res)

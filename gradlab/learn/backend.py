@@ -10,7 +10,9 @@ statistics), :mod:`gradlab.learn.resume_state` (RNG streams, normalisation stati
 policy tensors of ``resume/``) and :mod:`gradlab.learn.warm_start`.
 
 Shipped backends: ``sb3.ppo`` and ``sb3.a2c`` (:class:`gradlab.learn.sb3.SB3Backend`) and
-``gradlab.ppo`` (:class:`gradlab.learn.ppo.PPOBackend`); docs/ARCHITECTURE.md section 5.
+``gradlab.ppo`` (:class:`gradlab.learn.ppo.PPOBackend`); docs/ARCHITECTURE.md section 5. The search
+backends ``gradlab.go_explore`` (:class:`gradlab.learn.go_explore.GoExploreBackend`) and
+``gradlab.jerk`` (:class:`gradlab.learn.jerk.JerkBackend`) follow the same phases; section 12a.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ BACKENDS: dict[str, str] = {
     "sb3.ppo": "gradlab.learn.sb3:SB3Backend",
     "sb3.a2c": "gradlab.learn.sb3:SB3Backend",
     "gradlab.ppo": "gradlab.learn.ppo:PPOBackend",
+    "gradlab.go_explore": "gradlab.learn.go_explore:GoExploreBackend",
+    "gradlab.jerk": "gradlab.learn.jerk:JerkBackend",
 }
 """Registered backend ids (``train.backend.id``) → the class that implements them, as ``"module:Class"``."""
 

@@ -135,6 +135,33 @@ EARLY_STOP: tuple[MetricSpec, ...] = (
 )
 """Early-stop condition metrics (gradlab.learn.early_stop, emitted by the learner per rollout)."""
 
+EXPLORATION: tuple[MetricSpec, ...] = (
+    MetricSpec("train/algorithm/go_explore/archive/cell_count", "Cells the Go-Explore archive holds now.", "count", _ROLL),
+    MetricSpec("train/algorithm/go_explore/archive/entry_count", "Archive entries held now (one per cell: a replaced trajectory is dropped at once).", "count", _ROLL),
+    MetricSpec("train/algorithm/go_explore/archive/blob_count", "Distinct provider-state blobs the archive references.", "count", _ROLL),
+    MetricSpec("train/algorithm/go_explore/archive/blob_bytes", "Bytes of the distinct provider-state blobs the archive references.", "bytes", _ROLL),
+    MetricSpec("train/algorithm/go_explore/archive/selection_count", "Cells chosen to explore from since the run started.", "count", _ROLL),
+    MetricSpec("train/algorithm/go_explore/archive/visit_count", "Cell visits (steps that ended in a cell) since the run started.", "count", _ROLL),
+    MetricSpec("train/algorithm/go_explore/archive/update_count", "Times a cell's trajectory was replaced by a better one since the run started.", "count", _ROLL),
+    MetricSpec("train/algorithm/go_explore/archive/recent_new_cell_rate", "Share of the recent visits that found a new cell.", "frac", _ROLL),
+    MetricSpec("train/algorithm/go_explore/archive/recent_visit_window", "Visits in the window of recent_new_cell_rate (at most 1000).", "count", _ROLL),
+    MetricSpec("train/algorithm/go_explore/archive/visits_per_cell", "Visits since the run started divided by the cells held now.", "ratio", _ROLL),
+    MetricSpec("train/algorithm/go_explore/success_guided/cell_count", "Cells on the lineage of the best successful trajectory.", "count", _ROLL),
+    MetricSpec("train/algorithm/go_explore/success_guided/selection_count", "Selections drawn from the best successful lineage since the run started.", "count", _ROLL),
+    MetricSpec("train/algorithm/go_explore/best/progress", "Progress (sum of the goal's progress signals) of the best retained trajectory.", "progress", _ROLL),
+    MetricSpec("train/algorithm/go_explore/best/return", "Shaped return of the best retained trajectory.", "reward", _ROLL),
+    MetricSpec("train/algorithm/go_explore/best/program_steps", "Actions in the best retained action program.", "steps", _ROLL),
+    MetricSpec("train/algorithm/go_explore/best/program_runs", "Runs of equal consecutive actions in the best retained action program.", "count", _ROLL),
+    MetricSpec("train/algorithm/go_explore/best/completed", "1 once a retained trajectory completed the task (outcome success), else 0.", "bool", _ROLL),
+    MetricSpec("train/algorithm/go_explore/best/improvement_count", "Times a better successful trajectory replaced the first one.", "count", _ROLL),
+    MetricSpec("train/algorithm/jerk/retained/count", "Action sequences JERK keeps for replay.", "count", _ROLL),
+    MetricSpec("train/algorithm/jerk/best/return_mean", "Mean shaped return over the replays of JERK's best retained sequence.", "reward", _ROLL),
+    MetricSpec("train/algorithm/jerk/best/sequence_length", "Actions in JERK's best retained sequence.", "steps", _ROLL),
+    MetricSpec("train/algorithm/jerk/archive/selected_prefix_return_mean", "Mean return of the retained sequences chosen for replay since the run started.", "reward", _ROLL),
+    MetricSpec("train/algorithm/jerk/exploit/probability", "Probability that a JERK episode starts by replaying the best retained sequence.", "frac", _ROLL),
+)
+"""Search backends' metrics (gradlab.learn.go_explore, gradlab.learn.jerk, gradlab.explore.archive)."""
+
 _SUP = "per supervisor event"
 
 ORCHESTRATION: tuple[MetricSpec, ...] = (
@@ -148,7 +175,7 @@ ORCHESTRATION: tuple[MetricSpec, ...] = (
 )
 """Metrics the supervisor flow emits about the run's orchestration (owner: flows/training_run)."""
 
-REGISTRY: tuple[MetricSpec, ...] = TRAINING + EVALUATION + EARLY_STOP + ORCHESTRATION
+REGISTRY: tuple[MetricSpec, ...] = TRAINING + EVALUATION + EARLY_STOP + EXPLORATION + ORCHESTRATION
 """Every registered metric, all parts together."""
 
 

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from gradlab.contracts.environment import AtariPreprocessing, EnvironmentSpec
 from gradlab.envs.backend import EnvInfo, LaneBackend, Provider, args_problems, seed32
@@ -39,6 +39,9 @@ MAX_FRAMES_PER_EPISODE = 108_000
 class AleArgs(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     use_fire_reset: bool = False
+    single_lanes: bool = Field(default=False, description=(
+        "One ALEInterface per lane, stepped in-process, instead of the native vector env: slower, but "
+        "lanes capture and restore their state (gradlab.envs.providers.ale_lane)."))
 
 
 def rom_name(env_id: str) -> str:
@@ -154,6 +157,10 @@ class AleLanes(LaneBackend):
         self._last_obs = obs
         return obs, reward.astype(np.float64), term, trunc, self._infos(info, self.num_envs)
 
+    def state_problem(self) -> str | None:
+        return ("ale: ale-py's native vector env cannot capture a lane's state; set provider_args.single_lanes: "
+                "true for lanes that can")
+
     def render(self) -> list[np.ndarray]:
         if self._last_obs is None:
             raise RuntimeError("render() before reset()")
@@ -209,6 +216,14 @@ class AleProvider(Provider):
         rom = self._rom(spec.env_id)
         args = parse_provider_args(AleArgs, spec)
         pre = AtariPreprocessing.model_validate(spec.preprocessing)
+        if args.single_lanes:
+            import functools
+
+            from gradlab.envs.lanes import SyncLanes
+            from gradlab.envs.providers.ale_lane import make_ale_lane
+
+            factory = functools.partial(make_ale_lane, rom, pre, args.use_fire_reset, MAX_FRAMES_PER_EPISODE)
+            return SyncLanes(factory, spec.n_envs, render_mode=render_mode)
         return AleLanes(rom, spec.n_envs, pre, args, spec.num_threads)
 
     def describe(self, spec: EnvironmentSpec) -> EnvInfo:

@@ -21,6 +21,11 @@ Environments (``provider_args`` in brackets):
   lane's episode index (0-based, counted per lane) is in ``fail_episodes`` or the episode's reset
   seed is in ``fail_seeds``, else True (None on earlier steps). Native reward 1.0 on a successful
   final step, else 0.0. For fail-fast evaluation tests.
+* ``KeyDoor-v0`` [layout]: the hard-exploration key-door maze, :mod:`gradlab.envs.providers.maze`.
+
+Every environment here captures and restores its lanes' state (``LaneBackend.capture_state``,
+docs/ARCHITECTURE.md section 12a): the counters of the test envs, Bandit-v0's arm and lane RNG,
+the maze's position and key.
 
 All render (H, W, 3) uint8 frames. Actions are Discrete(2) for the test environments and do not
 change their dynamics.
@@ -38,6 +43,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from gradlab.contracts.environment import EnvironmentSpec
 from gradlab.envs.backend import EnvInfo, LaneBackend, Provider, args_problems
 from gradlab.envs.lanes import build_lanes, parse_provider_args
+from gradlab.envs.providers.maze import ACTION_MEANINGS as MAZE_ACTIONS
+from gradlab.envs.providers.maze import KeyDoorArgs, KeyDoorEnv
+from gradlab.envs.snapshot import Snapshot, generator_state, pack, set_generator_state, unpack
 from gradlab.errors import NotFound
 
 _RENDER_H, _RENDER_W = 16, 64
@@ -96,6 +104,24 @@ class _TinyEnv:
     def close(self) -> None:
         return None
 
+    #: Attributes that make up a lane's state (ints, or None for FailOn-v0's seed).
+    _state_attrs: tuple[str, ...] = ("t",)
+
+    def capture_state(self) -> bytes:
+        """The lane's counters as a snapshot (:mod:`gradlab.envs.snapshot`)."""
+        return pack(Snapshot(f"gradlab:{type(self).__name__}",
+                             meta={a: getattr(self, a) for a in self._state_attrs}))
+
+    def restore_state(self, state: bytes) -> np.ndarray:
+        """Assign a :meth:`capture_state` snapshot; returns the observation there."""
+        meta = unpack(state, kind=f"gradlab:{type(self).__name__}").meta
+        for a in self._state_attrs:
+            setattr(self, a, meta[a])
+        return self._obs()
+
+    def state_problem(self) -> str | None:
+        return None
+
 
 class CorridorEnv(_TinyEnv):
     def __init__(self, args: CorridorArgs, lane: int = 0, render_mode: str | None = None):
@@ -110,6 +136,8 @@ class CorridorEnv(_TinyEnv):
         #: Named start states (None: the corridor has one start).
         self.starts = tuple(args.starts) or None
         self.observation_space = Box(0.0, np.inf, shape=(1,), dtype=np.float32)
+
+    _state_attrs = ("t", "length")
 
     def _obs(self) -> np.ndarray:
         return np.array([self.t], dtype=np.float32)
@@ -145,6 +173,8 @@ class LivesEnv(_TinyEnv):
         self.lose_every = args.lose_every
         self.lives = args.lives
         self.observation_space = Box(0.0, np.inf, shape=(2,), dtype=np.float32)
+
+    _state_attrs = ("t", "lives")
 
     def _obs(self) -> np.ndarray:
         return np.array([self.lives, self.t], dtype=np.float32)
@@ -182,6 +212,11 @@ class FailOnEnv(_TinyEnv):
         self.seed: int | None = None
         self.observation_space = Box(0.0, np.inf, shape=(1,), dtype=np.float32)
 
+    _state_attrs = ("t", "episode", "seed")
+
+    def _obs(self) -> np.ndarray:
+        return np.array([self.t], dtype=np.float32)
+
     def reset(self, *, seed: int | None = None, options: Any = None) -> tuple[np.ndarray, dict]:
         self.t = 0
         self.episode += 1
@@ -197,8 +232,8 @@ class FailOnEnv(_TinyEnv):
         return obs, 0.0 if fail else 1.0, True, False, {"success": not fail, "episode": self.episode}
 
 
-def _make_lane(env_id: str, args: _Args, *, lane: int, render_mode: str | None) -> _TinyEnv:
-    cls = {"Corridor-v0": CorridorEnv, "Lives-v0": LivesEnv, "FailOn-v0": FailOnEnv}[env_id]
+def _make_lane(env_id: str, args: Any, *, lane: int, render_mode: str | None) -> Any:
+    cls = {"Corridor-v0": CorridorEnv, "Lives-v0": LivesEnv, "FailOn-v0": FailOnEnv, "KeyDoor-v0": KeyDoorEnv}[env_id]
     return cls(args, lane=lane, render_mode=render_mode)
 
 
@@ -233,6 +268,25 @@ class BanditLanes(LaneBackend):
         done = np.ones(self.num_envs, dtype=bool)
         return obs, reward, done, ~done, [{"correct": bool(c)} for c in correct.tolist()]
 
+    def state_problem(self) -> str | None:
+        return None
+
+    def capture_state(self, lane: int) -> bytes:
+        """The lane's rewarding arm and RNG as a snapshot."""
+        return pack(Snapshot("gradlab:Bandit-v0", meta={"arm": int(self._arms[lane]), "n_arms": self.n_arms,
+                                                        "rng": generator_state(self._rngs[lane])}))
+
+    def restore_state(self, lane: int, state: bytes) -> np.ndarray:
+        from gradlab.errors import IntegrityError
+
+        meta = unpack(state, kind="gradlab:Bandit-v0").meta
+        if meta["n_arms"] != self.n_arms:
+            raise IntegrityError(f"provider state: a Bandit-v0 snapshot of {meta['n_arms']} arms, this env has {self.n_arms}")
+        self._arms[lane] = meta["arm"]
+        self._rngs[lane] = np.random.default_rng()
+        set_generator_state(self._rngs[lane], meta["rng"])
+        return self._eye[self._arms[lane]].copy()
+
     def render(self) -> list[np.ndarray]:
         frames = []
         for arm in self._arms.tolist():
@@ -242,8 +296,9 @@ class BanditLanes(LaneBackend):
         return frames
 
 
-_ENVS: dict[str, type[_Args]] = {
+_ENVS: dict[str, type[BaseModel]] = {
     "Bandit-v0": BanditArgs, "Corridor-v0": CorridorArgs, "Lives-v0": LivesArgs, "FailOn-v0": FailOnArgs,
+    "KeyDoor-v0": KeyDoorArgs,
 }
 
 
@@ -266,7 +321,7 @@ class BuiltinProvider(Provider):
     def env_ids(self) -> list[str]:
         return list(_ENVS)
 
-    def _args(self, spec: EnvironmentSpec) -> _Args:
+    def _args(self, spec: EnvironmentSpec) -> Any:
         model = _ENVS.get(spec.env_id)
         if model is None:
             raise NotFound(f"provider 'gradlab' has no environment '{spec.env_id}'; it has {', '.join(_ENVS)}")
@@ -300,8 +355,8 @@ class BuiltinProvider(Provider):
         else:
             env = _make_lane(spec.env_id, args, lane=0, render_mode=None)
             obs_space, act_space = env.observation_space, env.action_space
-            meanings = ["NOOP", "NOOP_2"]
-            render_shape = (_RENDER_H, _RENDER_W, 3)
+            meanings = MAZE_ACTIONS if spec.env_id == "KeyDoor-v0" else ["NOOP", "NOOP_2"]
+            render_shape = tuple(env.render().shape) if spec.env_id == "KeyDoor-v0" else (_RENDER_H, _RENDER_W, 3)
             native_max = env.length if isinstance(env, CorridorEnv) and args.end == "truncate" else None  # type: ignore[attr-defined]
         return EnvInfo(provider=self.name, env_id=spec.env_id, observation_space=str(obs_space),
                        action_space=str(act_space), obs_shape=tuple(obs_space.shape),

@@ -6,6 +6,11 @@ truncation (reason ``native_time_limit``). ``preprocessing.frame_stack`` > 1 sta
 with ``gymnasium.wrappers.FrameStackObservation``. Lanes run in-process by default
 (``vectorization: auto`` = sync): a CartPole step costs ~5 µs, and process-based vectorisation
 of such a step is 6–8× slower.
+
+Provider state (docs/ARCHITECTURE.md section 12a): environments whose unwrapped env keeps its
+state in a ``state`` attribute (classic control: CartPole, MountainCar, Acrobot, Pendulum) capture
+it with the env's RNG state, CartPole's ``steps_beyond_terminated`` and the ``TimeLimit``'s elapsed
+steps (:func:`capture_gym_state`); other ids, and any frame stack, are unsupported.
 """
 
 from __future__ import annotations
@@ -13,10 +18,20 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+import numpy as np
+
 from gradlab.contracts.environment import EnvironmentSpec, GymnasiumPreprocessing
 from gradlab.envs.backend import EnvInfo, LaneBackend, Provider
 from gradlab.envs.lanes import build_lanes
-from gradlab.errors import ConfigError, NotFound
+from gradlab.envs.snapshot import (
+    Snapshot,
+    StateUnsupported,
+    generator_state,
+    pack,
+    set_generator_state,
+    unpack,
+)
+from gradlab.errors import ConfigError, IntegrityError, NotFound
 
 #: Action labels for discrete classic-control envs (gymnasium's docs pages of each env).
 ACTION_MEANINGS: dict[str, list[str]] = {
@@ -66,6 +81,81 @@ def _make_lane(env_id: str, kwargs: dict[str, Any], frame_stack: int, *, lane: i
 
         env = FrameStackObservation(env, frame_stack)
     return env
+
+
+def _gym_state_problem(env: Any) -> str | None:
+    from gymnasium.wrappers import FrameStackObservation
+
+    name = env.spec.id if env.spec is not None else type(env.unwrapped).__name__
+    layer = env
+    while hasattr(layer, "env"):
+        if isinstance(layer, FrameStackObservation):
+            return f"gymnasium:{name}: provider state capture does not support preprocessing.frame_stack"
+        layer = layer.env
+    if getattr(env.unwrapped, "state", None) is None and not hasattr(env.unwrapped, "state"):
+        return (f"gymnasium:{name}: provider state capture needs an env that keeps its state in a `state` "
+                "attribute (classic control); this one does not")
+    return None
+
+
+def _time_limit(env: Any) -> Any:
+    from gymnasium.wrappers import TimeLimit
+
+    layer = env
+    while hasattr(layer, "env"):
+        if isinstance(layer, TimeLimit):
+            return layer
+        layer = layer.env
+    return None
+
+
+def capture_gym_state(env: Any) -> bytes:
+    """One classic-control lane's state as a snapshot: the ``state`` vector, the env's RNG state,
+    CartPole's ``steps_beyond_terminated`` and the ``TimeLimit``'s elapsed steps.
+
+    Raises:
+        StateUnsupported: the env keeps no ``state`` attribute, or frames are stacked.
+    """
+    if (problem := _gym_state_problem(env)) is not None:
+        raise StateUnsupported(problem)
+    core = env.unwrapped
+    limit = _time_limit(env)
+    state = core.state
+    meta = {"steps_beyond_terminated": getattr(core, "steps_beyond_terminated", None),
+            "elapsed_steps": None if limit is None else limit._elapsed_steps,
+            "rng": generator_state(core.np_random), "state_is_none": state is None}
+    arrays = {} if state is None else {"state": np.asarray(state)}
+    return pack(Snapshot(f"gymnasium:{env.spec.id if env.spec else type(core).__name__}", meta=meta, arrays=arrays))
+
+
+def restore_gym_state(env: Any, data: bytes) -> np.ndarray:
+    """Assign a :func:`capture_gym_state` snapshot; returns the observation in that state.
+
+    Raises:
+        StateUnsupported: as for :func:`capture_gym_state`. IntegrityError: a snapshot of another env.
+    """
+    if (problem := _gym_state_problem(env)) is not None:
+        raise StateUnsupported(problem)
+    core = env.unwrapped
+    snap = unpack(data, kind=f"gymnasium:{env.spec.id if env.spec else type(core).__name__}")
+    old = core.state
+    if snap.meta["state_is_none"]:
+        core.state = None
+    else:
+        state = snap.arrays["state"]
+        if old is not None and np.shape(old) != state.shape:
+            raise IntegrityError(f"provider state: state vector of shape {state.shape}, the env's is {np.shape(old)}")
+        core.state = tuple(state.tolist()) if isinstance(old, tuple) else state.copy()
+    if hasattr(core, "steps_beyond_terminated"):
+        core.steps_beyond_terminated = snap.meta["steps_beyond_terminated"]
+    limit = _time_limit(env)
+    if limit is not None and snap.meta["elapsed_steps"] is not None:
+        limit._elapsed_steps = snap.meta["elapsed_steps"]
+    set_generator_state(core.np_random, snap.meta["rng"])
+    for getter in ("_get_ob", "_get_obs"):
+        if callable(getattr(core, getter, None)):
+            return np.asarray(core.__getattribute__(getter)(), dtype=env.observation_space.dtype)
+    return np.asarray(core.state, dtype=env.observation_space.dtype)
 
 
 class GymnasiumProvider(Provider):
@@ -147,7 +237,8 @@ class GymnasiumProvider(Provider):
     def make_backend(self, spec: EnvironmentSpec, *, render_mode: str | None) -> LaneBackend:
         factory = self._factory(spec)
         self._probe(factory, spec.env_id).close()
-        return build_lanes(factory, spec, default="sync", render_mode=render_mode, name=spec.env_id)
+        return build_lanes(factory, spec, default="sync", render_mode=render_mode, name=spec.env_id,
+                           state_codec=(capture_gym_state, restore_gym_state, _gym_state_problem))
 
     def describe(self, spec: EnvironmentSpec) -> EnvInfo:
         from gymnasium.spaces import Discrete

@@ -37,6 +37,7 @@ from gradlab.envs.backend import EnvInfo, LaneBackend, Provider
 from gradlab.envs.frames import FrameStack
 from gradlab.envs.lanes import AsyncLanes, SyncLanes
 from gradlab.envs.roms import missing_rom_error, register_rom_dir, rom_cache_dir, verify_imported
+from gradlab.envs.snapshot import Snapshot, pack, unpack
 from gradlab.errors import ConfigError, IntegrityError, NotFound
 
 logger = logging.getLogger(__name__)
@@ -127,6 +128,37 @@ class RetroLane:
 
     def get_ram(self) -> np.ndarray:
         return np.asarray(self.env.unwrapped.get_ram(), dtype=np.uint8)
+
+    def state_problem(self) -> str | None:
+        return None
+
+    def capture_state(self) -> bytes:
+        """The emulator's own serialised state (``em.get_state``), the frame stack and the last
+        raw screen, as a snapshot (:mod:`gradlab.envs.snapshot`)."""
+        core = self.env.unwrapped
+        frames = self.frames.frames()
+        arrays = {f"frame{i:03d}": f for i, f in enumerate(frames)}
+        if self._raw is not None:
+            arrays["raw"] = np.asarray(self._raw)
+        return pack(Snapshot(f"retro:{core.gamename}", meta={"state_name": self._state_name, "frames": len(frames)},
+                             arrays=arrays, blobs={"emulator": bytes(core.em.get_state())}))
+
+    def restore_state(self, state: bytes) -> np.ndarray:
+        """Load a :meth:`capture_state` snapshot into the emulator; returns the observation there.
+
+        The game data's variables are re-read from the restored RAM (``data.reset`` then
+        ``update_ram``, as ``RetroEnv.reset`` does), so the next step's reward is the change from
+        the restored state.
+        """
+        core = self.env.unwrapped
+        snap = unpack(state, kind=f"retro:{core.gamename}")
+        core.em.set_state(snap.blobs["emulator"])
+        core.data.reset()
+        core.data.update_ram()
+        self._state_name = snap.meta["state_name"]
+        self._raw = snap.arrays.get("raw")
+        self.frames.set_frames([snap.arrays[f"frame{i:03d}"] for i in range(int(snap.meta["frames"]))])
+        return self.frames.repeat_last()
 
     def action_meanings(self) -> list[str]:
         from gymnasium.spaces import Discrete

@@ -110,6 +110,13 @@ class DoomLane:
         obs, info = self._observe(reset=False)
         return obs, reward, False, self.timeout > 0 and game.get_episode_time() - self._start >= self.timeout, info
 
+    def state_problem(self) -> str | None:
+        """ViZDoom lanes do not capture their state: ``DoomGame.save``/``load`` go through savegame
+        files on disk and restore no step-exact RNG, so restore + same actions is not guaranteed to
+        repeat the same transitions (docs/ARCHITECTURE.md section 12a)."""
+        return ("vizdoom: provider state capture is not supported (DoomGame.save/load are savegame files "
+                "without a step-exact replay guarantee)")
+
     def render(self) -> np.ndarray:
         if self._raw is None:
             raise RuntimeError("render() before reset()")
