@@ -47,6 +47,7 @@ class GoalRow(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     goal_id: str
+    family: str | None = Field(default=None, description="The goal's family (its id's parent path), None at top level.")
     title: str = ""
     description: str = ""
     env: str = ""
