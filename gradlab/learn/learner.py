@@ -152,7 +152,9 @@ def run_learner(spec: RunSpec, run_dir: Path, *, resume_from: Path | None = None
         if resume_from is not None:
             resumed_manifest = verify_checkpoint(Path(resume_from))
             _check_resume_compatible(resumed_manifest, spec, config_sha, Path(resume_from))
-        backend.setup(spec, env if env is not None else backend.make_env(spec))
+        venv = env if env is not None else backend.make_env(spec)
+        backend.setup(spec, venv)
+        task = getattr(getattr(venv, "venv", venv), "task", None)  # the TaskRunner (reward components)
         env_restored = False
         if resume_from is not None:
             env_restored = backend.restore(Path(resume_from))
@@ -186,6 +188,7 @@ def run_learner(spec: RunSpec, run_dir: Path, *, resume_from: Path | None = None
             metrics: dict[str, float] = {
                 "train/global_step": float(step),
                 **backend.rollout_metrics(),
+                **(task.take_component_metrics() if task is not None else {}),
                 **update,
                 "train/throughput/rollout/seconds": t1 - t0,
                 "train/throughput/update/seconds": t2 - t1,

@@ -188,6 +188,9 @@ class StepMessage(BaseModel):
     signals: dict[str, Any]
     events: list[str]
     episode: dict[str, Any] | None
+    reward_components: dict[str, float] = Field(
+        default_factory=dict, description="Reward component -> its part of this step's task reward (before "
+        "reward_scale and clipping); empty when the reward is the native reward alone.")
 
 
 class StateMessage(BaseModel):

@@ -13,8 +13,9 @@ from gradlab.errors import ConfigError
 
 def test_a_nested_goal_composes_its_family_common_fragment_and_template_vars() -> None:
     tree = Experiments()
-    assert {"Bandit/Arms4", "Bandit/Arms8"} <= set(tree.goal_ids())
-    assert tree.families()["Bandit"] == ["Bandit/Arms4", "Bandit/Arms8"]
+    assert {"Bandit/Arms4", "Bandit/Arms4/Shaped", "Bandit/Arms8"} <= set(tree.goal_ids())
+    assert tree.families()["Bandit"] == ["Bandit/Arms4", "Bandit/Arms4/Shaped", "Bandit/Arms8"]
+    assert tree.families()["Bandit/Arms4"] == ["Bandit/Arms4/Shaped"]  # a goal that is also a family
     four, eight = tree.load_goal("Bandit/Arms4"), tree.load_goal("Bandit/Arms8")
     assert (four.goal_id, four.title, eight.title) == ("Bandit/Arms4", "Contextual bandit, four arms",
                                                        "Contextual bandit, eight arms")
@@ -24,8 +25,13 @@ def test_a_nested_goal_composes_its_family_common_fragment_and_template_vars() -
     resolved = tree.resolve("Bandit/Arms8/ppo")
     assert (resolved.ref, resolved.recipe.train.timesteps) == ("Bandit/Arms8/ppo", 32768)
     assert resolved.recipe.train.backend.id == "gradlab.ppo"  # composed from gradlab__bandit's recipe
-    assert tree.catalog.project_of("Bandit/Arms4") == "smoke"
-    assert tree.catalog.goals_of("smoke", tree.goal_ids()) == ["gradlab__bandit", "Bandit/Arms4", "Bandit/Arms8"]
+    assert tree.catalog.project_of("Bandit/Arms4") == tree.catalog.project_of("Bandit/Arms4/Shaped") == "smoke"
+    shaped = tree.load_goal("Bandit/Arms4/Shaped")  # parent goal + family reward shapes, 3 levels deep
+    assert (shaped.title, shaped.train.environment.provider_args) == ("Contextual bandit, four arms, shaped reward",
+                                                                      {"n_arms": 4})
+    assert sorted(shaped.train.environment.task.reward.terms) == ["hit_bonus", "miss_penalty", "native", "time_cost"]
+    assert tree.catalog.goals_of("smoke", tree.goal_ids()) == ["gradlab__bandit", "Bandit/Arms4",
+                                                         "Bandit/Arms4/Shaped", "Bandit/Arms8"]
 
 
 def test_template_vars_unknown_or_redefined_names_are_refused(experiments_copy: Path) -> None:

@@ -1,6 +1,7 @@
-"""A nested goal (``Bandit/Arms4``, composed from its family's ``_goal-common.yaml``) end to end:
-``gradlab train`` through the real training-run flow, its receipts, ``leaders``, the web player's
-API and page routes (in chromium) and the HTML report page, all under the nested id."""
+"""A nested goal (``Bandit/Arms4/Shaped``: its family's ``_goal-common.yaml``, its parent goal and
+the family's ``_reward-shapes.yaml``) end to end: ``gradlab train`` through the real training-run
+flow, its receipts, ``leaders``, the web player's API and page routes and its reward panel per
+term (in chromium), and the HTML report page, all under the nested id."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from tests.runs.conftest import gradlab_env, last_json_line, run_gradlab
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
-GOAL = "Bandit/Arms4"
+GOAL = "Bandit/Arms4/Shaped"
 
 
 def test_a_nested_goal_trains_and_its_id_reaches_receipts_leaders_player_and_report(
@@ -54,13 +55,23 @@ def test_a_nested_goal_trains_and_its_id_reaches_receipts_leaders_player_and_rep
         page_doc = player.api(f"/api/projects/smoke/goals/{GOAL}").json()
         assert (page_doc["goal_id"], [r["run_id"] for r in page_doc["runs"]]) == (GOAL, [run_id])
         rows = {r["goal_id"]: r for r in player.api("/api/projects/smoke").json()["goals"]}
-        assert rows[GOAL]["family"] == "Bandit" and rows[GOAL]["runs"] == 1
+        assert rows[GOAL]["family"] == "Bandit/Arms4" and rows[GOAL]["runs"] == 1
         with open_page() as page:
             page.goto(f"{player.base}/projects/smoke#token={player.token}")
             page.get_by_role("link", name=GOAL).click()
             page.wait_for_url(f"**/projects/smoke/goals/{GOAL}#token=*")
             page.get_by_role("link", name=run_id).wait_for()
             screenshot(page, "family-player-goal")
+            step = receipt["promotion"]["checkpoint_step"]
+            page.goto(f"{player.base}/runs/{run_id}/checkpoints/{step}#token={player.token}")
+            try:
+                page.wait_for_function("() => document.querySelector('#panel-reward')?.dataset.components",
+                                       timeout=120_000)
+            finally:
+                screenshot(page, "family-player-reward-components")
+            names = page.get_attribute("#panel-reward", "data-components").split(",")
+            assert sorted(names) == ["hit_bonus", "miss_penalty", "native", "time_cost"]
+            assert page.locator("#panel-reward tr[data-component='time_cost'] td").nth(1).inner_text() == "-0.010"
 
     site = tmp_path / "site"
     built = cli(["reports", "build", "--out", str(site), "--json"], env)
