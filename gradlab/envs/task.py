@@ -373,20 +373,16 @@ class TaskRunner:
         sum of absolute values over that of every component (0 when all were 0). Empty when the
         program has no components or no step was taken.
         """
-        if not self.component_names or not self._comp_steps:
-            return {}
-        total = float(self._comp_abs.sum())
-        out: dict[str, float] = {}
-        for i, name in enumerate(self.component_names):
-            base = f"train/reward/component/{name}"
-            out[f"{base}/mean"] = float(self._comp_sum[i]) / self._comp_steps
-            out[f"{base}/nonzero_rate"] = float(self._comp_nonzero[i]) / self._comp_steps
-            out[f"{base}/share"] = float(self._comp_abs[i]) / total if total > 0 else 0.0
+        return component_metrics([self])
+
+    def _take_component_totals(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+        totals = (self._comp_sum.copy(), self._comp_abs.copy(), self._comp_nonzero.copy(), self._comp_steps)
         self._comp_sum[:] = 0.0
         self._comp_abs[:] = 0.0
         self._comp_nonzero[:] = 0
         self._comp_steps = 0
-        return out
+        return totals
+
 
     def step_native(self, raw_reward: np.ndarray, native_terminated: np.ndarray,
                     native_truncated: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[EpisodeRecord]]:
@@ -488,3 +484,25 @@ class TaskRunner:
             if math.isfinite(f):
                 out[name] = f
         return out
+
+
+def component_metrics(runners: list[TaskRunner]) -> dict[str, float]:
+    """:meth:`TaskRunner.take_component_metrics` over several runners of one program (lane groups),
+    their lane-steps pooled; every runner's totals are reset."""
+    if not runners or not runners[0].component_names:
+        return {}
+    totals = [r._take_component_totals() for r in runners]
+    total_sum = np.sum([t[0] for t in totals], axis=0)
+    total_abs = np.sum([t[1] for t in totals], axis=0)
+    nonzero = np.sum([t[2] for t in totals], axis=0)
+    steps = sum(t[3] for t in totals)
+    if not steps:
+        return {}
+    all_abs = float(total_abs.sum())
+    out: dict[str, float] = {}
+    for i, name in enumerate(runners[0].component_names):
+        base = f"train/reward/component/{name}"
+        out[f"{base}/mean"] = float(total_sum[i]) / steps
+        out[f"{base}/nonzero_rate"] = float(nonzero[i]) / steps
+        out[f"{base}/share"] = float(total_abs[i]) / all_abs if all_abs > 0 else 0.0
+    return out

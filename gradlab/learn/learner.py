@@ -40,6 +40,7 @@ from gradlab.checkpoints.bundle import CHECKPOINTS_DIR, verify_checkpoint, versi
 from gradlab.checkpoints.manifest import RESUME_DIR, CheckpointManifest
 from gradlab.contracts.hashing import sha256_json
 from gradlab.contracts.run_spec import RunSpec
+from gradlab.envs.task import component_metrics
 from gradlab.errors import ContractViolation, IntegrityError
 from gradlab.learn.backend import Backend, make_backend
 from gradlab.learn.early_stop import EarlyStopMonitor
@@ -154,7 +155,8 @@ def run_learner(spec: RunSpec, run_dir: Path, *, resume_from: Path | None = None
             _check_resume_compatible(resumed_manifest, spec, config_sha, Path(resume_from))
         venv = env if env is not None else backend.make_env(spec)
         backend.setup(spec, venv)
-        task = getattr(getattr(venv, "venv", venv), "task", None)  # the TaskRunner (reward components)
+        inner = getattr(venv, "venv", venv)  # SB3VecEnv -> VectorEnv; lane groups hold several
+        tasks = [g.task for g in getattr(inner, "groups", [inner]) if getattr(g, "task", None) is not None]
         env_restored = False
         if resume_from is not None:
             env_restored = backend.restore(Path(resume_from))
@@ -188,7 +190,7 @@ def run_learner(spec: RunSpec, run_dir: Path, *, resume_from: Path | None = None
             metrics: dict[str, float] = {
                 "train/global_step": float(step),
                 **backend.rollout_metrics(),
-                **(task.take_component_metrics() if task is not None else {}),
+                **component_metrics(tasks),
                 **update,
                 "train/throughput/rollout/seconds": t1 - t0,
                 "train/throughput/update/seconds": t2 - t1,

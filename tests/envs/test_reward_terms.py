@@ -63,6 +63,23 @@ def test_terms_are_clipped_one_by_one_and_their_components_sum_to_the_task_rewar
     assert runner.take_component_metrics() == {}  # reset by the call
 
 
+def test_lane_groups_pool_their_component_totals() -> None:
+    from gradlab.envs.task import component_metrics
+
+    def run(n: int, xs: list) -> TaskRunner:
+        runner = TaskRunner(_program(), n)
+        runner.reset_lanes(list(range(n)), [None] * n, {"x": signal_array([0] * n, n),
+                                                        "lives": signal_array([3] * n, n), "flag": signal_array([0] * n, n)})
+        f = np.zeros(n, dtype=bool)
+        runner.step(np.zeros(n), f, f, {"x": signal_array(xs, n), "lives": signal_array([3] * n, n),
+                                        "flag": signal_array([0] * n, n)})
+        return runner
+
+    whole = run(4, [2, 0, 4, 0]).take_component_metrics()
+    pooled = component_metrics([run(2, [2, 0]), run(2, [4, 0])])
+    assert pooled == pytest.approx(whole)
+
+
 def test_reward_scale_divides_the_task_reward_then_reward_clip_clips_it() -> None:
     runner = TaskRunner(_program(reward_scale=4.0, reward_clip=[-0.5, 0.6]), 2)
     runner.reset_lanes([0, 1], [0, 1], {"x": signal_array([0, 0], 2), "lives": signal_array([3, 3], 2),
