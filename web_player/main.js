@@ -7,7 +7,7 @@ import { playbackView } from "./pages/playback.js";
 const routes = [
   [/^\/$/, () => projectsView()],
   [/^\/projects\/([^/]+)$/, (p) => projectView(p)],
-  [/^\/projects\/([^/]+)\/goals\/([^/]+)$/, (p, g) => goalView(p, g)],
+  [/^\/projects\/([^/]+)\/goals\/(.+)$/, (p, g) => goalView(p, g)],  // nested goal ids keep their '/' 
   [/^\/runs\/([^/]+)$/, (r) => runView(r)],
   [/^\/runs\/([^/]+)\/checkpoints\/(\d+)$/, (r, s) => playbackView(r, Number(s))],
 ];

@@ -7,6 +7,11 @@ export function showError(message) {
   box.hidden = !message;
 }
 
+// A goal id is a path (Family/Sub): each name is encoded, the slashes stay.
+export function encGoal(id) {
+  return id.split("/").map(encodeURIComponent).join("/");
+}
+
 export function link(label, path) {
   const a = document.createElement("a");
   a.href = pageUrl(path);

@@ -544,7 +544,7 @@ def list_(
             row["seed"] = stores["seed"]
             row["outcome"] = stores["outcome"]
             row["promoted_step"] = stores["promotion"]["checkpoint_step"] if stores["promotion"] else None
-    selected = [r for r in rows.values() if goal is None or (r["recipe"] or "").partition("/")[0] == goal]
+    selected = [r for r in rows.values() if goal is None or (r["recipe"] or "").rpartition("/")[0] == goal]
     if json_out:
         print_json(selected)
         return

@@ -21,7 +21,7 @@ def _newest_promoted(stores: Any, recipe: str) -> str:
     """The run id of the newest run of ``GOAL/RECIPE`` with a promotion."""
     from gradlab import receipts as rules
 
-    goal_id, _, recipe_id = recipe.partition("/")
+    goal_id, _, recipe_id = recipe.rpartition("/")  # a nested goal id keeps its '/'
     if not goal_id or not recipe_id:
         fail(f"--recipe {recipe}: expected GOAL/RECIPE, e.g. CartPole-v1/ppo")
     for run_id in reversed(rules.list_runs(stores)):

@@ -235,13 +235,18 @@ def compare(
     json_out: JsonOption = False,
 ) -> None:
     """Both cohorts' statistics and the probability that a seed of A beats a seed of B."""
+    from gradlab.contracts.experiments import split_ref
+    from gradlab.errors import ConfigError
     from gradlab.results.cohorts import compare as compare_cohorts
     from gradlab.results.cohorts import find_cohort
 
+    goals = []
     for ref in (ref_a, ref_b):
-        if ref.count("/") != 1 or not all(ref.split("/")):
-            fail(f"{ref!r}: expected GOAL/RECIPE", code=2)
-    if ref_a.split("/")[0] != ref_b.split("/")[0]:
+        try:
+            goals.append(split_ref(ref)[0])
+        except ConfigError as e:
+            fail(f"{ref!r}: {e}", code=2)
+    if goals[0] != goals[1]:
         fail(f"compare: {ref_a} and {ref_b} are of different goals; only cohorts of one goal are comparable")
     stores = open_stores_or_exit()
     a = _domain(lambda: find_cohort(stores, ref_a, set_a))

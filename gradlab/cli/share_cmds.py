@@ -107,7 +107,7 @@ def publish_command(
             err_console.print(f"evaluating step {manifest.step} on the goal's manifest for the model card", highlight=False)
             result = run_evaluation(EvalRequest(checkpoint_dir=str(resolved.path), checkpoint_sha256=manifest.sha256,
                                                 checkpoint_step=manifest.step, spec=resolved.spec))
-        folder = out or settings.home / "publish" / f"{spec.display_name}-{manifest.step}"
+        folder = out or settings.home / "publish" / f"{spec.display_name.replace('/', '~')}-{manifest.step}"
         index = build_repo_folder(resolved.path, spec, result, folder, accepted=promoted and result.accepted,
                                   repo_id=repo)
     except GradlabError as e:

@@ -6,7 +6,8 @@ file; any other entry is a preset name under ``experiments/recipes/_presets/``. 
 deeply and lists replace (OmegaConf's merge). A cycle is an error.
 
 After merging, ``{{ goal_id }}``, ``{{ recipe_id }}`` and ``{{ env_id }}`` are substituted in every
-string; any other name between double braces is an error.
+string, with the names a goal family declares in ``template_vars`` (:func:`template_vars`); any
+other name between double braces is an error.
 """
 
 from __future__ import annotations
@@ -134,6 +135,36 @@ def render_templates(data: Any, context: dict[str, str], comp: Composition, path
             return context[name]
         return _TEMPLATE.sub(sub, data), problems
     return data, problems
+
+
+#: Template names gradlab sets itself; a family's ``template_vars`` cannot redefine them.
+BUILTIN_TEMPLATE_NAMES = ("goal_id", "recipe_id", "env_id")
+
+
+def template_vars(value: Any, comp: Composition) -> tuple[dict[str, str], list[ConfigProblem]]:
+    """A family's ``template_vars``: a mapping of identifier names to scalars (rendered as text).
+
+    Returns:
+        (name -> text, problems): a name that is not an identifier or is built in, or a value that
+        is not a string, number or boolean, is a problem at ``template_vars.<name>``.
+    """
+    if value is None:
+        return {}, []
+    if not isinstance(value, dict):
+        return {}, [comp.problem(("template_vars",), f"expected a mapping of names to scalars; found {type(value).__name__}")]
+    out: dict[str, str] = {}
+    problems: list[ConfigProblem] = []
+    for name, v in value.items():
+        where = ("template_vars", str(name))
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            problems.append(comp.problem(where, f"expected an identifier name; found {name!r}"))
+        elif name in BUILTIN_TEMPLATE_NAMES:
+            problems.append(comp.problem(where, f"'{name}' is set by gradlab and cannot be redefined"))
+        elif isinstance(v, bool) or not isinstance(v, (str, int, float)):
+            problems.append(comp.problem(where, f"expected a string or a number; found {v!r}"))
+        else:
+            out[name] = str(v)
+    return out, problems
 
 
 def secret_problems(data: Any, comp: Composition, path: KeyPath = ()) -> list[ConfigProblem]:

@@ -2,11 +2,17 @@
 
 Layout (relative to the experiments root)::
 
-    goals/_catalog.yaml                  projects → goals
-    goals/<goal_id>/_goal.yaml           one goal
+    goals/_catalog.yaml                  projects → goals and families
+    goals/<goal_id>/_goal.yaml           one goal; ``<goal_id>`` is a path ``Family/Sub`` (at most
+                                         MAX_GOAL_DEPTH names), so a goal folder may hold sub-goals
     goals/<goal_id>/recipes/<id>.yaml    its recipes
-    goals/_*.yaml                        shared fragments named by ``defaults:``
+    goals/<family>/_goal-common.yaml     composed first into every goal under ``<family>``
+    goals/**/_*.yaml                     shared fragments named by ``defaults:``
     recipes/_presets/<name>.yaml         recipe presets named by ``defaults:``
+
+A family's ``template_vars`` (a mapping of names to scalars, set in ``_goal-common.yaml`` or any
+fragment, overridable by the goal) add ``{{ name }}`` templates for its goals and their recipes;
+it is removed from the composed goal, so only what it renders into enters the hashes.
 
 The root is, in order: ``$GRADLAB_EXPERIMENTS``; an ``experiments/`` folder with ``goals/`` in the
 current directory or a parent; the checkout this package was imported from; the copy bundled in
@@ -33,6 +39,7 @@ from gradlab.contracts.compose import (
     render_templates,
     secret_problems,
     set_path,
+    template_vars,
     validation_problems,
 )
 from gradlab.contracts.environment import EnvironmentSpec
@@ -44,25 +51,60 @@ from gradlab.errors import ConfigError, ConfigProblem, NotFound
 
 GOAL_FILE = "_goal.yaml"
 CATALOG_FILE = "_catalog.yaml"
+#: A family's fragment composed first into every goal below its folder.
+FAMILY_COMMON_FILE = "_goal-common.yaml"
+#: Most names in a goal id (``Family/Sub/Variant`` is 3).
+MAX_GOAL_DEPTH = 4
+#: Folder names that are never goals: a goal's recipes live there.
+_RESERVED = {"recipes"}
 
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}$")
 
 
 def check_id(kind: str, value: str) -> str:
-    """A goal or recipe id, checked before any file is opened: one path segment of letters,
-    digits and ``_ . + -`` (starting with a letter or digit, at most 128), never ``..``.
+    """A goal or recipe id, checked before any file is opened.
 
-    Ids name folders and files under the experiments tree; anything else could reach outside it
-    (``gradlab__bandit/../../../tmp/x``).
+    A recipe id is one name of letters, digits and ``_ . + -`` (starting with a letter or digit,
+    at most 128), never ``..``. A goal id is a path of 1 to :data:`MAX_GOAL_DEPTH` such names
+    joined by ``/`` (``SuperMarioBros-Nes-v0/Level1-1``), none of them ``recipes``: no leading
+    ``/``, no empty name, no ``..``. Ids name folders and files under the experiments tree;
+    anything else could reach outside it (``gradlab__bandit/../../../tmp/x``).
 
     Raises:
         ConfigError: naming the kind, what is expected and the id found (cut at 80 characters).
     """
-    if not isinstance(value, str) or not _ID_RE.match(value) or ".." in value:
-        shown = repr(value)[:80]
-        raise ConfigError(f"{kind} id: expected one name of letters, digits and _ . + - (no '/', no '..'), "
-                          f"found {shown}")
+    ok = isinstance(value, str) and ".." not in value
+    if kind == "goal":
+        parts = value.split("/") if ok else []
+        ok = ok and len(parts) <= MAX_GOAL_DEPTH and all(_ID_RE.match(p) and p not in _RESERVED for p in parts)
+        expected = (f"a path of 1 to {MAX_GOAL_DEPTH} names of letters, digits and _ . + - joined by '/' "
+                    "(no leading '/', no '..', no 'recipes')")
+    else:
+        ok = ok and bool(_ID_RE.match(value))
+        expected = "one name of letters, digits and _ . + - (no '/', no '..')"
+    if not ok:
+        raise ConfigError(f"{kind} id: expected {expected}, found {repr(value)[:80]}")
     return value
+
+
+def split_ref(ref: str) -> tuple[str, str]:
+    """``GOAL/RECIPE`` -> (goal id, recipe id); the recipe is the last name, the goal the path before.
+
+    Both are checked with :func:`check_id` before anything is read.
+
+    Raises:
+        ConfigError: not GOAL/RECIPE, or an id :func:`check_id` refuses.
+    """
+    goal_id, sep, recipe_id = ref.rpartition("/") if isinstance(ref, str) else ("", "", "")
+    if not sep or not goal_id or not recipe_id:
+        raise ConfigError(f"expected GOAL/RECIPE, found {ref!r}")
+    return check_id("goal", goal_id), check_id("recipe", recipe_id)
+
+
+def goal_family(goal_id: str) -> str | None:
+    """The family of a nested goal id (``A/B/C`` -> ``A/B``); None for a top-level goal."""
+    family, sep, _ = goal_id.rpartition("/")
+    return family if sep else None
 
 
 def find_experiments_root(start: Path | None = None) -> Path:
@@ -163,12 +205,35 @@ class Experiments:
         self.presets_dir = self.root / "recipes" / "_presets"
         self._display_root = self.root.parent
         self._goal_cache: dict[str, tuple[Goal, Composition]] = {}
+        self._template_vars: dict[str, dict[str, str]] = {}
 
     # -- discovery -------------------------------------------------------------------------
     def goal_ids(self) -> list[str]:
-        if not self.goals_dir.is_dir():
-            return []
-        return sorted(p.name for p in self.goals_dir.iterdir() if (p / GOAL_FILE).is_file())
+        """Every goal id in the tree: folders with a ``_goal.yaml``, at most MAX_GOAL_DEPTH deep."""
+        found: list[str] = []
+
+        def walk(folder: Path, prefix: str, depth: int) -> None:
+            for p in sorted(folder.iterdir()):
+                if not p.is_dir() or not _ID_RE.match(p.name) or p.name in _RESERVED or ".." in p.name:
+                    continue
+                gid = f"{prefix}{p.name}"
+                if (p / GOAL_FILE).is_file():
+                    found.append(gid)
+                if depth < MAX_GOAL_DEPTH:
+                    walk(p, gid + "/", depth + 1)
+
+        if self.goals_dir.is_dir():
+            walk(self.goals_dir, "", 1)
+        return sorted(found)
+
+    def families(self) -> dict[str, list[str]]:
+        """Family id -> the goal ids directly or indirectly under it (families with 1+ goals)."""
+        out: dict[str, list[str]] = {}
+        for gid in self.goal_ids():
+            parts = gid.split("/")
+            for n in range(1, len(parts)):
+                out.setdefault("/".join(parts[:n]), []).append(gid)
+        return out
 
     def recipe_ids(self, goal_id: str) -> list[str]:
         check_id("goal", goal_id)
@@ -211,14 +276,34 @@ class Experiments:
             self._goal_cache[goal_id] = self._load_goal_uncached(goal_id)
         return self._goal_cache[goal_id]
 
+    def _compose_goal(self, goal_id: str) -> Composition:
+        """The goal file composed after each ancestor family's ``_goal-common.yaml`` (outermost
+        first); a common fragment the goal's ``defaults:`` already names is not merged twice."""
+        path = self.goal_path(goal_id)
+        comp = self._compose(path)
+        parts = goal_id.split("/")
+        commons = [self.goals_dir.joinpath(*parts[:n], FAMILY_COMMON_FILE) for n in range(1, len(parts))]
+        named = {layer.file for layer in comp.layers}
+        layers: list[YamlDocument] = []
+        for common in commons:
+            if common.is_file():
+                layers += [layer for layer in self._compose(common).layers if layer.file not in named]
+        if not layers:
+            return comp
+        layers += comp.layers
+        return Composition(data=merge([layer.data for layer in layers], comp.layers[-1].file), layers=layers)
+
     def _load_goal_uncached(self, goal_id: str) -> tuple[Goal, Composition]:
-        comp = self._compose(self.goal_path(goal_id))
+        comp = self._compose_goal(goal_id)
         data = dict(comp.data)
         problems: list[ConfigProblem] = []
         if data.setdefault("goal_id", goal_id) != goal_id:
-            problems.append(comp.problem(("goal_id",), f"expected '{goal_id}' (the folder name), found {data['goal_id']!r}"))
+            problems.append(comp.problem(("goal_id",), f"expected '{goal_id}' (the folder path), found {data['goal_id']!r}"))
+        variables, var_problems = template_vars(data.pop("template_vars", None), comp)
+        problems += var_problems
         env_id = _get(data, ("train", "environment", "env_id"))
-        context = {"goal_id": goal_id, **({"env_id": env_id} if isinstance(env_id, str) else {})}
+        context = {**variables, "goal_id": goal_id, **({"env_id": env_id} if isinstance(env_id, str) else {})}
+        self._template_vars[goal_id] = variables
         data, template_problems = render_templates(data, context, comp)
         problems += template_problems + secret_problems(data, comp)
         try:
@@ -248,11 +333,7 @@ class Experiments:
             name (:func:`check_id`, checked before any file is opened); every problem found,
             each with file, key path, expected and found.
         """
-        goal_id, sep, recipe_id = ref.partition("/")
-        if not sep or not goal_id or not recipe_id:
-            raise ConfigError(f"expected GOAL/RECIPE, found {ref!r}")
-        check_id("goal", goal_id)
-        check_id("recipe", recipe_id)  # before any file is read: ids cannot leave the experiments tree
+        goal_id, recipe_id = split_ref(ref)  # before any file is read: ids cannot leave the experiments tree
         goal, goal_comp = self._load_goal(goal_id)
         path = self.goals_dir / goal_id / "recipes" / f"{recipe_id}.yaml"
         if not path.is_file():
@@ -283,7 +364,8 @@ class Experiments:
         if set_doc.data:
             data = merge([data, set_doc.data], "--set")
             comp.layers.append(set_doc)
-        context = {"goal_id": goal_id, "recipe_id": recipe_id, "env_id": goal.train.environment.env_id}
+        context = {**self._template_vars.get(goal_id, {}), "goal_id": goal_id, "recipe_id": recipe_id,
+                   "env_id": goal.train.environment.env_id}
         data, template_problems = render_templates(data, context, comp)
         problems += template_problems + secret_problems(data, comp)
         try:
@@ -352,15 +434,16 @@ class Experiments:
         else:
             catalog_file = str((self.goals_dir / CATALOG_FILE).relative_to(self._display_root))
             seen: dict[str, str] = {}
+            families = self.families()
             for project, entry in catalog.projects.items():
                 for gid in entry.goals:
-                    if gid not in goal_ids:
-                        report.problems.append(ConfigProblem(catalog_file, f"projects.{project}.goals", f"expected a goal folder, found no goal '{gid}'"))
+                    if gid not in goal_ids and gid not in families:
+                        report.problems.append(ConfigProblem(catalog_file, f"projects.{project}.goals", f"expected a goal or a family folder, found no goal '{gid}'"))
                     if gid in seen:
                         report.problems.append(ConfigProblem(catalog_file, f"projects.{project}.goals", f"goal '{gid}' is already in project '{seen[gid]}'"))
                     seen[gid] = project
             for gid in goal_ids:
-                if gid not in seen:
+                if catalog.project_of(gid) is None:
                     report.problems.append(ConfigProblem(catalog_file, "projects", f"goal '{gid}' belongs to no project"))
         return report
 

@@ -93,7 +93,8 @@ class GoalEval(Contract):
 
 
 class Goal(Contract):
-    goal_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+    goal_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+\-]*(/[A-Za-z0-9][A-Za-z0-9_.+\-]*){0,3}$",
+                         description="The goal's folder path under experiments/goals (Family/Sub).")
     title: str = ""
     description: str = ""
     tags: list[str] = Field(default_factory=list)

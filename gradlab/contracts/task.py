@@ -14,15 +14,18 @@ The behaviour lives in :mod:`gradlab.envs.task`; these models only describe it. 
   ``outcome_precedence`` decides the outcome; a step that is both terminal and truncated is
   terminal. A provider's own termination maps to ``native_terminated`` and its own time limit is
   a truncation with reason ``native_time_limit``;
-* **reward**: ``native``, ``events`` or ``native_plus_events``; then multiplied by ``reward_scale``,
-  then clipped by ``reward_clip`` (``true`` = [-1, 1]).
+* **reward**: ``native``, ``events``, ``native_plus_events`` or ``terms`` (named reward shapes,
+  :class:`RewardTerm`, each clipped by its own ``clip``); their sum is the task reward, which is
+  divided by ``reward_scale`` (a positive divisor) and then clipped by ``reward_clip`` (``true`` =
+  [-1, 1]). Each named part of the task reward (a term; or ``native`` and each rewarded event) is a
+  reward component, logged as ``train/reward/component/{name}/...`` in task-reward units.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_serializer, model_validator
+from pydantic import Field, StringConstraints, model_serializer, model_validator
 
 from gradlab.contracts.base import Contract
 
@@ -93,10 +96,40 @@ class Termination(Contract):
         return data
 
 
+class RewardTerm(Contract):
+    """One named reward shape; its value each step, in task-reward units, is clipped by ``clip``.
+
+    * ``native``: ``weight`` × the provider's reward;
+    * ``progress``: ``weight`` × how far ``signal`` went past its largest value so far in the
+      episode (the value at reset is the start; only new progress pays, going back costs nothing);
+    * ``time``: ``weight`` every step (a per-step time cost when negative);
+    * ``event``: ``weight`` on each step ``event`` fires (a death penalty, a completion bonus).
+    """
+
+    kind: Literal["native", "progress", "time", "event"]
+    weight: float = Field(default=1.0, description="Multiplier of the term's base value.")
+    signal: str | None = Field(default=None, description="progress: the signal whose new maximum pays.")
+    event: str | None = Field(default=None, description="event: the event that pays when it fires.")
+    clip: tuple[float, float] | None = Field(default=None, description="[low, high] of this term per step, or null.")
+
+    @model_validator(mode="after")
+    def _check_kind(self) -> RewardTerm:
+        if self.kind == "progress" and not self.signal:
+            raise ValueError("a progress term needs 'signal'")
+        if self.kind == "event" and not self.event:
+            raise ValueError("an event term needs 'event'")
+        if self.clip is not None and self.clip[0] > self.clip[1]:
+            raise ValueError(f"clip low {self.clip[0]} is above high {self.clip[1]}")
+        return self
+
+
 class Reward(Contract):
-    source: Literal["native", "events", "native_plus_events"] = "native"
+    source: Literal["native", "events", "native_plus_events", "terms"] = "native"
     events: dict[str, float] = Field(default_factory=dict, description="Reward added when an event fires.")
-    reward_scale: float = Field(default=1.0, description="Multiplier applied after summing, before clipping.")
+    terms: dict[Annotated[str, StringConstraints(pattern=r"^[a-z0-9_]+$")], RewardTerm] = Field(
+        default_factory=dict, description="source: terms: the named reward shapes summed into the task reward.")
+    reward_scale: float = Field(default=1.0, gt=0.0, description="Positive divisor of the task reward, applied "
+                                "before clipping (below 1 amplifies it).")
     reward_clip: bool | tuple[float, float] = Field(
         default=False, description="false, true for [-1, 1], or [low, high]."
     )
@@ -105,9 +138,19 @@ class Reward(Contract):
     def _check_clip(self) -> Reward:
         if isinstance(self.reward_clip, tuple) and self.reward_clip[0] > self.reward_clip[1]:
             raise ValueError(f"reward_clip low {self.reward_clip[0]} is above high {self.reward_clip[1]}")
-        if self.source == "native" and self.events:
-            raise ValueError("reward.events given but reward.source is 'native'")
+        if self.source in ("native", "terms") and self.events:
+            raise ValueError(f"reward.events given but reward.source is '{self.source}' (use an event term)")
+        if (self.source == "terms") != bool(self.terms):
+            raise ValueError("reward.terms needs reward.source 'terms' and source 'terms' needs at least one term")
         return self
+
+    @model_serializer(mode="wrap")
+    def _omit_empty_terms(self, handler: Any) -> dict[str, Any]:
+        # A reward without terms keeps the contract hash it had before the key existed.
+        data = handler(self)
+        if not data.get("terms"):
+            data.pop("terms", None)
+        return data
 
 
 class TaskProgram(Contract):
@@ -132,6 +175,11 @@ class TaskProgram(Contract):
         for name in self.reward.events:
             if name not in self.events:
                 problems.append(f"reward.events names unknown event '{name}'")
+        for name, term in self.reward.terms.items():
+            if term.signal is not None and term.signal not in self.signals:
+                problems.append(f"reward.terms.{name} reads unknown signal '{term.signal}'")
+            if term.event is not None and term.event not in self.events:
+                problems.append(f"reward.terms.{name} names unknown event '{term.event}'")
         for name in self.progress:
             if name not in self.signals:
                 problems.append(f"progress names unknown signal '{name}'")

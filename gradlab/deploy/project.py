@@ -263,10 +263,10 @@ def _parameter_value_problems(spec: DeploymentSpec, shown: str,
     params = spec.parameters
     if "recipe" in params and params["recipe"] is not None:
         ref = params["recipe"]
-        if not isinstance(ref, str) or ref.count("/") != 1:
+        if not isinstance(ref, str) or ref.rpartition("/")[0] == "" or not ref.rpartition("/")[2]:
             problems.append(ConfigProblem(shown, f"{where}.recipe", f"expected GOAL/RECIPE, found {ref!r}"))
         elif experiments is not None:
-            goal, recipe = ref.split("/")
+            goal, _, recipe = ref.rpartition("/")
             if goal not in experiments.goal_ids() or recipe not in experiments.recipe_ids(goal):
                 problems.append(ConfigProblem(shown, f"{where}.recipe", f"expected an existing GOAL/RECIPE, found {ref!r}"))
     if "seed" in params and (not isinstance(params["seed"], int) or isinstance(params["seed"], bool) or params["seed"] < 0):

@@ -232,7 +232,7 @@ def environment_problems(experiments: Any, refs: list[str] | None = None) -> lis
         wanted = {goal_id: None for goal_id in experiments.goal_ids()}
     else:
         for ref in refs:
-            goal_id, _, recipe_id = ref.partition("/")
+            goal_id, _, recipe_id = ref.rpartition("/")  # a nested goal id keeps its '/'
             wanted.setdefault(goal_id, []).append(recipe_id)  # type: ignore[union-attr]
     problems: list[ConfigProblem] = []
     for goal_id, recipe_ids in wanted.items():

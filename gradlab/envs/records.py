@@ -93,6 +93,8 @@ class StepResult:
         signals: task-program signal name -> (N,) values read this step (before any reset).
         events: task-program event name -> (N,) bool, the events that fired this step (empty for
             a program without events).
+        components: reward component name -> (N,) float64, each named part of this step's task
+            reward before ``reward_scale`` and ``reward_clip`` (empty when the reward is native alone).
     """
 
     obs: np.ndarray
@@ -105,3 +107,4 @@ class StepResult:
     infos: list[dict[str, Any]]
     signals: dict[str, np.ndarray] = field(default_factory=dict)
     events: dict[str, np.ndarray] = field(default_factory=dict)
+    components: dict[str, np.ndarray] = field(default_factory=dict)

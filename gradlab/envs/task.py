@@ -26,8 +26,15 @@ Semantics (the contract is :mod:`gradlab.contracts.task`):
   reason is a time limit the outcome is ``termination.timeout_is`` (``timeout`` by default;
   ``success`` for survival goals); the step stays truncated, never terminal.
 * Reward: ``native`` = the provider's reward; ``events`` = sum of ``reward.events`` weights of the
-  events that fired; ``native_plus_events`` = both; then × ``reward_scale``, then clipped by
-  ``reward_clip`` (``true`` = [-1, 1]). So 7 × 0.5 clipped to [-1, 1] is 1.0, and to [-2, 3] 3.0.
+  events that fired; ``native_plus_events`` = both; ``terms`` = the sum of the named terms, each
+  clipped by its own ``clip`` (:class:`~gradlab.contracts.task.RewardTerm`). That task reward is
+  divided by ``reward_scale`` (positive), then clipped by ``reward_clip`` (``true`` = [-1, 1]). So 7
+  / 2 clipped to [-1, 1] is 1.0, and to [-2, 3] 3.0.
+* Reward components: the named parts of the task reward (each term; or ``native`` and each
+  rewarded event), in task-reward units, summing to it. :meth:`TaskRunner.take_component_metrics`
+  gives ``train/reward/component/{name}/mean`` (per lane-step), ``nonzero_rate`` (fraction of
+  lane-steps where it is not 0) and ``share`` (its sum of absolute values over all components')
+  since the previous call. A program whose reward is the native reward alone has no components.
 """
 
 from __future__ import annotations
@@ -117,6 +124,8 @@ class TaskStep:
     truncated: np.ndarray
     fired: dict[str, np.ndarray]
     episodes: list[EpisodeRecord]
+    #: reward component name -> (N,) float64 value this step in task-reward units (empty when none).
+    components: dict[str, np.ndarray] | None = None
 
 
 class TaskRunner:
@@ -139,6 +148,17 @@ class TaskRunner:
         rew = program.reward
         self._use_native = rew.source in ("native", "native_plus_events")
         self._event_rewards = [(name, float(w)) for name, w in rew.events.items()] if rew.source != "native" else []
+        self._terms = dict(rew.terms)
+        #: Names of the reward components (see the module docstring), in order.
+        self.component_names: list[str] = (list(self._terms) if self._terms else
+                                           ((["native"] if self._use_native else []) + [n for n, _ in self._event_rewards]
+                                            if self._event_rewards else []))
+        self._best: dict[str, np.ndarray] = {t.signal: np.full(n_lanes, np.nan) for t in self._terms.values()
+                                             if t.kind == "progress" and t.signal}
+        self._comp_sum = np.zeros(len(self.component_names))
+        self._comp_abs = np.zeros(len(self.component_names))
+        self._comp_nonzero = np.zeros(len(self.component_names), dtype=np.int64)
+        self._comp_steps = 0
         self._scale = float(rew.reward_scale)
         if rew.reward_clip is True:
             self._clip: tuple[float, float] | None = (-1.0, 1.0)
@@ -149,7 +169,7 @@ class TaskRunner:
         #: True when the program reads no signals (hence has no events, progress fields or event
         #: rewards): only native flags, ``max_episode_steps`` and the reward transform apply, and
         #: :meth:`step_native` gives the same results as :meth:`step` with fewer array operations.
-        self.simple = not program.signals and not program.events
+        self.simple = not program.signals and not program.events and not self._terms
         # The shaped reward is the native reward itself (no events, scale 1, no clip).
         self._identity_reward = (self._use_native and not self._event_rewards and self._scale == 1.0
                                  and self._clip is None)
@@ -197,6 +217,8 @@ class TaskRunner:
             self._last[name] = self._set(self._last[name], idx, values)
         for name in self.event_names:
             self._count[name][idx] = 0
+        for name, best in self._best.items():  # progress starts from the reset value
+            best[idx] = self._last[name][idx].astype(np.float64) if self._last[name].dtype != object else np.nan
 
     def lane_state(self, lane: int) -> dict[str, Any]:
         """Lane ``lane``'s episode state as JSON-able data (step count, returns, seed, start, the
@@ -317,12 +339,24 @@ class TaskRunner:
             terminated = nterm.copy()
             truncated = (max_hit | ntrunc) & ~nterm
 
-        # Reward: native and/or events, then scale, then clip.
-        shaped = raw.copy() if self._use_native else np.zeros(n, dtype=np.float64)
-        for name, weight in self._event_rewards:
-            shaped += fired[name] * weight
+        # Reward: native and/or events (or the named terms), then / scale, then clip.
+        components: dict[str, np.ndarray] = {}
+        if self._terms:
+            components = self._term_values(raw, signals, fired)
+            shaped = np.sum(list(components.values()), axis=0)
+        else:
+            shaped = raw.copy() if self._use_native else np.zeros(n, dtype=np.float64)
+            for name, weight in self._event_rewards:
+                shaped += fired[name] * weight
+            if self.component_names:
+                if self._use_native:
+                    components["native"] = raw
+                for name, weight in self._event_rewards:
+                    components[name] = fired[name] * weight
+        if components:
+            self._count_components(components)
         if self._scale != 1.0:
-            shaped *= self._scale
+            shaped /= self._scale
         if self._clip is not None:
             np.clip(shaped, self._clip[0], self._clip[1], out=shaped)
         self.returns += shaped
@@ -340,7 +374,57 @@ class TaskRunner:
                     outcome=outcome, reason=reason, progress=self._progress(lane), start=self.starts[lane],
                 ))
         return TaskStep(reward=shaped.astype(np.float32), terminated=terminated, truncated=truncated,
-                        fired=fired, episodes=episodes)
+                        fired=fired, episodes=episodes, components=components)
+
+    def _term_values(self, raw: np.ndarray, signals: dict[str, np.ndarray],
+                     fired: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Each named term's (N,) float64 value this step, clipped by its own ``clip``."""
+        out: dict[str, np.ndarray] = {}
+        for name, term in self._terms.items():
+            if term.kind == "native":
+                value = raw * term.weight
+            elif term.kind == "time":
+                value = np.full(self.n, term.weight, dtype=np.float64)
+            elif term.kind == "event":
+                value = fired[term.event].astype(np.float64) * term.weight
+            else:  # progress: only a new maximum pays
+                cur = signals[term.signal]
+                cur = cur.astype(np.float64) if cur.dtype != object else np.full(self.n, np.nan)
+                best = self._best[term.signal]
+                gain = np.where(np.isfinite(cur) & np.isfinite(best), np.maximum(cur - best, 0.0), 0.0)
+                self._best[term.signal] = np.fmax(best, cur)
+                value = gain * term.weight
+            if term.clip is not None:
+                value = np.clip(value, term.clip[0], term.clip[1])
+            out[name] = value
+        return out
+
+    def _count_components(self, components: dict[str, np.ndarray]) -> None:
+        for i, name in enumerate(self.component_names):
+            v = components[name]
+            self._comp_sum[i] += float(v.sum())
+            self._comp_abs[i] += float(np.abs(v).sum())
+            self._comp_nonzero[i] += int(np.count_nonzero(v))
+        self._comp_steps += self.n
+
+    def take_component_metrics(self) -> dict[str, float]:
+        """``train/reward/component/{name}/{mean,nonzero_rate,share}`` since the last call (then reset).
+
+        ``mean`` is per lane-step in task-reward units (before ``reward_scale`` and ``reward_clip``),
+        ``nonzero_rate`` the fraction of lane-steps where the component was not 0, ``share`` its
+        sum of absolute values over that of every component (0 when all were 0). Empty when the
+        program has no components or no step was taken.
+        """
+        return component_metrics([self])
+
+    def _take_component_totals(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+        totals = (self._comp_sum.copy(), self._comp_abs.copy(), self._comp_nonzero.copy(), self._comp_steps)
+        self._comp_sum[:] = 0.0
+        self._comp_abs[:] = 0.0
+        self._comp_nonzero[:] = 0
+        self._comp_steps = 0
+        return totals
+
 
     def step_native(self, raw_reward: np.ndarray, native_terminated: np.ndarray,
                     native_truncated: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[EpisodeRecord]]:
@@ -385,7 +469,7 @@ class TaskRunner:
         else:
             shaped = raw_reward.copy() if self._use_native else np.zeros(self.n, dtype=np.float64)
             if self._scale != 1.0:
-                shaped *= self._scale
+                shaped /= self._scale
             if self._clip is not None:
                 np.clip(shaped, self._clip[0], self._clip[1], out=shaped)
         self.returns += shaped
@@ -442,3 +526,25 @@ class TaskRunner:
             if math.isfinite(f):
                 out[name] = f
         return out
+
+
+def component_metrics(runners: list[TaskRunner]) -> dict[str, float]:
+    """:meth:`TaskRunner.take_component_metrics` over several runners of one program (lane groups),
+    their lane-steps pooled; every runner's totals are reset."""
+    if not runners or not runners[0].component_names:
+        return {}
+    totals = [r._take_component_totals() for r in runners]
+    total_sum = np.sum([t[0] for t in totals], axis=0)
+    total_abs = np.sum([t[1] for t in totals], axis=0)
+    nonzero = np.sum([t[2] for t in totals], axis=0)
+    steps = sum(t[3] for t in totals)
+    if not steps:
+        return {}
+    all_abs = float(total_abs.sum())
+    out: dict[str, float] = {}
+    for i, name in enumerate(runners[0].component_names):
+        base = f"train/reward/component/{name}"
+        out[f"{base}/mean"] = float(total_sum[i]) / steps
+        out[f"{base}/nonzero_rate"] = float(nonzero[i]) / steps
+        out[f"{base}/share"] = float(total_abs[i]) / all_abs if all_abs > 0 else 0.0
+    return out

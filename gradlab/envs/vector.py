@@ -244,6 +244,7 @@ class VectorEnv:
         obs, raw, nterm, ntrunc, infos = self.backend.step_wait()
         raw = np.asarray(raw, dtype=np.float64)
         fired: dict[str, np.ndarray] = {}
+        components: dict[str, np.ndarray] = {}
         if self._simple:
             signals: dict[str, np.ndarray] = {}
             reward, terminated, truncated, episodes = self.task.step_native(
@@ -253,13 +254,13 @@ class VectorEnv:
             signals = self._read_signals(infos, flags, self.num_envs) if self._readers else {}
             ts = self.task.step(raw, nterm, ntrunc, signals)
             reward, terminated, truncated, episodes = ts.reward, ts.terminated, ts.truncated, ts.episodes
-            fired = ts.fired
+            fired, components = ts.fired, ts.components or {}
         final_obs: dict[int, np.ndarray] = {}
         if episodes:
             self._autoreset(obs, infos, episodes, final_obs)
         return StepResult(obs=obs, reward=reward, raw_reward=raw.astype(np.float32), terminated=terminated,
                           truncated=truncated, final_obs=final_obs, episodes=episodes, infos=infos,
-                          signals=signals, events=fired)
+                          signals=signals, events=fired, components=components)
 
     def _autoreset(self, obs: np.ndarray, infos: list[dict], episodes: list[EpisodeRecord],
                    final_obs: dict[int, np.ndarray]) -> None:

@@ -46,6 +46,7 @@ from gradlab.checkpoints.bundle import CHECKPOINTS_DIR, verify_checkpoint, versi
 from gradlab.checkpoints.manifest import RESUME_DIR, CheckpointManifest
 from gradlab.contracts.hashing import sha256_json
 from gradlab.contracts.run_spec import RunSpec
+from gradlab.envs.task import component_metrics
 from gradlab.errors import ContractViolation, IntegrityError
 from gradlab.learn.backend import Backend, make_backend
 from gradlab.learn.early_stop import EarlyStopMonitor
@@ -161,7 +162,10 @@ def run_learner(spec: RunSpec, run_dir: Path, *, resume_from: Path | None = None
         if resume_from is not None:
             resumed_manifest = verify_checkpoint(Path(resume_from))
             _check_resume_compatible(resumed_manifest, spec, config_sha, Path(resume_from))
-        backend.setup(spec, env if env is not None else backend.make_env(spec))
+        venv = env if env is not None else backend.make_env(spec)
+        backend.setup(spec, venv)
+        inner = getattr(venv, "venv", venv)  # SB3VecEnv -> VectorEnv; lane groups hold several
+        tasks = [g.task for g in getattr(inner, "groups", [inner]) if getattr(g, "task", None) is not None]
         env_restored = False
         if resume_from is not None:
             env_restored = backend.restore(Path(resume_from))
@@ -200,6 +204,7 @@ def run_learner(spec: RunSpec, run_dir: Path, *, resume_from: Path | None = None
             metrics: dict[str, float] = {
                 "train/global_step": float(step),
                 **backend.rollout_metrics(),
+                **component_metrics(tasks),
                 **update,
                 "train/throughput/rollout/seconds": t1 - t0,
                 "train/throughput/update/seconds": t2 - t1,

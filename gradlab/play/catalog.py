@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from gradlab.contracts.experiments import goal_family
 from gradlab.errors import GradlabError, NotFound
 from gradlab.play.protocol import (
     CheckpointRow,
@@ -71,14 +72,22 @@ class Catalog:
     def project_of(self, goal_id: str) -> str | None:
         return self.experiments.catalog.project_of(goal_id)
 
+    def _project_goals(self, project: str) -> list[str]:
+        """The project's goals with families expanded; a listed goal gone from the tree stays listed."""
+        known = self.experiments.goal_ids()
+        families = self.experiments.families()
+        catalog = self.experiments.catalog
+        listed = [g for g in catalog.projects[project].goals if g not in known and g not in families]
+        return catalog.goals_of(project, known) + listed
+
     # -- pages -----------------------------------------------------------------------------
     def projects_page(self) -> ProjectsPage:
         runs = self._runs()
         rows = []
         for name, project in self.experiments.catalog.projects.items():
-            goals = set(project.goals)
+            goals = set(self._project_goals(name))
             rows.append(ProjectRow(project=name, title=project.title, description=project.description,
-                                   goals=len(project.goals), runs=sum(r.goal_id in goals for r in runs)))
+                                   goals=len(goals), runs=sum(r.goal_id in goals for r in runs)))
         s = self.stores
         return ProjectsPage(projects=rows, stores={"control": s.control.base_url, "eval": s.eval.base_url,
                                                    "model": s.model.base_url})
@@ -87,22 +96,24 @@ class Catalog:
         proj = self._project(project)
         runs = self._runs()
         rows = []
-        for goal_id in proj.goals:
+        for goal_id in self._project_goals(project):
             count = sum(r.goal_id == goal_id for r in runs)
+            family = goal_family(goal_id)
             try:
                 goal = self.experiments.load_goal(goal_id)
             except GradlabError as e:  # a goal that no longer validates: shown, not fatal
-                rows.append(GoalRow(goal_id=goal_id, runs=count, error=str(e)))
+                rows.append(GoalRow(goal_id=goal_id, family=family, runs=count, error=str(e)))
                 continue
             env = goal.train.environment
-            rows.append(GoalRow(goal_id=goal_id, title=goal.title, description=goal.description,
+            rows.append(GoalRow(goal_id=goal_id, family=family, title=goal.title, description=goal.description,
                                 env=f"{env.provider}:{env.env_id}", runs=count))
         return ProjectPage(project=project, title=proj.title, description=proj.description, goals=rows)
 
     def goal_page(self, project: str, goal_id: str) -> GoalPage:
-        proj = self._project(project)
-        if goal_id not in proj.goals:
-            raise NotFound(f"project {project!r} has no goal {goal_id!r} (goals: {', '.join(proj.goals)})")
+        self._project(project)
+        goals = self._project_goals(project)
+        if goal_id not in goals:
+            raise NotFound(f"project {project!r} has no goal {goal_id!r} (goals: {', '.join(goals)})")
         title, error = "", None
         try:
             title = self.experiments.load_goal(goal_id).title

@@ -49,6 +49,7 @@ class GoalRow(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     goal_id: str
+    family: str | None = Field(default=None, description="The goal's family (its id's parent path), None at top level.")
     title: str = ""
     description: str = ""
     env: str = ""
@@ -194,6 +195,9 @@ class StepMessage(BaseModel):
     episode: dict[str, Any] | None
     obs: list[float | None] | None = Field(default=None, description="A small vector observation after the step; "
                                                                      "image observations come as OBS_MAGIC frames.")
+    reward_components: dict[str, float] = Field(
+        default_factory=dict, description="Reward component -> its part of this step's task reward (before "
+        "reward_scale and clipping); empty when the reward is the native reward alone.")
 
 
 class StateMessage(BaseModel):

@@ -242,7 +242,7 @@ def create_app(config: PlayConfig) -> Any:
     def api_project(project: str) -> Any:
         return page(cat.project_page, project)
 
-    @app.get("/api/projects/{project}/goals/{goal_id}", dependencies=auth)
+    @app.get("/api/projects/{project}/goals/{goal_id:path}", dependencies=auth)
     def api_goal(project: str, goal_id: str) -> Any:
         return page(cat.goal_page, project, goal_id)
 
@@ -295,7 +295,7 @@ def create_app(config: PlayConfig) -> Any:
     def shell() -> Any:
         return FileResponse(index, media_type=MEDIA_TYPES[".html"])
 
-    for route in ("/", "/projects/{project}", "/projects/{project}/goals/{goal_id}", "/runs/{run_id}",
+    for route in ("/", "/projects/{project}", "/projects/{project}/goals/{goal_id:path}", "/runs/{run_id}",
                   "/runs/{run_id}/checkpoints/{step}"):
         app.add_api_route(route, shell, methods=["GET"], include_in_schema=False)
 

@@ -94,6 +94,8 @@ class StepReport:
         reward_raw, reward_shaped: the provider's reward and the task program's (0 at reset).
         episode_return, episode_raw_return: sums over the episode so far (shaped, raw).
         signals: signal name -> value read after the step. events: names of events that fired.
+        reward_components: reward component name -> its part of this step's task reward (before
+            ``reward_scale`` and clipping); empty when the reward is the native reward alone.
         episode: at the last step of an episode, ``{"outcome","reason","length","return",
             "raw_return","seed","terminated","truncated","returns_to_go","values"}``; else None.
     """
@@ -113,6 +115,7 @@ class StepReport:
     episode: dict[str, Any] | None = None
     observation: np.ndarray | None = None
     obs: list[float] | None = None
+    reward_components: dict[str, float] = field(default_factory=dict)
 
     def telemetry(self) -> dict[str, Any]:
         """Everything but the frame and the observation image, as JSON-ready values."""
@@ -121,6 +124,7 @@ class StepReport:
             "value_acted": self.value_acted, "reward_raw": self.reward_raw, "reward_shaped": self.reward_shaped,
             "episode_return": self.episode_return, "episode_raw_return": self.episode_raw_return,
             "signals": self.signals, "events": self.events, "episode": self.episode,
+            "reward_components": self.reward_components,
         }
 
 
@@ -261,6 +265,7 @@ class PlaybackSession:
         self.t += 1
         signals = {name: _number(values[0]) for name, values in res.signals.items()}
         events = [name for name, hit in res.events.items() if bool(hit[0])]
+        components = {name: float(values[0]) for name, values in res.components.items()}
         frame = self._frame()
         image, numbers = observation_view(res.obs[0])
         act_json: Any = int(action[0]) if self.discrete else np.asarray(action[0]).tolist()
@@ -277,14 +282,16 @@ class PlaybackSession:
             report = StepReport(t=self.t, frame=frame, probs=probs, action=act_json, value=value_acted,
                                 value_acted=value_acted, reward_raw=raw, reward_shaped=shaped,
                                 episode_return=self._return, episode_raw_return=self._raw_return,
-                                signals=signals, events=events, episode=episode, observation=image, obs=numbers)
+                                signals=signals, events=events, episode=episode, observation=image, obs=numbers,
+                                reward_components=components)
             self._begin(self._obs, frame=frame)
             return report
         self._value_obs = float(self.policy.value(self._obs)[0])
         return StepReport(t=self.t, frame=frame, probs=probs, action=act_json, value=self._value_obs,
                           value_acted=value_acted, reward_raw=raw, reward_shaped=shaped,
                           episode_return=self._return, episode_raw_return=self._raw_return,
-                          signals=signals, events=events, observation=image, obs=numbers)
+                          signals=signals, events=events, observation=image, obs=numbers,
+                          reward_components=components)
 
     def close(self) -> None:
         self.venv.close()

@@ -12,7 +12,7 @@ from pydantic import AwareDatetime, Field
 
 from gradlab.contracts.base import Contract
 from gradlab.errors import ContractViolation, NotFound
-from gradlab.results.cohorts import NOT_SCORED, SCORING_RULE, goal_objective, seed_result
+from gradlab.results.cohorts import NOT_SCORED, SCORING_RULE, goal_objective, seed_result, split_recipe_ref
 
 COHORTS_PREFIX = "cohorts/"
 
@@ -92,7 +92,7 @@ def build_cohort_receipt(stores, *, cohort_id: str, recipe: str, overrides: Sequ
     from gradlab.receipts import list_attempts, read_terminal
     from gradlab.receipts.models import utcnow
 
-    goal_id, recipe_id = recipe.split("/")
+    goal_id, recipe_id = split_recipe_ref(recipe)
     runs = []
     for item in launched:
         outcome = None

@@ -83,6 +83,21 @@ def canonical_overrides(overrides: Iterable[str] | None) -> tuple[str, ...]:
     return tuple(last[k] for k in sorted(last))
 
 
+def split_recipe_ref(ref: str) -> tuple[str, str]:
+    """``GOAL/RECIPE`` (the goal may be a nested path) -> (goal id, recipe id).
+
+    Raises:
+        ContractViolation: not GOAL/RECIPE with valid ids.
+    """
+    from gradlab.contracts.experiments import split_ref
+    from gradlab.errors import ConfigError
+
+    try:
+        return split_ref(ref)
+    except ConfigError as e:
+        raise ContractViolation(f"{ref!r}: expected GOAL/RECIPE ({e})") from None
+
+
 def require_goal(stores, goal_id: str) -> None:
     """Refuse a goal id that is neither in the experiments tree nor the goal of any sealed run.
 
@@ -127,9 +142,7 @@ def require_recipe(stores, ref: str) -> None:
         ContractViolation: ``ref`` is not GOAL/RECIPE. NotFound: unknown goal or recipe (names the
             goal's recipes).
     """
-    if ref.count("/") != 1 or not all(ref.split("/")):
-        raise ContractViolation(f"{ref!r}: expected GOAL/RECIPE")
-    goal_id, recipe_id = ref.split("/")
+    goal_id, recipe_id = split_recipe_ref(ref)
     require_goal(stores, goal_id)
     try:
         known = _experiments().recipe_ids(goal_id)
@@ -395,7 +408,7 @@ def find_cohort(stores, ref: str, overrides: Sequence[str] | None = None) -> Coh
         NotFound: an unknown goal or recipe (:func:`require_recipe`), or no sealed run of it.
     """
     require_recipe(stores, ref)
-    goal_id, recipe_id = ref.split("/")
+    goal_id, recipe_id = split_recipe_ref(ref)
     mine = [r for r in goal_results(stores, goal_id) if r.recipe_id == recipe_id]
     if not mine:
         raise NotFound(f"{ref}: no sealed runs in {stores.control.base_url} (train some with `gradlab sweep {ref} --seeds N`)")

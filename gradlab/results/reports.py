@@ -160,7 +160,8 @@ def goal_page(settings, stores, goal_id: str, results: Sequence[cohorts_mod.Seed
     from gradlab.results.curves import run_curves
 
     ranked = cohorts_mod.leaders_runs(stores, goal_id, results=results)
-    parts = [f"<p><a href='../index.html'>all goals</a></p><h1>{_e(goal_id)}</h1>", _contract_html(goal_id),
+    up = "../" * (goal_id.count("/") + 1)  # a nested goal's page sits one folder deeper per family
+    parts = [f"<p><a href='{up}index.html'>all goals</a></p><h1>{_e(goal_id)}</h1>", _contract_html(goal_id),
              "<h2>Leaders</h2>"]
     if ranked:
         rows = "".join(

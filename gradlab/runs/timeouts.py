@@ -80,7 +80,7 @@ def episode_step_cap(goal: Any) -> int:
         if registered:
             return int(registered)
     if env.provider == "ale":  # preprocessing is the validated dict, defaults filled
-        return ALE_FRAME_CAP // max(1, int(env.preprocessing.get("frame_skip", 4)))
+        return -(-ALE_FRAME_CAP // max(1, int(env.preprocessing.get("frame_skip", 4))))  # the cap is in frames
     return DEFAULT_STEP_CAP
 
 

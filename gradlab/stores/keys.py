@@ -83,8 +83,11 @@ def evaluation_result(run_id: str, intent_key: str) -> str:
 
 
 def baselines_prefix(goal_id: str) -> str:
-    """``baselines/<goal_id>/``: reference policies' results on a goal's manifest (eval store)."""
-    return f"baselines/{_seg(goal_id, 'goal id')}/"
+    """``baselines/<goal_id>/``: reference policies' results on a goal's manifest (eval store).
+
+    A nested goal id (``Family/Sub``) is one key segment per name, each checked.
+    """
+    return "baselines/" + "".join(f"{_seg(part, 'goal id')}/" for part in goal_id.split("/"))
 
 
 def baseline_result(goal_id: str, baseline: str, manifest_sha256: str) -> str:

@@ -30,7 +30,7 @@ def test_validate_json_counts_everything() -> None:
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     goals = REPO / "experiments" / "goals"  # counted from the tree
-    assert doc == {"goals": len(list(goals.glob("*/_goal.yaml"))), "recipes": len(list(goals.glob("*/recipes/*.yaml"))),
+    assert doc == {"goals": len(list(goals.rglob("_goal.yaml"))), "recipes": len(list(goals.rglob("recipes/*.yaml"))),
                    "presets": 2, "errors": []}
 
 

@@ -120,3 +120,22 @@ def test_ale_cap_in_agent_steps_matches_the_emulator(monkeypatch) -> None:
         monkeypatch.setattr(ale, "MAX_FRAMES_PER_EPISODE", 100)
         assert ale.max_agent_steps(frame_skip) == steps
         monkeypatch.undo()
+
+
+def test_the_ale_episode_cap_is_in_frames_at_every_frame_skip() -> None:
+    """Frame skip 2: ALE's 108,000-frame cap is 54,000 agent steps, for the goal and for ``env inspect``."""
+    from gradlab.contracts import Experiments
+    from gradlab.envs.registry import describe
+    from gradlab.runs.timeouts import episode_step_cap
+
+    resolved = Experiments().resolve("Breakout-Atari2600-v0/ppo", ["train.environment.preprocessing.frame_skip=2"])
+    env = resolved.environment
+    assert env.task.termination.max_episode_steps is None  # no goal-level step cap that ignores the skip
+    info = describe(env).as_json()
+    assert info["native_max_steps"] == 54_000
+    assert (info["extra"]["max_frames_per_episode"], info["extra"]["max_steps_per_episode"]) == (108_000, 54_000)
+    goal = resolved.goal.model_copy(update={"train": resolved.goal.train.model_copy(update={"environment": env})})
+    assert episode_step_cap(goal) == 54_000
+    out = _inspect("ale:Breakout", "--set", "preprocessing.frame_skip=2")
+    assert out.returncode == 0, out.stderr
+    assert "episode cap (emulator frames) │ 108000" in out.stdout and "episode cap (agent steps)     │ 54000" in out.stdout

@@ -14,8 +14,8 @@ def test_checked_in_experiments_are_valid() -> None:
     report = Experiments().validate_all()
     assert [p.render() for p in report.problems] == []
     goals = Path(__file__).resolve().parents[2] / "experiments" / "goals"  # counted from the tree
-    assert report.goals == len(list(goals.glob("*/_goal.yaml"))) == 10
-    assert report.recipes == len(list(goals.glob("*/recipes/*.yaml")))
+    assert report.goals == len(list(goals.rglob("_goal.yaml"))) == 15
+    assert report.recipes == len(list(goals.rglob("recipes/*.yaml")))
     assert report.presets == 2
 
 
@@ -139,7 +139,7 @@ def test_goal_id_must_match_folder(experiments_copy: Path) -> None:
     goal.write_text("goal_id: Other\n" + goal.read_text())
     with pytest.raises(ConfigError) as info:
         Experiments().load_goal("CartPole-v1")
-    assert "goal_id: expected 'CartPole-v1' (the folder name), found 'Other'" in info.value.problems[0].render()
+    assert "goal_id: expected 'CartPole-v1' (the folder path), found 'Other'" in info.value.problems[0].render()
 
 
 def test_unknown_goal_and_recipe_suggest_names() -> None:
@@ -151,8 +151,8 @@ def test_unknown_goal_and_recipe_suggest_names() -> None:
 
 def test_catalog_must_cover_every_goal_once(experiments_copy: Path) -> None:
     catalog = experiments_copy / "goals" / "_catalog.yaml"
-    catalog.write_text(catalog.read_text().replace("goals: [gradlab__bandit]", "goals: [gradlab__bandit, Nope]").replace(
+    catalog.write_text(catalog.read_text().replace("goals: [gradlab__bandit, gradlab__keydoor, Bandit]", "goals: [gradlab__bandit, gradlab__keydoor, Bandit, Nope]").replace(
         "goals: [Airstriker-Genesis-v0]", "goals: []"))
     messages = [p.render() for p in Experiments().validate_all().problems]
-    assert "experiments/goals/_catalog.yaml: projects.smoke.goals: expected a goal folder, found no goal 'Nope'" in messages
+    assert "experiments/goals/_catalog.yaml: projects.smoke.goals: expected a goal or a family folder, found no goal 'Nope'" in messages
     assert "experiments/goals/_catalog.yaml: projects: goal 'Airstriker-Genesis-v0' belongs to no project" in messages

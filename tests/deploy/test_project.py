@@ -141,8 +141,8 @@ def test_gradlab_validate_reports_deployment_problems_and_exits_1(tmp_path: Path
     assert out.returncode == 1, out.stderr
     doc = json.loads(out.stdout)
     experiments = REPO / "experiments" / "goals"  # every checked-in goal and recipe was validated too
-    assert (doc["goals"], doc["recipes"]) == (len(list(experiments.glob("*/_goal.yaml"))),
-                                              len(list(experiments.glob("*/recipes/*.yaml"))))
+    assert (doc["goals"], doc["recipes"]) == (len(list(experiments.rglob("_goal.yaml"))),
+                                              len(list(experiments.rglob("recipes/*.yaml"))))
     assert sorted((e["file"], e["key_path"]) for e in doc["errors"]) == [
         ("prefect.yaml", "deployments.0.parameters.n_steps"), ("prefect.yaml", "deployments.1.parameters.n_steps"),
         ("prefect.yaml", "pull.0")]

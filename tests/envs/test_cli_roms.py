@@ -26,7 +26,7 @@ def test_env_list_json():
     by_name = {r["provider"]: r for r in rows}
     assert set(by_name) >= {"gradlab", "gymnasium", "ale", "vizdoom", "retro"}
     assert set(rows[0]) == {"provider", "available", "version", "env_ids"}
-    assert by_name["gradlab"]["env_ids"] == ["Bandit-v0", "Corridor-v0", "Lives-v0", "FailOn-v0"]
+    assert by_name["gradlab"]["env_ids"] == ["Bandit-v0", "Corridor-v0", "Lives-v0", "FailOn-v0", "KeyDoor-v0"]
     assert "CartPole-v1" in by_name["gymnasium"]["env_ids"]
 
 

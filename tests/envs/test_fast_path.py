@@ -21,8 +21,8 @@ PROGRAMS = [
     {},
     {"termination": {"max_episode_steps": 3, "native_terminated": "failure"}},
     {"termination": {"max_episode_steps": 4, "native_terminated": "success"},
-     "reward": {"reward_scale": 0.5, "reward_clip": True}},
-    {"reward": {"reward_scale": 2.0, "reward_clip": [-2, 3]}},
+     "reward": {"reward_scale": 2.0, "reward_clip": True}},
+    {"reward": {"reward_scale": 0.5, "reward_clip": [-2, 3]}},
     {"reward": {"reward_clip": [-0.5, 0.25]}},
     {"reward": {"source": "events"}, "termination": {"max_episode_steps": 2}},
 ]
@@ -57,10 +57,10 @@ def test_step_native_equals_step_on_random_flags(program):
 
 
 def test_step_native_hand_computed_values():
-    # 7 × 0.5 clipped to [-1, 1] is 1.0; the third step hits max_episode_steps (truncated),
+    # 7 / 2 clipped to [-1, 1] is 1.0; the third step hits max_episode_steps (truncated),
     # lane 1 is terminated natively on step 2 and truncated too: terminal wins.
     prog = TaskProgram.model_validate({"termination": {"max_episode_steps": 3},
-                                       "reward": {"reward_scale": 0.5, "reward_clip": True}})
+                                       "reward": {"reward_scale": 2.0, "reward_clip": True}})
     runner = TaskRunner(prog, 2)
     runner.reset_lanes([0, 1], [5, 6])
     f = np.zeros(2, dtype=bool)
@@ -121,7 +121,7 @@ def _side_by_side(spec: EnvironmentSpec, n_actions: int, steps: int) -> int:
 @pytest.mark.parametrize("task", [
     {},
     {"termination": {"max_episode_steps": 17, "native_terminated": "failure"},
-     "reward": {"reward_scale": 0.5, "reward_clip": [-0.2, 0.3]}},
+     "reward": {"reward_scale": 2.0, "reward_clip": [-0.2, 0.3]}},
 ])
 @pytest.mark.parametrize("n", [1, 8])
 def test_cartpole_fast_path_equals_general_path(task, n):
@@ -135,7 +135,7 @@ def test_corridor_fast_path_equals_general_path_with_both_flags():
     spec = EnvironmentSpec.model_validate({
         "provider": "gradlab", "env_id": "Corridor-v0", "n_envs": 3,
         "provider_args": {"length": [2, 3, 5], "end": "both", "reward": 2.5},
-        "task": {"termination": {"max_episode_steps": 4}, "reward": {"reward_scale": 0.5}},
+        "task": {"termination": {"max_episode_steps": 4}, "reward": {"reward_scale": 2.0}},
     })
     # Lanes end every 2, 3 and 4 (max_episode_steps) steps: 30 steps -> 15 + 10 + 7 episodes.
     assert _side_by_side(spec, 2, 30) == 32

@@ -155,14 +155,14 @@ def test_max_episode_steps_truncates_with_length_and_returns():
 
 @pytest.mark.parametrize(("clip", "expected"), [(True, 1.0), ([-2, 3], 3.0), (False, 3.5), ([-2, 4], 3.5)])
 def test_reward_is_scaled_then_clipped(clip, expected):
-    prog = _program(reward={"reward_scale": 0.5, "reward_clip": clip})
+    prog = _program(reward={"reward_scale": 2.0, "reward_clip": clip})
     step = _one_step(prog, 0, 0, raw=7.0)
     assert step.reward.dtype == np.float32
     assert step.reward.tolist() == [expected]
 
 
 def test_negative_reward_clip():
-    step = _one_step(_program(reward={"reward_scale": 2.0, "reward_clip": True}), 0, 0, raw=-3.0)
+    step = _one_step(_program(reward={"reward_scale": 0.5, "reward_clip": True}), 0, 0, raw=-3.0)
     assert step.reward.tolist() == [-1.0]
 
 
@@ -170,7 +170,7 @@ def test_event_rewards_sum_then_scale_then_clip():
     signals = {"a": {"source": "info", "key": "a"}, "b": {"source": "info", "key": "b"}}
     events = {"win": {"signal": "a", "op": "equals", "value": 1}, "bonus": {"signal": "b", "op": "equals", "value": 1}}
     prog = _program(signals=signals, events=events,
-                    reward={"source": "events", "events": {"win": 10.0, "bonus": 0.5}, "reward_scale": 0.1})
+                    reward={"source": "events", "events": {"win": 10.0, "bonus": 0.5}, "reward_scale": 10.0})
     assert _one_step(prog, 1, 1, raw=100.0).reward.tolist() == [pytest.approx(1.05)]
     prog = _program(signals=signals, events=events,
                     reward={"source": "native_plus_events", "events": {"win": 10.0}, "reward_clip": [-5, 12]})
@@ -181,7 +181,7 @@ def test_event_rewards_sum_then_scale_then_clip():
 def test_shaped_and_raw_returns_and_progress_are_recorded():
     prog = _program(signals={"lives": {"source": "info", "key": "lives"}},
                     events={"lost": {"signal": "lives", "op": "decrease"}},
-                    termination={"failure": ["lost"]}, reward={"reward_scale": 0.5},
+                    termination={"failure": ["lost"]}, reward={"reward_scale": 2.0},
                     progress=["lives"])
     runner = TaskRunner(prog, 1)
     runner.reset_lanes([0], [5], {"lives": signal_array([3], 1)})

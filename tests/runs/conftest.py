@@ -32,7 +32,7 @@ def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[s
     os.environ["GRADLAB_HOME"] = str(home)
     try:
         settings = load_settings()
-        state = start_server(settings, timeout_s=120)
+        state = start_server(settings, timeout_s=float(os.environ.get("GRADLAB_SERVER_START_TIMEOUT_S") or 120))
     finally:
         if old is None:
             os.environ.pop("GRADLAB_HOME", None)

@@ -1,7 +1,7 @@
 // Catalog pages: projects → goals → runs → checkpoints, each a sortable, searchable table.
 import { getJson } from "../net/api.js";
 import { dataTable } from "../table.js";
-import { crumbs, link } from "../nav.js";
+import { crumbs, encGoal, link } from "../nav.js";
 
 const enc = encodeURIComponent;
 const fmt = (x, d = 2) => (x == null ? null : Number(x).toFixed(d));
@@ -44,7 +44,8 @@ export async function projectView(project) {
     searchLabel: "Search goals",
     rows: page.goals,
     columns: [
-      { key: "goal_id", label: "goal", render: (r) => link(r.goal_id, `/projects/${enc(project)}/goals/${enc(r.goal_id)}`) },
+      { key: "family", label: "family", value: (r) => r.family || "" },
+      { key: "goal_id", label: "goal", render: (r) => link(r.goal_id, `/projects/${enc(project)}/goals/${encGoal(r.goal_id)}`) },
       { key: "title", label: "title", value: (r) => r.error ? `contract error: ${r.error}` : r.title },
       { key: "env", label: "environment" },
       { key: "runs", label: "runs" },
@@ -53,7 +54,7 @@ export async function projectView(project) {
 }
 
 export async function goalView(project, goal) {
-  const page = await getJson(`/projects/${enc(project)}/goals/${enc(goal)}`);
+  const page = await getJson(`/projects/${enc(project)}/goals/${encGoal(goal)}`);
   crumbs([["projects", "/"], [project, `/projects/${enc(project)}`], [goal]]);
   const main = document.getElementById("main");
   heading(main, goal, page.error ? `contract error: ${page.error}` : page.title);
@@ -80,7 +81,7 @@ export async function runView(run) {
   const page = await getJson(`/runs/${enc(run)}`);
   const project = page.project;
   crumbs([["projects", "/"], ...(project ? [[project, `/projects/${enc(project)}`],
-    [page.goal_id, `/projects/${enc(project)}/goals/${enc(page.goal_id)}`]] : [[page.goal_id]]), [run]]);
+    [page.goal_id, `/projects/${enc(project)}/goals/${encGoal(page.goal_id)}`]] : [[page.goal_id]]), [run]]);
   const main = document.getElementById("main");
   heading(main, run, `${page.goal_id}/${page.recipe_id} · seed ${page.seed} · ${page.outcome ?? "no receipt"}`);
   dataTable(main, {

@@ -1,7 +1,7 @@
 // The playback page: controls, the WebSocket session and every panel.
 import { getJson, token } from "../net/api.js";
 import { openPlayback } from "../net/socket.js";
-import { crumbs, link, showError } from "../nav.js";
+import { crumbs, encGoal, link, showError } from "../nav.js";
 import { panelGrid } from "../layout.js";
 import { gamePanel } from "../panels/game.js";
 import { actionsPanel } from "../panels/actions.js";
@@ -28,7 +28,7 @@ export async function playbackView(run, step) {
   const page = await getJson(`/runs/${enc(run)}/checkpoints/${step}`);
   const project = page.project;
   crumbs([["projects", "/"], ...(project ? [[project, `/projects/${enc(project)}`],
-    [page.goal_id, `/projects/${enc(project)}/goals/${enc(page.goal_id)}`]] : []), [run, `/runs/${enc(run)}`], [`step ${step}`]]);
+    [page.goal_id, `/projects/${enc(project)}/goals/${encGoal(page.goal_id)}`]] : []), [run, `/runs/${enc(run)}`], [`step ${step}`]]);
   const main = document.getElementById("main");
   const title = el("h1", {}, `${page.goal_id}/${page.recipe_id} · step ${step}${page.promoted ? " ★ promoted" : ""}`);
   main.append(title);
