@@ -27,7 +27,32 @@ from gradlab.stores import ObjectStore, Stores, keys
 logger = logging.getLogger(__name__)
 
 DEFAULT_LEASE_TTL_S = 60.0
+#: Environment variable overriding the lease TTL of new attempts (seconds; a test deployment
+#: shortens it so a paused host's lease expires in seconds).
+LEASE_TTL_ENV = "GRADLAB_LEASE_TTL_S"
 _MAX_CAS_TRIES = 50
+
+
+def lease_ttl_s() -> float:
+    """The TTL new attempts take their lease for: ``GRADLAB_LEASE_TTL_S``, else 60 s.
+
+    Raises:
+        ContractViolation: the variable is not a number of seconds >= 3.
+    """
+    import os
+
+    from gradlab.errors import ContractViolation
+
+    raw = os.environ.get(LEASE_TTL_ENV)
+    if not raw:
+        return DEFAULT_LEASE_TTL_S
+    try:
+        ttl = float(raw)
+    except ValueError:
+        ttl = -1.0
+    if not ttl >= 3.0:
+        raise ContractViolation(f"{LEASE_TTL_ENV}: expected seconds >= 3, found {raw!r}")
+    return ttl
 
 
 class LeaseHeld(Conflict):

@@ -15,7 +15,7 @@ from gradlab.contracts.run_spec import RunSpec
 from gradlab.errors import ContractViolation, NotFound
 from gradlab.outbox import Outbox
 from gradlab.receipts.evaluations import list_evaluations
-from gradlab.receipts.lease import HeldLease, require_no_live_lease
+from gradlab.receipts.lease import HeldLease, lease_ttl_s, require_no_live_lease
 from gradlab.receipts.models import (
     Attempt,
     AttemptMode,
@@ -144,7 +144,7 @@ def open_attempt(stores: Stores, spec: RunSpec, paths: RunPaths, *, flow_run_id:
         log.warning("run %s: %s", spec.run_id, replaced)
     attempt, held = begin_attempt(stores, spec.run_id, mode=mode, resume_from=resume,
                                   skipped_checkpoints=skipped, outbox=identity, outbox_replaced=replaced,
-                                  flow_run_id=flow_run_id)
+                                  flow_run_id=flow_run_id, ttl_s=lease_ttl_s())
     reconciled = tuple(r.attempt_id for r in supersede_attempts(stores, spec.run_id, held))
     # Only the lease holder may touch the run's control state: a new learner never inherits the
     # stop request an earlier attempt wrote (a cancel, or a stop it never got to observe), and any
