@@ -228,3 +228,14 @@ def test_a_superseded_driver_writes_nothing_more_and_returns_its_successors_rece
     assert read_lease(stores.control, RUN) == lease_before  # attempt 2's lease, untouched
     assert not paths.attempt_receipt("attempt-001").exists()  # no local receipt of its own either
     assert second.fence == ("attempt-002", 2)
+
+
+def test_the_lease_ttl_setting_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gradlab.errors import ContractViolation
+    from gradlab.receipts.lease import lease_ttl_s
+
+    monkeypatch.setenv("GRADLAB_LEASE_TTL_S", "8")
+    assert lease_ttl_s() == 8.0
+    monkeypatch.setenv("GRADLAB_LEASE_TTL_S", "soon")
+    with pytest.raises(ContractViolation, match=r"GRADLAB_LEASE_TTL_S: expected seconds >= 3, found 'soon'"):
+        lease_ttl_s()
