@@ -123,6 +123,14 @@ def _tagged_run_id() -> str | None:
     return next((t for t in ctx.flow_run.tags if _RUN_ID_TAG.match(t)), None)
 
 
+def _flow_run_id() -> str | None:
+    """This flow run's id (recorded in the attempt: its state hooks close only that attempt)."""
+    from prefect.context import FlowRunContext
+
+    ctx = FlowRunContext.get()
+    return str(ctx.flow_run.id) if ctx is not None and ctx.flow_run is not None else None
+
+
 def _run_tags(run_id: str) -> list[str]:
     """This flow run's tags, plus ``run_id`` itself (added to the flow run when missing).
 
@@ -204,7 +212,8 @@ def _hook_run_id(flow_run: Any) -> str | None:
 
 
 def _sealing_hook(outcome: str, what: str) -> Any:
-    """A state hook that seals the attempt its flow run left open (docs/ARCHITECTURE.md section 8).
+    """A state hook that seals the attempt its flow run left open (docs/ARCHITECTURE.md section 8):
+    only its own, by attempt id and epoch, while it still holds the lease (section 9).
 
     Under a worker Prefect runs ``on_crashed`` / ``on_cancellation`` in a separate process after
     the flow process is gone; ``on_failure`` runs in the flow process once the flow body has
@@ -228,7 +237,8 @@ def _sealing_hook(outcome: str, what: str) -> Any:
             said = what == outcome or message.lower().startswith(f"{what}:")
             reason = message if said else f"{what}: {message}"
             receipt = operations.close_abandoned_attempt(open_stores(settings), paths if paths.root.is_dir() else None,
-                                                         run_id, outcome=outcome, reason=reason)
+                                                         run_id, outcome=outcome, reason=reason,
+                                                         flow_run_id=str(flow_run.id))
         except Exception as e:  # noqa: BLE001 - a hook must not fail the engine; the reconciler is the guarantee
             log.warning("run %s: %s hook could not seal the attempt: %s", run_id, what, e)
             return
@@ -295,7 +305,8 @@ def training_run(
     with tags(*_run_tags(spec.run_id)):
         attached = LearnerProcess.attach(learner_pid, paths) if learner_pid else None
         try:
-            plan = run_tasks.open_run.with_options(timeout_seconds=limits.open_run_s)(stores, spec, paths)
+            plan = run_tasks.open_run.with_options(timeout_seconds=limits.open_run_s)(stores, spec, paths,
+                                                                                     _flow_run_id())
         except BaseException:
             if attached is not None:
                 attached.stop("the attempt could not be opened", grace_s=4.0)
@@ -329,14 +340,14 @@ def training_run(
         def evaluate_track(track: CheckpointTrack) -> _Done:
             directory = operations.local_checkpoint_dir(stores, paths, track.publication)
             return _Done(evaluate_task.submit(stores, spec, spec.run_id, track.step, track.publication, directory,
-                                              eval_backend, limits.evaluate_s))
+                                              eval_backend, limits.evaluate_s, plan.fence))
 
         driver = AttemptDriver(
             spec=spec, paths=paths, stores=stores, plan=plan, learner=learner,
             submit_publish=publish, submit_evaluate=evaluate_track,
-            record_stop=lambda reason: request_stop(stores, spec.run_id, attempt_id, reason),
+            record_stop=lambda reason: request_stop(stores, spec.run_id, attempt_id, reason, epoch),
             promote=lambda t: promote(stores, spec.run_id, attempt_id, t.step, t.evaluation, t.publication, epoch),
-            seal=lambda fields: seal(stores, spec, spec.run_id, attempt_id, fields, paths),
+            seal=lambda fields: seal(stores, spec, spec.run_id, attempt_id, fields, paths, epoch),
             evaluate=spec.evaluate, wandb=wandb, cancel_requested=_cancel_probe(),
             max_parallel_evals=max(1, (os.cpu_count() or 2) - 1),
         )

@@ -27,9 +27,9 @@ _COMMON = dict(cache_policy=NO_CACHE, retries=RETRIES, retry_delay_seconds=RETRY
 
 
 @task(name="open-run", task_run_name="open-run-{spec.run_id}", **_COMMON)
-def open_run(stores: Stores, spec: RunSpec, paths: RunPaths) -> AttemptPlan:
-    """Open the run and its next attempt under the writer lease."""
-    return opening.open_attempt(stores, spec, paths)
+def open_run(stores: Stores, spec: RunSpec, paths: RunPaths, flow_run_id: str | None = None) -> AttemptPlan:
+    """Open the run and its next attempt under the writer lease (refused: nothing written)."""
+    return opening.open_attempt(stores, spec, paths, flow_run_id=flow_run_id)
 
 
 @task(name="start-learner", task_run_name="start-learner-{run_id}", cache_policy=NO_CACHE, persist_result=False)
@@ -48,16 +48,19 @@ def publish_checkpoint(stores: Stores, run_id: str, attempt_id: str, step: int, 
 
 @task(name="evaluate-checkpoint", task_run_name="evaluate-{run_id}-step{step}", **_COMMON)
 def evaluate_checkpoint(stores: Stores, spec: RunSpec, run_id: str, step: int, publication: CheckpointPublication,
-                        checkpoint_dir: Path, backend: str, timeout_s: float | None = None) -> EvaluationRecord:
-    """Evaluate a published checkpoint once (keyed by content) and record the result; the backend
-    gets ``timeout_s`` (the task's own ``timeout_seconds`` is set a little above it, as a backstop)."""
-    return evaluating.evaluate(stores, spec, publication, checkpoint_dir, backend=backend, timeout_s=timeout_s)
+                        checkpoint_dir: Path, backend: str, timeout_s: float | None = None,
+                        fence: tuple[str, int] | None = None) -> EvaluationRecord:
+    """Evaluate a published checkpoint once (keyed by content) and record the result for ``fence``
+    (attempt, epoch); the backend gets ``timeout_s`` (the task's own ``timeout_seconds`` is set a
+    little above it, as a backstop)."""
+    return evaluating.evaluate(stores, spec, publication, checkpoint_dir, backend=backend, timeout_s=timeout_s,
+                               fence=fence)
 
 
 @task(name="request-stop", task_run_name="request-stop-{run_id}", **_COMMON)
-def request_stop(stores: Stores, run_id: str, attempt_id: str, reason: str) -> None:
+def request_stop(stores: Stores, run_id: str, attempt_id: str, reason: str, epoch: int | None = None) -> None:
     """Record the run's stop request in the receipt store (the outbox has it already)."""
-    evaluating.record_stop(stores, run_id, attempt_id, reason)
+    evaluating.record_stop(stores, run_id, attempt_id, reason, epoch=epoch)
 
 
 @task(name="promote", task_run_name="promote-{run_id}-step{step}", **_COMMON)
@@ -68,6 +71,7 @@ def promote(stores: Stores, run_id: str, attempt_id: str, step: int, record: Eva
 
 
 @task(name="seal-receipt", task_run_name="seal-receipt-{run_id}", **_COMMON)
-def seal_receipt(stores: Stores, spec: RunSpec, run_id: str, attempt_id: str, fields: dict, paths: RunPaths) -> TerminalReceipt:
-    """Seal the attempt's terminal receipt from the store's inventories."""
-    return sealing.seal(stores, spec, attempt_id, paths=paths, **fields)
+def seal_receipt(stores: Stores, spec: RunSpec, run_id: str, attempt_id: str, fields: dict, paths: RunPaths,
+                 epoch: int | None = None) -> TerminalReceipt:
+    """Seal the attempt's terminal receipt from the store's inventories (refused once superseded)."""
+    return sealing.seal(stores, spec, attempt_id, paths=paths, epoch=epoch, **fields)

@@ -182,8 +182,11 @@ def run_learner(spec: RunSpec, run_dir: Path, *, resume_from: Path | None = None
             return LearnerResult(final_step=step, stop_reason=waited, checkpoints=())
         backend.begin(resumed=resume_from is not None)
         step = backend.num_timesteps
+        stamp = outbox.adopt_fence()  # the attempt and epoch this learner writes for, in its payload too
         outbox.append("learner_started", step, {"pid": os.getpid(), "step": step,
-                                                "resumed_from": str(resume_from) if resume_from else None})
+                                                "resumed_from": str(resume_from) if resume_from else None,
+                                                "attempt": stamp[0] if stamp else None,
+                                                "epoch": stamp[1] if stamp else None})
         freq = spec.checkpoint_freq
         next_ckpt = (step // freq + 1) * freq
         last_ckpt_step = resumed_manifest.step if resumed_manifest is not None else None

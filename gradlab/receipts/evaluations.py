@@ -61,8 +61,10 @@ def make_evaluation_record(
     return_mean: float | None = None,
     error: str | None = None,
     now: datetime | None = None,
+    fence: tuple[str, int] | None = None,
 ) -> EvaluationRecord:
-    """An :class:`EvaluationRecord` for ``intent`` with ``result_sha256`` computed from ``result``."""
+    """An :class:`EvaluationRecord` for ``intent`` with ``result_sha256`` computed from ``result``,
+    stamped with ``fence`` (the recording attempt and its lease epoch) when given."""
     return EvaluationRecord(
         intent_key=intent.key,
         run_id=intent.run_id,
@@ -73,6 +75,8 @@ def make_evaluation_record(
         result=result,
         result_sha256=sha256_json(result) if result is not None else None,
         error=error,
+        attempt_id=fence[0] if fence else None,
+        epoch=fence[1] if fence else None,
         recorded_at=now or utcnow(),
     )
 

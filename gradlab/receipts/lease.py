@@ -7,6 +7,10 @@ acquirers racing for an expired lease produce exactly one holder.
 
 Fencing: the generation is the holder's epoch; a store write made for an attempt whose epoch is no
 longer the lease's is refused (:func:`require_epoch`, ``LeaseLost``).
+
+Liveness: a live lease is waited out unless its owner is *provably* dead, which only a checker on
+the owner's boot and PID namespace can know (:mod:`gradlab.receipts.owner`); from another host or
+container a missing pid proves nothing (docs/ARCHITECTURE.md section 9).
 """
 
 from __future__ import annotations
@@ -23,7 +27,32 @@ from gradlab.stores import ObjectStore, Stores, keys
 logger = logging.getLogger(__name__)
 
 DEFAULT_LEASE_TTL_S = 60.0
+#: Environment variable overriding the lease TTL of new attempts (seconds; a test deployment
+#: shortens it so a paused host's lease expires in seconds).
+LEASE_TTL_ENV = "GRADLAB_LEASE_TTL_S"
 _MAX_CAS_TRIES = 50
+
+
+def lease_ttl_s() -> float:
+    """The TTL new attempts take their lease for: ``GRADLAB_LEASE_TTL_S``, else 60 s.
+
+    Raises:
+        ContractViolation: the variable is not a number of seconds >= 3.
+    """
+    import os
+
+    from gradlab.errors import ContractViolation
+
+    raw = os.environ.get(LEASE_TTL_ENV)
+    if not raw:
+        return DEFAULT_LEASE_TTL_S
+    try:
+        ttl = float(raw)
+    except ValueError:
+        ttl = -1.0
+    if not ttl >= 3.0:
+        raise ContractViolation(f"{LEASE_TTL_ENV}: expected seconds >= 3, found {raw!r}")
+    return ttl
 
 
 class LeaseHeld(Conflict):
@@ -40,6 +69,9 @@ class HeldLease:
 
     lease: Lease
     etag: str
+    #: The lease this acquisition replaced (another holder's, expired, released or of a dead owner),
+    #: or None: what a superseding attempt names in the receipt it seals for the old one.
+    replaced: Lease | None = None
 
 
 def read_lease(store: ObjectStore, run_id: str) -> HeldLease | None:
@@ -59,16 +91,35 @@ def require_no_live_lease(store: ObjectStore, run_id: str, *, now: datetime | No
     """
     at = now or utcnow()
     current = read_lease(store, run_id)
-    if current is not None and (current.lease.in_force(at) or _owner_elsewhere_alive(current.lease)):
-        raise LeaseHeld(
+    refusal = _refusal(store, run_id, current, None, at)
+    if refusal is not None:
+        raise refusal
+
+
+def _refusal(store: ObjectStore, run_id: str, current: HeldLease | None, holder: str | None,
+             at: datetime) -> LeaseHeld | None:
+    """Why ``holder`` (None: any new holder) may not take the lease now, or None."""
+    if current is None or current.lease.holder == holder:
+        return None
+    if owner_elsewhere_alive(current.lease):
+        return LeaseHeld(
+            f"{store.url(keys.lease(run_id))}: run {run_id} is leased by {current.lease.holder}, whose process "
+            f"{current.lease.owner} still runs on this host although the lease "
+            f"{'expired' if not current.lease.is_live(at) else 'is live'}; expected it gone: stop it first "
+            "(Ctrl-C or `prefect flow-run cancel`)"
+        )
+    if current.lease.in_force(at):
+        return LeaseHeld(
             f"{store.url(keys.lease(run_id))}: run {run_id} is leased by {current.lease.holder} "
             f"({current.lease.owner}) until {current.lease.expires_at.isoformat()}; "
             f"expected no live lease at {at.isoformat()}"
         )
+    return None
 
 
-def _owner_elsewhere_alive(lease: Lease) -> bool:
-    """The lease's owner is another process that still runs on this host (suspended, swapping):
+def owner_elsewhere_alive(lease: Lease) -> bool:
+    """The lease's owner is another process that still runs here, in this boot and PID namespace
+    (suspended, swapping):
     its lease expiring does not make it dead, and taking the run over would start a second
     learner lineage. Every path that opens an attempt (CLI, deployment, UI retry) gets this guard."""
     if lease.released or lease.owner_state() != "alive":
@@ -83,7 +134,8 @@ def _owner_fields() -> dict:
     from gradlab.receipts.owner import current_owner
 
     me = current_owner()
-    return {"owner": me.label(), "owner_boot_id": me.boot_id, "owner_pid": me.pid, "owner_start": me.start}
+    return {"owner": me.label(), "owner_boot_id": me.boot_id, "owner_pid_namespace": me.pid_namespace,
+            "owner_pid": me.pid, "owner_start": me.start}
 
 
 def acquire_lease(
@@ -98,8 +150,9 @@ def acquire_lease(
     """Take the run's writer lease for ``holder`` (an attempt id) for ``ttl_s`` seconds.
 
     Re-acquiring a lease the same holder still has live renews it (same generation). A live lease
-    whose owner is known to be dead (same host boot, its pid gone or recycled:
-    :mod:`gradlab.receipts.owner`) is taken over at once instead of waited out.
+    whose owner is known to be dead (same host boot and PID namespace, its pid gone or recycled:
+    :mod:`gradlab.receipts.owner`) is taken over at once instead of waited out; one whose owner
+    cannot be seen from here (another host or namespace) is waited out until it expires.
 
     Args:
         owner: a label for the owner instead of this process's identity (then its liveness is
@@ -112,24 +165,16 @@ def acquire_lease(
     for _ in range(_MAX_CAS_TRIES):
         at = now or utcnow()
         current = read_lease(store, run_id)
-        if current is not None and current.lease.holder != holder and _owner_elsewhere_alive(current.lease):
-            raise LeaseHeld(
-                f"{store.url(keys.lease(run_id))}: run {run_id} is leased by {current.lease.holder}, whose process "
-                f"{current.lease.owner} still runs on this host although the lease "
-                f"{'expired' if not current.lease.is_live(at) else 'is live'}; expected it gone: stop it first "
-                "(Ctrl-C or `prefect flow-run cancel`)"
-            )
-        if current is not None and current.lease.in_force(at) and current.lease.holder != holder:
-            raise LeaseHeld(
-                f"{store.url(keys.lease(run_id))}: run {run_id} is leased by {current.lease.holder} "
-                f"({current.lease.owner}) until {current.lease.expires_at.isoformat()}; "
-                f"expected no live lease at {at.isoformat()}"
-            )
+        refusal = _refusal(store, run_id, current, holder, at)
+        if refusal is not None:
+            raise refusal
+        replaced = None
         if current is not None and current.lease.is_live(at) and current.lease.holder == holder:
             generation, acquired_at = current.lease.generation, current.lease.acquired_at
         else:
             generation = current.lease.generation + 1 if current is not None else 1
             acquired_at = at
+            replaced = current.lease if current is not None else None
         lease = Lease(
             run_id=run_id,
             holder=holder,
@@ -145,7 +190,7 @@ def acquire_lease(
         except Conflict:
             continue  # someone wrote between our read and write: re-read and decide again
         logger.info("run %s: lease acquired by %s (generation %d)", run_id, holder, generation)
-        return HeldLease(lease, etag)
+        return HeldLease(lease, etag, replaced)
     raise LeaseHeld(f"{store.url(keys.lease(run_id))}: lost {_MAX_CAS_TRIES} races for the lease of run {run_id}")
 
 
@@ -202,14 +247,21 @@ def release_lease(store: ObjectStore, held: HeldLease, *, now: datetime | None =
     return _update(store, held, new)
 
 
-def require_epoch(stores: Stores, run_id: str, attempt_id: str, epoch: int) -> None:
+def require_epoch(stores: Stores, run_id: str, attempt_id: str, epoch: int, *, released_ok: bool = False) -> None:
     """Refuse a write made for an attempt whose lease epoch is no longer current (fencing).
+
+    Called right before every store write on behalf of an attempt (docs/ARCHITECTURE.md section 9).
+    A lease past its expiry but not taken over still fences for its holder: nobody else has written.
+
+    Args:
+        released_ok: accept the holder's own released lease (a seal retried after the release).
 
     Raises:
         LeaseLost: the lease is held by another attempt or epoch (or released), naming both.
     """
     held = read_lease(stores.control, run_id)
-    if held is None or (held.lease.holder, held.lease.generation) != (attempt_id, epoch) or held.lease.released:
+    if (held is None or (held.lease.holder, held.lease.generation) != (attempt_id, epoch)
+            or (held.lease.released and not released_ok)):
         found = "no lease" if held is None else (f"{held.lease.holder} epoch {held.lease.generation}"
                                                  f"{' (released)' if held.lease.released else ''}")
         raise LeaseLost(f"{stores.control.url(keys.lease(run_id))}: write for {attempt_id} epoch {epoch} refused: "

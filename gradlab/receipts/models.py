@@ -14,7 +14,7 @@ from pydantic import AwareDatetime, Field, model_validator
 from gradlab.contracts.base import Contract
 from gradlab.contracts.hashing import sha256_json
 
-Outcome = Literal["succeeded", "failed", "cancelled", "stopped"]
+Outcome = Literal["succeeded", "failed", "cancelled", "stopped", "superseded"]
 EvaluationStatus = Literal["accepted", "rejected", "failed", "deferred"]
 AttemptMode = Literal["fresh", "resume", "drain"]
 
@@ -84,6 +84,10 @@ class Attempt(Contract):
                                   "or replaced): names the file and both identities; that outbox's undelivered events "
                                   "are lost and no receipt counts them.")
     previous_attempt_id: str | None = None
+    epoch: int | None = Field(default=None, ge=1, description="The lease epoch this attempt opened under "
+                              "(every write on its behalf carries it; docs/ARCHITECTURE.md section 9).")
+    flow_run_id: str | None = Field(default=None, description="The Prefect flow run executing this attempt: its "
+                                    "state hooks close only this attempt, at this epoch.")
     host: str
     pid: int
     started_at: AwareDatetime
@@ -99,6 +103,8 @@ class Lease(Contract):
     holder: str = Field(description="The attempt id holding the lease.")
     owner: str = Field(description="``<host>:<pid>`` of the holding process.")
     owner_boot_id: str | None = Field(default=None, description="The owner's host boot id (Linux).")
+    owner_pid_namespace: str | None = Field(default=None, description="The owner's PID namespace, "
+                                            "``pid:[<inode>]``: its pid means something only there.")
     owner_pid: int | None = Field(default=None, description="The owner's pid.")
     owner_start: int | None = Field(default=None, description="The owner's start time, clock ticks since boot; with "
                                     "the boot id and pid it names one process (a recycled pid is not the owner).")
@@ -117,11 +123,12 @@ class Lease(Contract):
         """``alive``, ``dead`` or ``unknown``, judged from this host (:func:`gradlab.receipts.owner.owner_state`)."""
         from gradlab.receipts.owner import owner_state
 
-        return owner_state(self.owner_boot_id, self.owner_pid, self.owner_start)
+        return owner_state(self.owner_boot_id, self.owner_pid, self.owner_start, self.owner_pid_namespace)
 
     def in_force(self, now: datetime | None = None) -> bool:
-        """Live, and its owner not known to be dead: a lease whose owner died on this host is not
-        waited out (docs/ARCHITECTURE.md section 9)."""
+        """Live, and its owner not known to be dead: a lease whose owner died in this host's PID
+        namespace is not waited out; one held from another host or namespace is (docs/ARCHITECTURE.md
+        section 9)."""
         return self.is_live(now) and self.owner_state() != "dead"
 
 
@@ -205,6 +212,8 @@ class EvaluationIntent(Contract):
     goal_contract_sha256: str
     episode_manifest_sha256: str
     backend: str = Field(description="Evaluation backend id (local | modal).")
+    attempt_id: str | None = Field(default=None, description="The attempt that asked first (fencing).")
+    epoch: int | None = Field(default=None, description="That attempt's lease epoch (fencing).")
     created_at: AwareDatetime
 
     @model_validator(mode="after")
@@ -226,6 +235,8 @@ class EvaluationIntent(Contract):
         episode_manifest_sha256: str,
         backend: str,
         now: datetime | None = None,
+        attempt_id: str | None = None,
+        epoch: int | None = None,
     ) -> EvaluationIntent:
         """An intent with its content key filled in."""
         return cls(
@@ -237,6 +248,8 @@ class EvaluationIntent(Contract):
             goal_contract_sha256=goal_contract_sha256,
             episode_manifest_sha256=episode_manifest_sha256,
             backend=backend,
+            attempt_id=attempt_id,
+            epoch=epoch,
             created_at=now or utcnow(),
         )
 
@@ -253,6 +266,8 @@ class EvaluationRecord(Contract):
     result: dict[str, Any] | None = Field(default=None, description="The evaluation result JSON (docs/ARCHITECTURE.md section 8).")
     result_sha256: str | None = Field(default=None, description="sha256_json(result).")
     error: str | None = Field(default=None, description="Why the evaluation failed or was deferred.")
+    attempt_id: str | None = Field(default=None, description="The attempt that recorded the result (fencing).")
+    epoch: int | None = Field(default=None, description="That attempt's lease epoch (fencing).")
     recorded_at: AwareDatetime
 
     @model_validator(mode="after")
@@ -269,6 +284,7 @@ class StopRequest(Contract):
 
     run_id: str
     attempt_id: str | None = None
+    epoch: int | None = Field(default=None, description="The requesting attempt's lease epoch (fencing).")
     reason: str = Field(description="e.g. 'accepted:<checkpoint_step>', 'user', 'cancelled'.")
     checkpoint_step: int | None = None
     requested_at: AwareDatetime
@@ -285,6 +301,7 @@ class Promotion(Contract):
     evaluation_key: str
     result_uri: str
     return_mean: float | None = None
+    epoch: int | None = Field(default=None, description="The promoting attempt's lease epoch (fencing).")
     promoted_at: AwareDatetime
 
     @property
@@ -320,6 +337,15 @@ class TerminalMetrics(Contract):
     )
 
 
+class Supersession(Contract):
+    """Why an attempt was sealed ``superseded``: the attempt that took the run's lease over."""
+
+    attempt_id: str = Field(description="The new attempt.")
+    epoch: int = Field(ge=1, description="The new attempt's lease epoch.")
+    lease_expired_at: AwareDatetime | None = Field(description="When the superseded attempt's lease expired (None: "
+                                                   "it was released, or its owner was known dead before).")
+
+
 class LearnerExit(Contract):
     exit_code: int | None
     stop_reason: str | None
@@ -345,4 +371,6 @@ class TerminalReceipt(Contract):
     metrics: TerminalMetrics
     drained: bool
     learner: LearnerExit
+    epoch: int | None = Field(default=None, description="The lease epoch of the attempt that sealed this receipt.")
+    superseded_by: Supersession | None = Field(default=None, description="Set for outcome ``superseded``.")
     sealed_at: AwareDatetime

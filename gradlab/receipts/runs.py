@@ -103,8 +103,10 @@ def begin_attempt(
     outbox_replaced: str | None = None,
     ttl_s: float = DEFAULT_LEASE_TTL_S,
     now: datetime | None = None,
+    flow_run_id: str | None = None,
 ) -> tuple[Attempt, HeldLease]:
-    """Start the next attempt of a run: take the writer lease, then write ``attempt.json``.
+    """Start the next attempt of a run: take the writer lease, then write ``attempt.json`` (with
+    the lease epoch and the executing flow run).
 
     Returns:
         (attempt, held lease); renew the lease at least every ``ttl_s / 3`` seconds.
@@ -127,6 +129,8 @@ def begin_attempt(
         outbox=outbox,
         outbox_replaced=outbox_replaced,
         previous_attempt_id=previous[-1].attempt_id if previous else None,
+        epoch=held.lease.generation,
+        flow_run_id=flow_run_id,
         host=socket.gethostname(),
         pid=os.getpid(),
         started_at=now or utcnow(),

@@ -1,9 +1,12 @@
 """Terminal receipts: sealing an attempt, the inventories a receipt lists, and reconciliation
 (closing attempts whose process ended without sealing, from what each did itself).
 
-Sealing is create-only per attempt; a retry with the same content agrees. Reconciliation is the
-guarantee behind best-effort hooks: ``gradlab runs reconcile`` and every new attempt's opening run it
-(docs/ARCHITECTURE.md section 8).
+Sealing is create-only per attempt; a retry with the same content agrees. Who may seal what
+(docs/ARCHITECTURE.md section 9): an attempt seals itself while it holds the lease at its epoch; a
+new attempt, having taken the lease, seals every earlier unsealed attempt ``superseded``
+(:func:`supersede_attempts`); a hook seals only its own attempt at its own epoch; the reconciler
+(``gradlab runs reconcile``) first fences an expired lease out (releases it by compare-and-swap),
+then seals its attempt ``failed``.
 """
 
 from __future__ import annotations
@@ -13,10 +16,11 @@ from datetime import datetime
 
 from gradlab.errors import Conflict
 from gradlab.receipts.evaluations import list_evaluations
-from gradlab.receipts.io import create_or_agree, read_optional
-from gradlab.receipts.lease import read_lease
+from gradlab.receipts.io import create_or_agree, dump_model, read_optional
+from gradlab.receipts.lease import HeldLease, owner_elsewhere_alive, read_lease, require_epoch
 from gradlab.receipts.models import (
     LearnerExit,
+    Supersession,
     TerminalCheckpoint,
     TerminalEvaluation,
     TerminalMetrics,
@@ -127,14 +131,27 @@ def close_attempt(
     final_step: int | None = None,
     learner: LearnerExit | None = None,
     now: datetime | None = None,
+    epoch: int | None = None,
+    superseded_by: Supersession | None = None,
+    fence: tuple[str, int] | None = None,
 ) -> TerminalReceipt | None:
-    """Seal an attempt whose own process could not (a crash, a hook, a reconcile) from
-    :func:`attempt_inventory`; None when it was sealed already (by itself or a concurrent closer).
+    """Seal an attempt whose own process could not (a crash, a hook, a reconcile, a supersession)
+    from :func:`attempt_inventory`; None when it was sealed already (by itself or a concurrent closer).
 
     ``final_step`` defaults to the highest step the attempt published.
+
+    Args:
+        fence: (attempt id, epoch) that must hold the run's lease for this write (a hook: its own
+            attempt; a superseding attempt: itself); None for a reconciler that fenced the lease
+            out first. ``epoch`` is recorded in the receipt (the writer's epoch).
+
+    Raises:
+        LeaseLost: ``fence`` no longer holds the lease; nothing is written.
     """
     if read_terminal(stores, run_id, attempt_id) is not None:
         return None
+    if fence is not None:
+        require_epoch(stores, run_id, *fence)
     run = read_run(stores, run_id)
     checkpoints, evaluations, promotion = attempt_inventory(stores, run_id, attempt_id)
     receipt = TerminalReceipt(
@@ -152,6 +169,8 @@ def close_attempt(
         metrics=TerminalMetrics(local_high_water=0, sinks={}),
         drained=False,
         learner=learner or LearnerExit(exit_code=None, stop_reason=None),
+        epoch=epoch,
+        superseded_by=superseded_by,
         sealed_at=now or utcnow(),
     )
     try:
@@ -161,13 +180,54 @@ def close_attempt(
         return None
 
 
+def supersede_attempts(stores: Stores, run_id: str, held: HeldLease, *, now: datetime | None = None
+                       ) -> list[TerminalReceipt]:
+    """Seal every earlier unsealed attempt ``superseded``, on behalf of the attempt that just took
+    the run's lease (``held``): the second half of opening an attempt, one decision with the lease
+    acquisition (docs/ARCHITECTURE.md section 9).
+
+    Each receipt names the new attempt and its epoch and when the old lease expired
+    (:class:`Supersession`), and lists what the old attempt itself published
+    (:func:`attempt_inventory`). Each write is fenced by the new attempt's own epoch.
+
+    Raises:
+        LeaseLost: the new attempt lost the lease meanwhile (nothing more is sealed).
+    """
+    at = now or utcnow()
+    new_attempt, epoch = held.lease.holder, held.lease.generation
+    replaced = held.replaced
+    sealed = []
+    for attempt in list_attempts(stores, run_id):
+        if attempt.attempt_id == new_attempt or read_terminal(stores, run_id, attempt.attempt_id) is not None:
+            continue
+        was_holder = replaced is not None and replaced.holder == attempt.attempt_id
+        expired = replaced.expires_at if was_holder and not replaced.released else None
+        published = [p.step for p in list_publications(stores, run_id) if p.attempt_id == attempt.attempt_id]
+        reason = (f"superseded by {new_attempt} (epoch {epoch}): "
+                  + (f"its lease (epoch {replaced.generation}) expired at {expired.isoformat()}" if expired is not None
+                     and expired <= at else f"its lease (epoch {replaced.generation}) was released or its owner had died"
+                     if was_holder else "it no longer held the lease")
+                  + f"; it had published {('steps ' + ', '.join(map(str, published))) if published else 'nothing'}")
+        receipt = close_attempt(stores, run_id, attempt.attempt_id, outcome="superseded", reason=reason, now=at,
+                                epoch=epoch, fence=(new_attempt, epoch),
+                                superseded_by=Supersession(attempt_id=new_attempt, epoch=epoch,
+                                                           lease_expired_at=expired))
+        if receipt is not None:
+            sealed.append(receipt)
+            logger.warning("run %s: attempt %s sealed superseded by %s", run_id, attempt.attempt_id, new_attempt)
+    return sealed
+
+
 def reconcile_run(stores: Stores, run_id: str, *, now: datetime | None = None) -> list[TerminalReceipt]:
     """Close attempts whose process ended without sealing a terminal receipt (crash, SIGKILL).
 
-    An attempt without ``terminal.json`` is closed as ``failed`` unless it still holds a live lease,
-    listing only what it did itself (:func:`attempt_inventory`). Hooks are best effort (Prefect
-    does not run them on SIGKILL of a flow it did not start); this is the guarantee, run by
-    ``gradlab runs reconcile`` and whenever a new attempt opens.
+    An attempt without ``terminal.json`` is closed as ``failed`` unless its lease is still in force
+    (live, owner not provably dead) or its owner is seen running in this PID namespace (paused past
+    its lease), listing only what it did itself (:func:`attempt_inventory`). An expired lease is
+    fenced out first (released by compare-and-swap), so a holder that wakes up later finds it lost
+    and writes nothing. Hooks are best effort (Prefect does not run them on SIGKILL of a flow it
+    did not start); this is the guarantee behind them, run by ``gradlab runs reconcile`` (a new
+    attempt seals its predecessors ``superseded`` instead: :func:`supersede_attempts`).
 
     Returns:
         The receipts sealed now (empty when nothing needed closing).
@@ -178,16 +238,31 @@ def reconcile_run(stores: Stores, run_id: str, *, now: datetime | None = None) -
     for attempt in list_attempts(stores, run_id):
         if read_terminal(stores, run_id, attempt.attempt_id) is not None:
             continue
-        if held is not None and held.lease.holder == attempt.attempt_id and held.lease.in_force(at):
+        holds = held is not None and held.lease.holder == attempt.attempt_id and not held.lease.released
+        if holds and (held.lease.in_force(at) or owner_elsewhere_alive(held.lease)):
             continue
-        lease_note = (
-            f"lease expired at {held.lease.expires_at.isoformat()}"
-            if held is not None and held.lease.holder == attempt.attempt_id
-            else "lease not held"
-        )
+        lease_note = "lease not held"
+        if holds:
+            lease_note = (f"lease expired at {held.lease.expires_at.isoformat()}" if not held.lease.is_live(at)
+                          else f"its owner {held.lease.owner} is gone")
+            if not _fence_out(stores, held, at):
+                logger.info("run %s: %s renewed or lost its lease meanwhile: not reconciled", run_id,
+                            attempt.attempt_id)
+                continue
         receipt = close_attempt(stores, run_id, attempt.attempt_id, outcome="failed",
                                 reason=f"reconciled: attempt ended without sealing its receipt ({lease_note})", now=at)
         if receipt is not None:
             sealed.append(receipt)
             logger.warning("run %s: closed attempt %s as failed (%s)", run_id, attempt.attempt_id, lease_note)
     return sealed
+
+
+def _fence_out(stores: Stores, held: HeldLease, at: datetime) -> bool:
+    """Release ``held`` exactly as read (one compare-and-swap on its etag), so its holder's next
+    renewal or fenced write is refused; False when it changed meanwhile (renewed, taken over)."""
+    new = held.lease.model_copy(update={"released": True, "expires_at": min(held.lease.expires_at, at)})
+    try:
+        stores.control.put_if_match(keys.lease(held.lease.run_id), dump_model(new), held.etag)
+    except Conflict:
+        return False
+    return True

@@ -6,6 +6,15 @@ until the learner has exited and everything is drained, then promotes, delivers 
 metrics and seals the terminal receipt. Cancellation (``cancel_requested()``, Ctrl-C, a
 termination signal) stops the learner within the grace period and seals ``cancelled``; every
 checkpoint already published stays published and no checkpoint is published after the cancel.
+
+Superseded (docs/ARCHITECTURE.md section 9): when any write for this attempt is refused because a
+newer attempt took the lease (``LeaseLost``: a renewal, a publication, an evaluation, a stop
+request, a metric delivery), the driver stops its learner within the grace period and writes
+nothing more: no receipt (its successor sealed it ``superseded``), no release, no metrics. It
+returns that receipt, or raises :class:`Superseded` while the successor has not sealed it yet.
+
+Lease time is measured on ``CLOCK_BOOTTIME``, which counts a suspended machine (a closed laptop
+lid) and a stopped process alike: after a pause the first thing a tick does is confirm the lease.
 """
 
 from __future__ import annotations
@@ -50,6 +59,19 @@ _FULL_BELOW_BYTES = 64 * 1024
 
 class Cancelled(GradlabError):
     """The run was cancelled (Prefect cancellation, Ctrl-C or a termination signal)."""
+
+
+class Superseded(GradlabError):
+    """A newer attempt took the run's lease over; this attempt wrote nothing after learning it."""
+
+
+def lease_clock() -> float:
+    """Seconds on a clock that keeps counting while the machine is suspended (``CLOCK_BOOTTIME``
+    on Linux; ``time.monotonic`` elsewhere), so a lease is never believed held across a pause."""
+    try:
+        return time.clock_gettime(time.CLOCK_BOOTTIME)
+    except (AttributeError, OSError):
+        return time.monotonic()
 
 
 @dataclass
@@ -105,7 +127,9 @@ class AttemptDriver:
             evaluate=evaluated, stop_on_acceptance=self.spec.goal.stops_on_acceptance,
             max_parallel_evals=self.max_parallel_evals, request_stop=self.record_stop, first_seq=self.plan.first_seq,
             fence=self.plan.fence, opened_seq=self.plan.opened_seq,
-            on_unusable=lambda t, why: record_unusable(self.stores, self.spec, t.publication, why),
+            on_unusable=lambda t, why: record_unusable(self.stores, self.spec, t.publication, why,
+                                                       fence=self.plan.fence),
+            confirm_lease=self._confirm_lease,
         )
         self.outbox.stamp = self.plan.fence  # the supervisor's own events carry its attempt and epoch
         # Checkpoints published by earlier attempts keep their results; unevaluated ones are evaluated now.
@@ -120,7 +144,7 @@ class AttemptDriver:
         for local_ckpt in self.plan.unpublished:
             self.supervisor.adopt_local(local_ckpt.step, local_ckpt.sha256, local_ckpt.path, local_ckpt.purpose)
         self._lease = self.plan.lease
-        self._lease_renewed_at = time.monotonic()
+        self._lease_renewed_at = lease_clock()
         self._cancel_checked_at = 0.0
         self._delivered_at = 0.0
         self.cancelled_reason: str | None = None
@@ -166,9 +190,9 @@ class AttemptDriver:
                             break
                 time.sleep(self.tick_s)
         except BaseException as e:
-            if self.lease_lost:
-                outcome, reason = "failed", self.lease_lost
-            elif self.cancelled_reason or not isinstance(e, Exception):
+            if isinstance(e, LeaseLost) or self.lease_lost:
+                return self._superseded(self.lease_lost or str(e))
+            if self.cancelled_reason or not isinstance(e, Exception):
                 # A cancel, Ctrl-C, or a termination signal (Prefect's are BaseExceptions).
                 outcome, reason = "cancelled", self.cancelled_reason or f"interrupted: {type(e).__name__}"
             else:  # the attempt itself failed (a full disk, a store error the task retries gave up on...)
@@ -179,7 +203,10 @@ class AttemptDriver:
             if isinstance(e, Exception):
                 return receipt  # sealed with its first cause: the caller reads the receipt
             raise
-        return self._finish(learner_exit)
+        try:
+            return self._finish(learner_exit)
+        except LeaseLost as e:  # the promotion (or a last delivery) was refused: superseded
+            return self._superseded(str(e))
 
     def _check_cancel(self) -> None:
         if USER_CANCEL.is_set():
@@ -193,18 +220,74 @@ class AttemptDriver:
             self.cancelled_reason = "the flow run was cancelled (Prefect)"
             raise Cancelled(self.cancelled_reason)
 
-    def _renew_lease(self) -> None:
+    def _renew_lease(self, *, strict: bool = False) -> None:
+        """Renew the lease every ttl/3 (of :func:`lease_clock`). ``strict``: the caller is about to
+        write, so a lease not confirmed within its ttl (a pause, a store outage) must be confirmed
+        now or the write is refused.
+
+        Raises:
+            LeaseLost: the lease was taken over (or released by a reconciler), or, ``strict``, it
+                could not be confirmed within its ttl.
+        """
         ttl = self._lease.lease.ttl_s
-        if time.monotonic() - self._lease_renewed_at < ttl / 3:
+        since = lease_clock() - self._lease_renewed_at
+        if since < ttl / 3:
             return
         try:
             self._lease = renew_lease(self.stores.control, self._lease)
-            self._lease_renewed_at = time.monotonic()
+            self._lease_renewed_at = lease_clock()
         except LeaseLost as e:
-            self.lease_lost = f"failed: lease lost ({e})"
+            self.lease_lost = f"superseded: lease lost ({e})"
             raise
         except GradlabError as e:  # store briefly down: try again next tick; the TTL leaves room
             log.warning("run %s: lease renewal failed: %s", self.spec.run_id, e)
+            if strict and since >= ttl:
+                raise LeaseLost(f"run {self.spec.run_id}: lease of {self.plan.attempt.attempt_id} not confirmed for "
+                                f"{since:.0f} s (ttl {ttl:.0f} s): {e}") from e
+
+    def _confirm_lease(self) -> None:
+        """Before a write that carries no store-side epoch check (metric deliveries)."""
+        self._renew_lease(strict=True)
+
+    def _superseded(self, why: str) -> TerminalReceipt:
+        """A newer attempt holds the run: stop the learner within the grace period, write nothing
+        more, and return the receipt the successor sealed for this attempt (see the module docstring).
+
+        Raises:
+            Superseded: the successor has not sealed this attempt within the grace period.
+        """
+        from gradlab.receipts.terminal import read_terminal
+
+        sup = self.supervisor
+        sup.frozen = True
+        sup.abandon_evaluations(why)
+        attempt_id = self.plan.attempt.attempt_id
+        log.warning("run %s: %s was superseded (%s): stopping its learner, writing nothing more", self.spec.run_id,
+                    attempt_id, why)
+        if self.learner is not None:
+            try:
+                ours = self.outbox.fence() in (None, self.plan.fence)
+            except OSError:
+                ours = False
+            self.learner.stop("superseded", grace_s=self.grace_s, request=ours)
+        if self.wandb is not None:
+            try:
+                self.wandb.finish(timeout_s=0.0)
+            except Exception as e:  # noqa: BLE001 - nothing more is delivered anyway
+                log.debug("run %s: closing W&B after supersession: %s", self.spec.run_id, e)
+        deadline = lease_clock() + self.grace_s
+        while True:
+            try:
+                receipt = read_terminal(self.stores, self.spec.run_id, attempt_id)
+            except GradlabError:
+                receipt = None
+            if receipt is not None or lease_clock() >= deadline:
+                break
+            time.sleep(0.2)
+        if receipt is None:
+            raise Superseded(f"run {self.spec.run_id}: {attempt_id} epoch {self.plan.fence[1]} was superseded ({why}); "
+                             "its successor seals its receipt")
+        return receipt
 
     def _learner_finished_cleanly(self, code: int) -> bool:
         return code == 0 and self.supervisor.learner_finished is not None
@@ -343,6 +426,8 @@ class AttemptDriver:
         try:
             receipt = self.seal({"outcome": outcome, "reason": reason, "final_step": final_step, "metrics": metrics,
                                  "drained": drained, "learner": learner})
+        except LeaseLost as e:  # superseded while sealing: the successor seals this attempt
+            return self._superseded(str(e))
         except BaseException:
             if self._receipt_stored():  # stored, then something after it failed: the attempt is over
                 self._release_lease()

@@ -129,12 +129,14 @@ class LearnerProcess:
             time.sleep(0.05)
         return self.exit_code()
 
-    def stop(self, reason: str, *, grace_s: float = 10.0) -> int | None:
+    def stop(self, reason: str, *, grace_s: float = 10.0, request: bool = True) -> int | None:
         """Stop the learner within ``grace_s`` seconds: stop request, then SIGTERM, then SIGKILL.
 
         The stop request gets the first half of the grace period (the learner stops after its
         current update and writes a final checkpoint), SIGTERM the second; then the whole process
-        group is SIGKILLed, so no vector-env worker outlives the learner.
+        group is SIGKILLed, so no vector-env worker outlives the learner. ``request=False`` skips
+        the outbox's stop request (a superseded attempt must not write the run's control state,
+        which a newer attempt's learner reads): SIGTERM at once.
 
         Returns:
             The exit code (negative for a signal, as ``subprocess`` reports it), or None when an
@@ -143,11 +145,14 @@ class LearnerProcess:
         from gradlab.outbox import Outbox
 
         if self.exit_code() is None:
-            try:
-                Outbox(self.paths.outbox).request_stop(reason)
-            except OSError as e:  # a full disk: SIGTERM asks for the same stop
-                log.warning("learner %d: stop request not written (%s): SIGTERM", self.pid, e)
+            if not request:
                 self._signal_group(signal.SIGTERM)
+            else:
+                try:
+                    Outbox(self.paths.outbox).request_stop(reason)
+                except OSError as e:  # a full disk: SIGTERM asks for the same stop
+                    log.warning("learner %d: stop request not written (%s): SIGTERM", self.pid, e)
+                    self._signal_group(signal.SIGTERM)
             if self.wait(grace_s / 2) is None:
                 log.warning("learner %d did not stop within %.1f s of the request: SIGTERM", self.pid, grace_s / 2)
                 self._signal_group(signal.SIGTERM)

@@ -9,7 +9,10 @@ tests) that return futures; the supervisor only decides and records:
   step first, unless a lower-step checkpoint was already accepted (then it is ``deferred``: it can
   never be promoted, since promotion takes the lowest accepted step);
 * the first accepted result asks the learner to stop (when the goal stops on acceptance);
-* metrics events are delivered to every sink and acknowledged in the outbox per sink;
+* metrics events are delivered to every sink and acknowledged in the outbox per sink, only while
+  this attempt still holds the run (its outbox fence is its own and ``confirm_lease`` passes);
+* a fenced write refused for a superseded epoch (``LeaseLost``, from any task) is raised, never
+  recorded as a checkpoint's failure: the attempt is over (docs/ARCHITECTURE.md section 9);
 * once the learner has exited, the checkpoint set is frozen; the run is drained when every member
   is published (or failed) and evaluated (or deferred).
 """
@@ -26,6 +29,7 @@ from typing import Any, Protocol
 from gradlab.contracts.run_spec import RunSpec
 from gradlab.errors import IntegrityError, NotFound
 from gradlab.outbox import Event, Outbox
+from gradlab.receipts.lease import LeaseLost
 from gradlab.receipts.models import CheckpointPublication, EvaluationRecord
 
 log = logging.getLogger(__name__)
@@ -143,6 +147,8 @@ class Supervisor:
         max_parallel_evals: evaluations in flight at once.
         request_stop: called once with the reason when the supervisor decides to stop the learner.
         on_unusable: records a checkpoint with no verified copy to evaluate as a failed evaluation.
+        confirm_lease: called before each metric delivery; raises ``LeaseLost`` when this attempt
+            no longer holds the run (the driver's lease check).
     """
 
     spec: RunSpec
@@ -158,6 +164,7 @@ class Supervisor:
     #: Records a published checkpoint found not usable (fails verification) as a failed evaluation;
     #: returns the record (``gradlab.runs.operations.evaluating.record_unusable``).
     on_unusable: Callable[[CheckpointTrack, str], EvaluationRecord] | None = None
+    confirm_lease: Callable[[], None] | None = None
     clock: Callable[[], float] = time.monotonic
     tracks: dict[int, CheckpointTrack] = field(default_factory=dict)
     after_seq: int = 0
@@ -283,6 +290,8 @@ class Supervisor:
         track.publish_future = None
         try:
             track.publication = future.result()
+        except LeaseLost:
+            raise
         except Exception as e:  # noqa: BLE001 - recorded; the task already retried transient errors
             track.publish_error = f"{type(e).__name__}: {e}"
             log.error("run %s: publishing step %d failed: %s", self.spec.run_id, track.step, track.publish_error)
@@ -297,6 +306,8 @@ class Supervisor:
         track.eval_future = None
         try:
             track.evaluation = future.result()
+        except LeaseLost:
+            raise
         except Exception as e:  # noqa: BLE001 - recorded as a failed evaluation in the receipt
             track.eval_error = f"{type(e).__name__}: {e}"
             log.error("run %s: evaluating step %d failed: %s", self.spec.run_id, track.step, track.eval_error)
@@ -321,6 +332,8 @@ class Supervisor:
                   self.spec.run_id, track.step, why)
         try:
             track.evaluation = self.on_unusable(track, why) if self.on_unusable is not None else None
+        except LeaseLost:
+            raise
         except Exception as e:  # noqa: BLE001 - the store is down: the receipt's reason names it instead
             log.warning("run %s: recording step %d as not usable failed: %s", self.spec.run_id, track.step, e)
         if track.evaluation is None:
@@ -359,7 +372,15 @@ class Supervisor:
 
     # -- metrics ----------------------------------------------------------------------------------
     def deliver_metrics(self) -> None:
-        """Deliver pending metric events to every sink and acknowledge each sink's high-water mark."""
+        """Deliver pending metric events to every sink and acknowledge each sink's high-water mark.
+
+        Raises:
+            LeaseLost: a newer attempt fenced this outbox, or ``confirm_lease`` found the lease lost;
+                nothing is delivered (the successor delivers from the outbox).
+        """
+        if not self._pending_metrics and not any(self._backlog.values()):
+            return
+        self._require_fence()
         batch, self._pending_metrics = self._pending_metrics, []
         for sink in self.sinks:
             queue = self._backlog.get(sink.name, []) + batch
@@ -374,6 +395,13 @@ class Supervisor:
             # given up (W&B failed) keeps nothing: the outbox has it for a later attempt's drain.
             keep = getattr(sink, "accepting", True)
             self._backlog[sink.name] = [(seq, m) for seq, m in todo if seq > delivered] if keep else []
+
+    def _require_fence(self) -> None:
+        if self.fence is not None and (current := self.outbox.fence()) not in (None, self.fence):
+            raise LeaseLost(f"{self.outbox.path}: fenced by {current[0]} epoch {current[1]}; "
+                            f"{self.fence[0]} epoch {self.fence[1]} delivers nothing more")
+        if self.confirm_lease is not None:
+            self.confirm_lease()
 
     # -- the end ----------------------------------------------------------------------------------
     def freeze(self) -> None:

@@ -69,7 +69,7 @@ def test_close_attempt_is_sealed_once(stores: Stores, tmp_path: Path) -> None:
     assert read_terminal(stores, RUN, "attempt-001").reason == "crashed: the flow process died"
 
 
-def test_opening_a_new_attempt_reconciles_the_unsealed_one(stores: Stores, tmp_path: Path) -> None:
+def test_opening_a_new_attempt_seals_the_unsealed_one_superseded(stores: Stores, tmp_path: Path) -> None:
     from gradlab.runs import operations
     from gradlab.runs.paths import RunPaths
 
@@ -80,7 +80,12 @@ def test_opening_a_new_attempt_reconciles_the_unsealed_one(stores: Stores, tmp_p
     plan = operations.open_attempt(stores, spec, paths)
     assert plan.attempt.attempt_id == "attempt-002" and plan.reconciled == ("attempt-001",)
     closed = read_terminal(stores, RUN, "attempt-001")
-    assert closed.outcome == "failed" and closed.reason.startswith("reconciled: ")
+    assert closed.outcome == "superseded"
+    assert closed.reason == (f"superseded by attempt-002 (epoch 2): its lease (epoch 1) expired at "
+                             f"{(T0 + timedelta(seconds=1)).isoformat()}; it had published nothing")
+    assert closed.superseded_by.model_dump() == {"attempt_id": "attempt-002", "epoch": 2,
+                                                 "lease_expired_at": T0 + timedelta(seconds=1)}
+    assert closed.epoch == 2 and plan.attempt.epoch == 2
 
 
 def _local_checkpoint(run_dir: Path, step: int, policy: bytes) -> tuple[Path, str]:

@@ -92,6 +92,8 @@ def test_a_paused_learner_is_fenced_out_when_a_new_attempt_opens(stores: Stores,
         _pause_outside_a_write(proc, paths.outbox)  # paused: its heartbeat stops, the lease expires
         stale = [e for e in ob.read(0, 10_000) if e.kind != "supervisor_metrics"]
         assert {e.fence for e in stale} == {first.fence}  # every event stamped with attempt and epoch
+        started = ob.last("learner_started")
+        assert (started.payload["attempt"], started.payload["epoch"]) == first.fence  # said in its payload too
         release_lease(stores.control, first.lease)  # (as if it had expired)
         second = operations.open_attempt(stores, spec, paths)
         assert second.fence == ("attempt-002", 2)

@@ -241,7 +241,8 @@ def test_terminal_receipt_shape_and_create_only(stores: Stores) -> None:
     receipt = seal_terminal(stores, _receipt())
     doc = json.loads(stores.control.get(keys.terminal(RUN, "attempt-001")))
     assert set(doc) == {"run_id", "attempt_id", "goal_id", "recipe_id", "seed", "outcome", "reason", "final_step",
-                        "checkpoints", "evaluations", "promotion", "metrics", "drained", "learner", "sealed_at"}
+                        "checkpoints", "evaluations", "promotion", "metrics", "drained", "learner", "epoch",
+                        "superseded_by", "sealed_at"}
     assert doc["checkpoints"] == [{"step": 100, "sha256": "a" * 64, "uri": "file:///c/"}]
     assert doc["evaluations"][0] == {"checkpoint_step": 100, "status": "accepted", "result_uri": "file:///r",
                                      "return_mean": 1.0}

@@ -1,6 +1,8 @@
-"""Opening an attempt: reconcile unsealed attempts, take the writer lease, write ``attempt.json``
-and the outbox fence, and plan the attempt (fresh, resume from the newest checkpoint that verifies,
-or drain) (docs/ARCHITECTURE.md section 8)."""
+"""Opening an attempt: one decision (docs/ARCHITECTURE.md section 9): either the new attempt takes
+the writer lease (epoch + 1), writes ``attempt.json`` and the outbox fence and seals every earlier
+unsealed attempt ``superseded``, or it is refused (``LeaseHeld``) having written nothing. Then the
+attempt is planned: fresh, resume from the newest checkpoint that verifies, or drain
+(docs/ARCHITECTURE.md section 8)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from gradlab.contracts.run_spec import RunSpec
 from gradlab.errors import ContractViolation, NotFound
 from gradlab.outbox import Outbox
 from gradlab.receipts.evaluations import list_evaluations
-from gradlab.receipts.lease import HeldLease
+from gradlab.receipts.lease import HeldLease, lease_ttl_s, require_no_live_lease
 from gradlab.receipts.models import (
     Attempt,
     AttemptMode,
@@ -23,7 +25,7 @@ from gradlab.receipts.models import (
 )
 from gradlab.receipts.publication import list_publications
 from gradlab.receipts.runs import begin_attempt, list_attempts, open_run
-from gradlab.receipts.terminal import reconcile_run
+from gradlab.receipts.terminal import supersede_attempts
 from gradlab.runs.operations.evaluating import record_unusable
 from gradlab.runs.operations.publishing import local_checkpoint_dir
 from gradlab.runs.paths import RunPaths
@@ -62,7 +64,7 @@ class AttemptPlan:
     #: Verified checkpoints of the abandoned lineage above the last published one, up to the one
     #: this attempt resumes from: published by this attempt (step order).
     unpublished: tuple[LocalCheckpoint, ...] = ()
-    #: Attempts closed when this one opened (their process ended without sealing a receipt).
+    #: Attempts sealed ``superseded`` when this one took the lease (unsealed: crashed, paused, cut off).
     reconciled: tuple[str, ...] = ()
     #: sha256 → why, for published checkpoints that failed verification when this attempt opened
     #: (``skipped_checkpoints``): never evaluated nor promoted by it, kept as evidence
@@ -75,7 +77,7 @@ class AttemptPlan:
         return self.attempt.attempt_id, self.lease.lease.generation
 
 
-def open_attempt(stores: Stores, spec: RunSpec, paths: RunPaths) -> AttemptPlan:
+def open_attempt(stores: Stores, spec: RunSpec, paths: RunPaths, *, flow_run_id: str | None = None) -> AttemptPlan:
     """Open the run (create-or-agree) and begin its next attempt under the writer lease.
 
     Mode: ``fresh`` for a run's first attempt (or a retry with no checkpoint to continue from);
@@ -87,14 +89,19 @@ def open_attempt(stores: Stores, spec: RunSpec, paths: RunPaths) -> AttemptPlan:
     publication receipt (downloaded, verified, into the run directory when the local copy is
     missing or differs). Newer published checkpoints that fail verification are passed over and
     named in the attempt receipt (``skipped_checkpoints``). A retried attempt never inherits an
-    earlier attempt's stop request, and attempts that ended without sealing a receipt are
-    reconciled first (:func:`gradlab.receipts.terminal.reconcile_run`; docs/ARCHITECTURE.md section 8).
+    earlier attempt's stop request. Once this attempt holds the lease, every earlier attempt left
+    unsealed is sealed ``superseded`` by it (:func:`gradlab.receipts.terminal.supersede_attempts`).
+
+    Args:
+        flow_run_id: the Prefect flow run executing the attempt (recorded: its hooks close only it).
 
     Raises:
-        LeaseHeld: another attempt's lease is live (a retry is refused while it is).
+        LeaseHeld: another attempt's lease is in force, or its owner is seen running here although
+            it expired; nothing is written (no receipt sealed, no lease or attempt touched).
         IntegrityError: no published checkpoint verifies (each failure named); no attempt is
             opened, so none is left unsealed.
     """
+    require_no_live_lease(stores.control, spec.run_id)  # refused before anything is written
     open_run(stores, spec)
     previous = list_attempts(stores, spec.run_id)
     mode: AttemptMode = "fresh"
@@ -108,7 +115,6 @@ def open_attempt(stores: Stores, spec: RunSpec, paths: RunPaths) -> AttemptPlan:
     unusable: list[tuple[CheckpointPublication, str]] = []
     outbox = Outbox(paths.outbox)
     if previous:
-        reconciled = tuple(r.attempt_id for r in reconcile_run(stores, spec.run_id))
         publications = tuple(list_publications(stores, spec.run_id))
         records = tuple(rec for _, rec in list_evaluations(stores, spec.run_id) if rec)
         accepted = any(r.status == "accepted" for r in records) and spec.goal.stops_on_acceptance
@@ -125,8 +131,6 @@ def open_attempt(stores: Stores, spec: RunSpec, paths: RunPaths) -> AttemptPlan:
                                                                                    local.sha256).rstrip("/")) + "/")
             elif publications:
                 mode = "resume"
-                from gradlab.receipts.lease import require_no_live_lease
-
                 require_no_live_lease(stores.control, spec.run_id)  # refuse before touching the run directory
                 resume_dir, chosen, unusable = choose_resume_checkpoint(stores, paths, publications)
                 resume = chosen.ref
@@ -139,7 +143,9 @@ def open_attempt(stores: Stores, spec: RunSpec, paths: RunPaths) -> AttemptPlan:
                     "recorded (lost, truncated or replaced); its events not yet delivered are lost")
         log.warning("run %s: %s", spec.run_id, replaced)
     attempt, held = begin_attempt(stores, spec.run_id, mode=mode, resume_from=resume,
-                                  skipped_checkpoints=skipped, outbox=identity, outbox_replaced=replaced)
+                                  skipped_checkpoints=skipped, outbox=identity, outbox_replaced=replaced,
+                                  flow_run_id=flow_run_id, ttl_s=lease_ttl_s())
+    reconciled = tuple(r.attempt_id for r in supersede_attempts(stores, spec.run_id, held))
     # Only the lease holder may touch the run's control state: a new learner never inherits the
     # stop request an earlier attempt wrote (a cancel, or a stop it never got to observe), and any
     # earlier learner still writing to this outbox (paused past its lease) is fenced out.
@@ -151,7 +157,8 @@ def open_attempt(stores: Stores, spec: RunSpec, paths: RunPaths) -> AttemptPlan:
     # A skipped checkpoint is not usable: its evaluation is recorded ``failed`` (once, naming the
     # verification failure) so this and every later attempt pass it over and the receipt names it.
     known = {rec.checkpoint_sha256 for rec in records}
-    records += tuple(record_unusable(stores, spec, p, note) for p, note in unusable if p.sha256 not in known)
+    records += tuple(record_unusable(stores, spec, p, note, fence=(attempt.attempt_id, held.lease.generation))
+                     for p, note in unusable if p.sha256 not in known)
     return AttemptPlan(attempt=attempt, lease=held, resume_dir=resume_dir, publications=publications, records=records,
                        first_seq=opened if previous and mode != "drain" else 0, opened_seq=opened,
                        unpublished=unpublished, reconciled=reconciled,

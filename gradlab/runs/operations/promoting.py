@@ -33,6 +33,8 @@ def promote(stores: Stores, run_id: str, attempt_id: str, record: EvaluationReco
         run_id=run_id, attempt_id=attempt_id, checkpoint_step=publication.step, checkpoint_sha256=publication.sha256,
         uri=publication.uri, evaluation_key=record.intent_key,
         result_uri=stores.eval.url(keys.evaluation_result(run_id, record.intent_key)),
-        return_mean=record.return_mean, promoted_at=utcnow(),
+        return_mean=record.return_mean, epoch=epoch, promoted_at=utcnow(),
     )
+    if epoch is not None:
+        require_epoch(stores, run_id, attempt_id, epoch)  # again: verifying took time
     return write_promotion(stores, promotion)

@@ -47,23 +47,44 @@ def seal(
     drained: bool,
     learner: LearnerExit,
     paths: RunPaths | None = None,
+    epoch: int | None = None,
 ) -> TerminalReceipt:
     """Seal the attempt's terminal receipt from the store's inventories (create-only).
 
     The inventories (checkpoints, evaluations, promotion) are read back from the receipt store,
     so the receipt proves what the store holds, not what the flow believes. A local copy is kept
-    in the run directory.
+    in the run directory. With ``epoch`` the attempt must still hold the run's lease at that epoch
+    (a retried seal finds its own receipt and agrees).
+
+    Raises:
+        LeaseLost: ``epoch`` was superseded (the new attempt seals this one ``superseded``).
     """
+    if epoch is not None:
+        _require_own_lease(stores, spec.run_id, attempt_id, epoch)
     checkpoints, evaluations, promotion = inventory(stores, spec.run_id)
     receipt = TerminalReceipt(
         run_id=spec.run_id, attempt_id=attempt_id, goal_id=spec.goal_id, recipe_id=spec.recipe_id, seed=spec.seed,
         outcome=outcome, reason=reason, final_step=final_step, checkpoints=checkpoints, evaluations=evaluations,
-        promotion=promotion, metrics=metrics, drained=drained, learner=learner, sealed_at=utcnow(),
+        promotion=promotion, metrics=metrics, drained=drained, learner=learner, epoch=epoch, sealed_at=utcnow(),
     )
+    if epoch is not None:
+        _require_own_lease(stores, spec.run_id, attempt_id, epoch)  # again: the inventories took time
     stored = seal_terminal(stores, receipt)
     if paths is not None:
         write_local_receipt(paths, stored)
     return stored
+
+
+def _require_own_lease(stores: Stores, run_id: str, attempt_id: str, epoch: int) -> None:
+    """:func:`require_epoch`, passing a retry whose earlier try sealed (and released) already."""
+    from gradlab.receipts.lease import LeaseLost, require_epoch
+
+    try:
+        require_epoch(stores, run_id, attempt_id, epoch)
+    except LeaseLost:
+        stored = read_terminal(stores, run_id, attempt_id)
+        if stored is None or stored.epoch != epoch:
+            raise
 
 
 def write_local_receipt(paths: RunPaths, receipt: TerminalReceipt) -> bool:
@@ -84,36 +105,46 @@ def write_local_receipt(paths: RunPaths, receipt: TerminalReceipt) -> bool:
 
 
 def close_abandoned_attempt(stores: Stores, paths: RunPaths | None, run_id: str, *, outcome: str,
-                            reason: str) -> TerminalReceipt | None:
-    """Seal the run's open attempt after its flow ended without sealing it (Prefect's state hooks:
-    a crash, a cancellation or a failure; docs/ARCHITECTURE.md section 8).
+                            reason: str, flow_run_id: str) -> TerminalReceipt | None:
+    """Seal the attempt flow run ``flow_run_id`` opened, after that flow ended without sealing it
+    (Prefect's state hooks: a crash, a cancellation or a failure; docs/ARCHITECTURE.md section 8).
 
-    The attempt is the lease holder's, closed only once its flow process is known to be gone
-    (owner identity: boot id + pid + start time, :mod:`gradlab.receipts.owner`) or is this process,
-    whose flow body has ended: its learner is stopped first, the receipt lists what that
-    attempt did itself (:func:`gradlab.receipts.terminal.close_attempt`), and the lease is released
-    so a retry may start at once. An attempt held from another host is left to the reconciler.
+    A hook closes only its *own* attempt (the one whose ``attempt.json`` names its flow run), and
+    only while that attempt still holds the run's lease at its own epoch: a superseded attempt was
+    sealed by its successor, and another attempt's lease is never touched, whatever its owner's
+    pid looks like from here (docs/ARCHITECTURE.md section 9). Its learner is stopped first (the
+    one stamped with its fence), the receipt lists what the attempt did itself
+    (:func:`gradlab.receipts.terminal.close_attempt`), and the lease is released so a retry may
+    start at once. An owner seen still running in this PID namespace is left to seal by itself.
 
     Returns:
-        The receipt sealed now, or None (nothing open, sealed already, or not ours to close).
+        The receipt sealed now, or None (no attempt of this flow run, sealed already, superseded,
+        or still running).
     """
     from gradlab.receipts.lease import LeaseLost, read_lease, release_lease
-
-    held = read_lease(stores.control, run_id)
-    if held is None or held.lease.released:
-        return None
     from gradlab.receipts.owner import current_owner
+    from gradlab.receipts.runs import list_attempts
 
+    own = [a for a in list_attempts(stores, run_id) if a.flow_run_id == flow_run_id and a.epoch is not None]
+    if not own or read_terminal(stores, run_id, own[-1].attempt_id) is not None:
+        return None
+    attempt_id, epoch = own[-1].attempt_id, int(own[-1].epoch)  # type: ignore[arg-type]
+    held = read_lease(stores.control, run_id)
+    if held is None or held.lease.released or (held.lease.holder, held.lease.generation) != (attempt_id, epoch):
+        return None  # superseded: its successor sealed it (or will); never seal or release another's
     me = current_owner()
-    if (held.lease.owner_pid, held.lease.owner_start) != (me.pid, me.start) and held.lease.owner_state() != "dead":
-        return None  # the flow process still runs (it seals by itself), or runs on another host
-    attempt_id = held.lease.holder
+    if (held.lease.owner_pid, held.lease.owner_start) != (me.pid, me.start) and held.lease.owner_state() == "alive":
+        return None  # the flow process still runs here: it seals by itself
     learner = LearnerExit(exit_code=None, stop_reason=None)
     final_step = None
     if paths is not None and paths.outbox.is_file():
-        learner, final_step = _stop_orphaned_learner(paths, reason)
-    receipt = close_attempt(stores, run_id, attempt_id, outcome=outcome, reason=reason, final_step=final_step,
-                            learner=learner)
+        learner, final_step = _stop_orphaned_learner(paths, reason, (attempt_id, epoch))
+    try:
+        receipt = close_attempt(stores, run_id, attempt_id, outcome=outcome, reason=reason, final_step=final_step,
+                                learner=learner, epoch=epoch, fence=(attempt_id, epoch))
+    except LeaseLost as e:
+        log.info("run %s: %s was superseded while its hook closed it: %s", run_id, attempt_id, e)
+        return None
     if receipt is not None and paths is not None:
         write_local_receipt(paths, receipt)
     if read_terminal(stores, run_id, attempt_id) is not None:
@@ -124,14 +155,17 @@ def close_abandoned_attempt(stores: Stores, paths: RunPaths | None, run_id: str,
     return receipt
 
 
-def _stop_orphaned_learner(paths: RunPaths, reason: str) -> tuple[LearnerExit, int | None]:
-    """Stop the learner a dead flow process left behind; (its exit, the last step it reported)."""
+def _stop_orphaned_learner(paths: RunPaths, reason: str, fence: tuple[str, int]) -> tuple[LearnerExit, int | None]:
+    """Stop the learner a dead flow process left behind, the one stamped with its ``fence`` (never
+    a newer attempt's); (its exit, the last step it reported)."""
     from gradlab.learn.watch import pid_alive
     from gradlab.runs.process import LearnerProcess
 
     outbox = Outbox(paths.outbox)
     try:
         started = outbox.last("learner_started")
+        if started is not None and started.fence not in (None, fence):
+            return LearnerExit(exit_code=None, stop_reason=None), None  # a newer attempt's learner: not ours
         if started is not None and pid_alive(int(started.payload["pid"])):
             LearnerProcess.attach(int(started.payload["pid"]), paths).stop(reason[:200], grace_s=10.0)
         finished = outbox.last("learner_finished")
