@@ -32,63 +32,42 @@ import numpy as np
 
 from gradlab.checkpoints.manifest import RESUME_DIR
 from gradlab.checkpoints.program import ProgramSpec, save_program_files
-from gradlab.contracts.run_spec import InitFrom, RunSpec
+from gradlab.contracts.run_spec import RunSpec
 from gradlab.envs.snapshot import generator_state, set_generator_state
-from gradlab.errors import ConfigError, ContractViolation, IntegrityError
+from gradlab.errors import ConfigError, IntegrityError
 from gradlab.explore.archive import Archive
 from gradlab.explore.blobs import blob_sha256, read_blob, write_blobs
 from gradlab.explore.cells import make_cell_function
 from gradlab.learn.backend_config import validate_backend_config
+from gradlab.learn.search_backend import STATE_FILE, STATES_DIR, SearchBackend
 from gradlab.learn.stats import EpisodeStats, RolloutStats
 
 logger = logging.getLogger(__name__)
 
-STATE_FILE = "search.json"
 ARCHIVE_FILE = "archive.json"
-STATES_DIR = "states"
+_FORMAT = "gradlab.go_explore/1"
 
 
-class GoExploreBackend:
+class GoExploreBackend(SearchBackend):
     """The Go-Explore search as a :class:`gradlab.learn.backend.Backend` (see the module docstring)."""
 
+    backend_id = "gradlab.go_explore"
     algorithm = "go_explore"
 
     def __init__(self, backend_id: str):
-        if backend_id != "gradlab.go_explore":
-            raise ConfigError(f"train.backend.id: GoExploreBackend implements gradlab.go_explore, found {backend_id!r}")
-        self.id = backend_id
-        self.spec: RunSpec | None = None
-        self.episodes = EpisodeStats()
-        self.rollout = RolloutStats()
-        self.venv: Any = None
-        self._steps = 0
+        super().__init__(backend_id)
         self._pending: dict[str, Any] | None = None
 
-    @property
-    def num_timesteps(self) -> int:
-        return self._steps
-
-    @staticmethod
-    def make_env(spec: RunSpec) -> Any:
-        from gradlab.envs.vector import make_vector_env
-
-        return make_vector_env(spec.environment, seed=spec.seed)
-
     def setup(self, spec: RunSpec, venv: Any, *, device: str = "auto") -> None:
-        from gymnasium.spaces import Discrete
-
         self.spec = spec
         self.venv = venv
         self.cfg = validate_backend_config(spec.recipe.train, venv.num_envs)
-        if not isinstance(venv.single_action_space, Discrete):
-            raise ConfigError(f"train.backend.id: gradlab.go_explore needs a discrete action space, "
-                              f"{spec.environment.provider}:{spec.environment.env_id} has {venv.single_action_space}")
+        self.n_actions = self.discrete_actions(spec, venv)
         if (problem := venv.backend.state_problem()) is not None:
             raise ConfigError(f"train.backend.id: gradlab.go_explore restores provider states: {problem}")
         task = spec.environment.task
         self.cells = make_cell_function(self.cfg.cell, list(task.signals))
         self.progress_names = list(task.progress)
-        self.n_actions = int(venv.single_action_space.n)
         self.rng = np.random.default_rng(spec.seed)
         self.archive = Archive(max_cells=self.cfg.max_cells, success_guidance=self.cfg.success_guidance)
         n = venv.num_envs
@@ -181,9 +160,6 @@ class GoExploreBackend:
     def update(self) -> dict[str, float]:
         return self.archive.metrics()
 
-    def rollout_metrics(self) -> dict[str, float]:
-        return {**self.rollout.metrics(), **self.episodes.metrics()}
-
     # -- checkpoints -----------------------------------------------------------------------
     def save(self, folder: Path) -> None:
         actions, completed = self.archive.program()
@@ -198,7 +174,7 @@ class GoExploreBackend:
         blobs.update({blob_sha256(s): s for s in lane_states})
         write_blobs(resume / STATES_DIR, blobs)
         (resume / ARCHIVE_FILE).write_text(json.dumps(self.archive.to_json(), sort_keys=True))
-        state = {"format": "gradlab.go_explore/1", "num_timesteps": self._steps, "rng": generator_state(self.rng),
+        state = {"format": _FORMAT, "num_timesteps": self._steps, "rng": generator_state(self.rng),
                  "episodes": self.episodes.as_json(),
                  "lanes": [{"state": blob_sha256(s), "actions": a, "origin": o, "progress": float(p), "left": int(k),
                             "prev": int(v)}
@@ -209,11 +185,7 @@ class GoExploreBackend:
     def restore(self, checkpoint: Path) -> bool:
         resume = Path(checkpoint) / RESUME_DIR
         path = resume / STATE_FILE
-        if not path.is_file():
-            raise ContractViolation(f"{path}: missing (not a gradlab.go_explore checkpoint)")
-        state = json.loads(path.read_text())
-        if state.get("format") != "gradlab.go_explore/1":
-            raise ContractViolation(f"{path}: expected format gradlab.go_explore/1, found {state.get('format')!r}")
+        state = self.read_state(resume, _FORMAT)
         data = json.loads((resume / ARCHIVE_FILE).read_text())
         needed = {c["state"] for c in data["cells"]} | {lane["state"] for lane in state["lanes"]}
         blobs = {sha: read_blob(resume / STATES_DIR, sha) for sha in sorted(needed)}
@@ -235,10 +207,3 @@ class GoExploreBackend:
             self.left[lane] = saved["left"]
             self.prev[lane] = saved["prev"]
 
-    def warm_start(self, init: InitFrom) -> None:
-        raise ConfigError("init_from: gradlab.go_explore starts from its own archive, not from a parent's weights")
-
-    def close(self) -> None:
-        if self.venv is not None:
-            self.venv.close()
-            self.venv = None

@@ -28,55 +28,34 @@ import numpy as np
 
 from gradlab.checkpoints.manifest import RESUME_DIR
 from gradlab.checkpoints.program import ProgramSpec, save_program_files
-from gradlab.contracts.run_spec import InitFrom, RunSpec
+from gradlab.contracts.run_spec import RunSpec
 from gradlab.envs.snapshot import generator_state, set_generator_state
-from gradlab.errors import ConfigError, ContractViolation
+from gradlab.errors import ConfigError
 from gradlab.explore.blobs import blob_sha256, read_blob, write_blobs
 from gradlab.learn.backend_config import validate_backend_config
+from gradlab.learn.search_backend import STATE_FILE, STATES_DIR, SearchBackend
 from gradlab.learn.stats import EpisodeStats, RolloutStats
 
-STATE_FILE = "search.json"
-STATES_DIR = "states"
 _FORMAT = "gradlab.jerk/1"
 
 
-class JerkBackend:
+class JerkBackend(SearchBackend):
     """JERK as a :class:`gradlab.learn.backend.Backend` (see the module docstring)."""
 
+    backend_id = "gradlab.jerk"
     algorithm = "jerk"
 
     def __init__(self, backend_id: str):
-        if backend_id != "gradlab.jerk":
-            raise ConfigError(f"train.backend.id: JerkBackend implements gradlab.jerk, found {backend_id!r}")
-        self.id = backend_id
-        self.spec: RunSpec | None = None
-        self.episodes = EpisodeStats()
-        self.rollout = RolloutStats()
-        self.venv: Any = None
-        self._steps = 0
+        super().__init__(backend_id)
         self._pending: list[bytes] | None = None
 
-    @property
-    def num_timesteps(self) -> int:
-        return self._steps
-
-    @staticmethod
-    def make_env(spec: RunSpec) -> Any:
-        from gradlab.envs.vector import make_vector_env
-
-        return make_vector_env(spec.environment, seed=spec.seed)
-
     def setup(self, spec: RunSpec, venv: Any, *, device: str = "auto") -> None:
-        from gymnasium.spaces import Discrete
-
         self.spec, self.venv = spec, venv
         self.cfg = validate_backend_config(spec.recipe.train, venv.num_envs)
-        if not isinstance(venv.single_action_space, Discrete):
-            raise ConfigError(f"train.backend.id: gradlab.jerk needs a discrete action space, found {venv.single_action_space}")
+        self.n_actions = self.discrete_actions(spec, venv)
         lo, hi = self.cfg.run_length
         if not 1 <= lo <= hi:
             raise ConfigError(f"train.backend.config.run_length: expected 1 <= min <= max, found {[lo, hi]}")
-        self.n_actions = int(venv.single_action_space.n)
         self.timesteps = spec.recipe.train.timesteps
         self.rng = np.random.default_rng(spec.seed)
         #: Retained sequences: {"actions", "returns", "successes"}.
@@ -171,9 +150,6 @@ class JerkBackend:
             out[f"{p}/archive/selected_prefix_return_mean"] = float(np.mean(self.selected_means))
         return out
 
-    def rollout_metrics(self) -> dict[str, float]:
-        return {**self.rollout.metrics(), **self.episodes.metrics()}
-
     # -- checkpoints -----------------------------------------------------------------------
     def save(self, folder: Path) -> None:
         best = self._best()
@@ -195,12 +171,7 @@ class JerkBackend:
 
     def restore(self, checkpoint: Path) -> bool:
         resume = Path(checkpoint) / RESUME_DIR
-        path = resume / STATE_FILE
-        if not path.is_file():
-            raise ContractViolation(f"{path}: missing (not a gradlab.jerk checkpoint)")
-        state = json.loads(path.read_text())
-        if state.get("format") != _FORMAT:
-            raise ContractViolation(f"{path}: expected format {_FORMAT}, found {state.get('format')!r}")
+        state = self.read_state(resume, _FORMAT)
         self._steps = int(state["num_timesteps"])
         set_generator_state(self.rng, state["rng"])
         self.episodes = EpisodeStats.from_json(state["episodes"])
@@ -212,10 +183,3 @@ class JerkBackend:
         self._pending = [read_blob(resume / STATES_DIR, sha) for sha in state["lane_states"]]
         return True
 
-    def warm_start(self, init: InitFrom) -> None:
-        raise ConfigError("init_from: gradlab.jerk keeps action sequences, not a parent's weights")
-
-    def close(self) -> None:
-        if self.venv is not None:
-            self.venv.close()
-            self.venv = None
