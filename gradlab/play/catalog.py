@@ -27,6 +27,17 @@ from gradlab.play.protocol import (
 )
 
 
+def evaluation_word(status: str | None, *, asked: bool, sealed: bool) -> str:
+    """One word per evaluation state, as ``gradlab runs show`` says it (gradlab.runs.view): the
+    result's verdict when there is one; with none, ``running`` (asked) or ``queued`` (published, not
+    yet asked) while the run's last attempt is open, and ``deferred`` (not evaluated) once it is sealed."""
+    if status is not None:
+        return status
+    if sealed:
+        return "deferred"
+    return "running" if asked else "queued"
+
+
 @dataclass
 class Catalog:
     """Readers over one experiments tree and one set of stores.
@@ -195,18 +206,19 @@ class Catalog:
         evaluations = {intent.checkpoint_sha256: (intent, record)
                        for intent, record in rules.list_evaluations(self.stores, run_id)}
         promotion = rules.read_promotion(self.stores, run_id)
+        attempts = rules.list_attempts(self.stores, run_id)
+        terminal = rules.read_terminal(self.stores, run_id, attempts[-1].attempt_id) if attempts else None
         rows = []
         for pub in publications:
             intent_record = evaluations.get(pub.sha256)
             record = intent_record[1] if intent_record else None
-            status = (record.status if record else "deferred") if intent_record else None
+            status = evaluation_word(record.status if record else None, asked=intent_record is not None,
+                                     sealed=terminal is not None)
             rows.append(CheckpointRow(
                 step=pub.step, sha256=pub.sha256, purpose=pub.purpose, evaluation=status,
                 return_mean=record.return_mean if record else None,
                 promoted=promotion is not None and promotion.checkpoint_sha256 == pub.sha256,
                 size_bytes=sum(f.size_bytes for f in pub.files.values())))
-        attempts = rules.list_attempts(self.stores, run_id)
-        terminal = rules.read_terminal(self.stores, run_id, attempts[-1].attempt_id) if attempts else None
         return RunPage(run_id=run_id, project=self.project_of(rec.goal_id), goal_id=rec.goal_id,
                        recipe_id=rec.recipe_id, seed=rec.seed,
                        outcome=terminal.outcome if terminal else ("running" if attempts else None), checkpoints=rows)

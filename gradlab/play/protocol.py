@@ -95,7 +95,9 @@ class CheckpointRow(BaseModel):
     step: int
     sha256: str
     purpose: str
-    evaluation: str | None = Field(description="accepted | rejected | failed | deferred, None when never asked.")
+    evaluation: str | None = Field(description="accepted | rejected | failed; with no result: running (asked) or "
+                                   "queued (not yet asked) while the run is open, deferred (not evaluated) once "
+                                   "it is sealed; None for a pinned checkpoint outside any store.")
     return_mean: float | None = None
     promoted: bool = False
     size_bytes: int

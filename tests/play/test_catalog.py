@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -64,3 +65,41 @@ def test_a_runs_duration_is_the_receipts_span(gradlab_home: Path) -> None:
     (row,) = _catalog().goal_page("smoke", "gradlab__bandit").runs
     assert row.duration_s == 60.5  # not the 100.5 s since the run record was written
     assert row.started_at == (T0 + timedelta(seconds=40)).isoformat()
+
+
+def test_an_evaluation_without_a_result_is_running_or_queued_while_open_and_deferred_once_sealed(
+        gradlab_home: Path, tmp_path: Path) -> None:
+    """The run page says what ``gradlab runs show`` says: one word per evaluation state."""
+    from gradlab.receipts import (
+        LearnerExit,
+        TerminalMetrics,
+        begin_attempt,
+        open_run,
+        publish_checkpoint,
+        register_evaluation,
+        seal_terminal,
+    )
+    from gradlab.receipts.models import CheckpointRef, EvaluationIntent, TerminalReceipt
+    from tests.receipts.test_receipts import RUN, T0, _checkpoint_dir, _spec
+
+    stores = open_stores(load_settings())
+    open_run(stores, _spec(), now=T0)
+    attempt, _ = begin_attempt(stores, RUN, mode="fresh", now=T0)
+    pubs = [publish_checkpoint(stores, run_id=RUN, attempt_id=attempt.attempt_id, now=T0,
+                               checkpoint_dir=_checkpoint_dir(tmp_path, step, b"policy-%d" % step))
+            for step in (100, 200)]
+    asked = pubs[0]
+    register_evaluation(stores, EvaluationIntent.create(
+        run_id=RUN, checkpoint=CheckpointRef(step=asked.step, sha256=asked.sha256, uri=asked.uri),
+        goal_contract_sha256="g" * 64, episode_manifest_sha256="m" * 64, backend="local", now=T0))
+
+    def words() -> dict[int, str | None]:
+        return {c.step: c.evaluation for c in _catalog().run_page(RUN).checkpoints}
+
+    assert words() == {100: "running", 200: "queued"}
+    seal_terminal(stores, TerminalReceipt(
+        run_id=RUN, attempt_id=attempt.attempt_id, goal_id="gradlab__bandit", recipe_id="ppo", seed=0,
+        outcome="failed", reason="learner exited 1", final_step=200, checkpoints=[], evaluations=[],
+        promotion=None, metrics=TerminalMetrics(local_high_water=0, sinks={}), drained=True,
+        learner=LearnerExit(exit_code=1, stop_reason="error"), sealed_at=T0 + timedelta(seconds=10)))
+    assert words() == {100: "deferred", 200: "deferred"}
