@@ -29,6 +29,7 @@ from __future__ import annotations
 import os
 import re
 import stat
+import sys
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -323,6 +324,23 @@ def secure_home(settings: Settings) -> None:
     started from here) is 0700 / 0600. Called by every entry point (the CLI, the training-run
     flow); child processes (the learner, the local Prefect server) inherit the umask. File
     stores set their modes explicitly as well (:class:`gradlab.stores.local.FileStore`).
+
+    A home that already exists with group or other access (e.g. 0755, made by a tool with a login
+    umask) and belongs to this user is made 0700, which closes everything below it; a home of
+    another user is left alone with a warning on stderr.
     """
-    if not settings.shared_permissions:
-        os.umask(0o077)
+    if settings.shared_permissions:
+        return
+    os.umask(0o077)
+    home = Path(settings.home)
+    try:
+        info = home.stat()
+    except OSError:  # not created yet: the umask makes it private
+        return
+    if not stat.S_IMODE(info.st_mode) & 0o077:
+        return
+    if info.st_uid == os.getuid():
+        home.chmod(PRIVATE_DIR_MODE)
+    else:
+        print(f"gradlab: warning: GRADLAB_HOME {home} is mode {stat.S_IMODE(info.st_mode):04o} and belongs to "
+              f"another user; its runs and stores are readable by others", file=sys.stderr)

@@ -76,3 +76,19 @@ def test_a_new_home_is_private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     wrong = {p: f"{m:04o}" for p, m in modes.items()
              if m != (0o700 if (home / p).is_dir() else 0o600)}
     assert wrong == {}
+
+
+def test_an_existing_home_open_to_others_is_made_private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A home made earlier with a login umask (0755, its runs 0755/0644) is closed to others by any command."""
+    home = tmp_path / "old-home"
+    (home / "runs" / "r").mkdir(parents=True)
+    (home / "runs" / "r" / "run.json").write_text("{}")
+    for folder in (home, home / "runs", home / "runs" / "r"):
+        folder.chmod(0o755)
+    monkeypatch.setenv("GRADLAB_HOME", str(home))
+    script = ("import sys; sys.argv = ['gradlab', 'runs', 'list']\n"
+              "from gradlab.cli.app import _secure_home; _secure_home()\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert stat.S_IMODE(home.stat().st_mode) == 0o700  # nothing below it is reachable by others now
+    assert (home / "runs" / "r" / "run.json").read_text() == "{}"  # and nothing in it is touched
