@@ -303,6 +303,8 @@ def create_app(config: PlayConfig) -> Any:
 
     @app.get("/web/{path:path}")
     def asset(path: str) -> Any:
+        if "\x00" in path:  # no file name holds a NUL (resolve() would raise ValueError: a 500)
+            raise HTTPException(status_code=404, detail="no such asset")
         target = (root / path).resolve()
         if (not target.is_relative_to(root) or any(part.startswith(".") for part in Path(path).parts)
                 or not target.is_file() or target.suffix not in MEDIA_TYPES):
