@@ -115,7 +115,8 @@ def _verified(path: Path, *, step: int, sha256: str, what: str,
 
 
 def _materialize(stores: Stores, settings: Settings, run_id: str, step: int, sha256: str,
-                 publication: CheckpointPublication | None, *, what: str, warn: Warn) -> tuple[Path, str]:
+                 publication: CheckpointPublication | None, *, what: str, warn: Warn,
+                 check_store: bool = False) -> tuple[Path, str]:
     """A verified local folder for checkpoint (step, sha256): the run directory's copy, else the cache.
 
     Returns:
@@ -144,7 +145,14 @@ def _materialize(stores: Stores, settings: Settings, run_id: str, step: int, sha
         else:
             # Intact by its own manifest, so it must be the published bytes: a copy whose manifest
             # was rewritten with its files is refused, naming the file and both hashes.
-            return _verified(local, step=step, sha256=sha256, what=what, publication=publication), "local"
+            folder = _verified(local, step=step, sha256=sha256, what=what, publication=publication)
+            if check_store and publication is not None:
+                try:  # the copy evaluations and promotion read: say when it no longer verifies
+                    rules.verify_published(stores, publication)
+                except (IntegrityError, NotFound) as e:
+                    warn(f"the published copy of {what} fails verification ({e}); using the local copy, "
+                         "which matches the publication receipt")
+            return folder, "local"
     if publication is None:
         raise NotFound(f"run {run_id}: {what} (step {step}, sha256 {sha256[:16]}) is neither published "
                        f"({stores.control.url(keys.publication(run_id, step, sha256))} missing) nor under "
@@ -189,7 +197,7 @@ def _check_published_copy(path: Path, *, settings: Settings | None, stores: Stor
 
 
 def resolve_checkpoint(ref: str, *, settings: Settings | None = None, stores: Stores | None = None,
-                       warn: Warn | None = None) -> ResolvedCheckpoint:
+                       warn: Warn | None = None, check_store: bool = False) -> ResolvedCheckpoint:
     """The checkpoint folder and run spec for a directory or ``RUN_ID[:STEP]`` (see the module docstring).
 
     Args:
@@ -198,6 +206,9 @@ def resolve_checkpoint(ref: str, *, settings: Settings | None = None, stores: St
         stores: default :func:`gradlab.stores.open_stores` of ``settings``.
         warn: called with each note about a copy passed over (:data:`Warn`); default: logged as a
             warning.
+        check_store: when a verified local copy of a published checkpoint is used, also re-read the
+            model store's copy and ``warn`` when it no longer matches the publication receipt
+            (``gradlab eval`` does: evaluations and promotion read the store's copy).
 
     Returns:
         The verified local folder (possibly downloaded) with the run spec JSON.
@@ -285,7 +296,7 @@ def resolve_checkpoint(ref: str, *, settings: Settings | None = None, stores: St
         if pubs:
             pub = pubs[-1]
             return done(*_materialize(stores, settings, run_id, pub.step, pub.sha256, pub, what=f"step {step}",
-                                      warn=warn))
+                                      warn=warn, check_store=check_store))
         matches = [p for p in local if _checkpoint_step(p) == step]
         if matches:
             return local_newest(matches, f"step {step}")
@@ -295,11 +306,11 @@ def resolve_checkpoint(ref: str, *, settings: Settings | None = None, stores: St
         pub = next((p for p in publications
                     if (p.step, p.sha256) == (promotion.checkpoint_step, promotion.checkpoint_sha256)), None)
         return done(*_materialize(stores, settings, run_id, promotion.checkpoint_step, promotion.checkpoint_sha256,
-                                  pub, what="the promoted checkpoint", warn=warn))
+                                  pub, what="the promoted checkpoint", warn=warn, check_store=check_store))
     if publications:
         pub = publications[-1]
         return done(*_materialize(stores, settings, run_id, pub.step, pub.sha256, pub,
-                                  what="the newest published checkpoint", warn=warn),
+                                  what="the newest published checkpoint", warn=warn, check_store=check_store),
                     fallback=f"the newest published checkpoint (step {pub.step})")
     if local:
         return local_newest(local, "the newest checkpoint", fallback=True)

@@ -122,7 +122,7 @@ def eval_command(
             resolved = resolve_repo(checkpoint)
             verify = "weights_only"
         else:
-            resolved = resolve_checkpoint(checkpoint, warn=say)
+            resolved = resolve_checkpoint(checkpoint, warn=say, check_store=True)
         ckpt, spec_json = resolved.path, resolved.spec
         spec = parse_spec(spec_json, source=resolved.spec_source)
         manifest = read_manifest(ckpt)

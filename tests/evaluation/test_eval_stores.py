@@ -133,6 +133,22 @@ def test_corrupt_local_copy_falls_back_to_the_published_one(home_run: Path, grad
         resolve_checkpoint(f"{RUN_ID}:1024")
 
 
+def test_a_store_copy_that_fails_verification_is_said_even_when_the_local_copy_verifies(home_run: Path) -> None:
+    """``gradlab eval RUN:STEP`` evaluates the verified local copy and says that the model store's copy,
+    which evaluations and promotion read, no longer matches its publication receipt."""
+    stores, pubs = _record(home_run, publish=(64,))
+    key = keys.checkpoint_file(RUN_ID, 64, pubs[64].sha256, "policy_spec.json")
+    target = Path(stores.model.url(key).removeprefix("file://"))
+    target.chmod(0o600)
+    target.write_text("{}")
+    notes: list[str] = []
+    r = resolve_checkpoint(f"{RUN_ID}:64", warn=notes.append, check_store=True)
+    assert r.origin == "local" and verify_checkpoint(r.path).sha256 == pubs[64].sha256
+    assert len(notes) == 1 and "published copy of step 64 fails verification" in notes[0]
+    assert "policy_spec.json" in notes[0]
+    assert resolve_checkpoint(f"{RUN_ID}:64", warn=notes.append).origin == "local" and len(notes) == 1
+
+
 def test_unknown_run_step_and_unpublished_promotion_are_refused(home_run: Path) -> None:
     with pytest.raises(NotFound, match=r"gradlab-nope: neither a checkpoint directory nor a run \(no file://.*"
                                        r"runs/gradlab-nope/spec.json in the control store"):
