@@ -31,6 +31,7 @@ from gradlab.checkpoints.manifest import (
     CheckpointManifest,
     FileEntry,
     checkpoint_dir_name,
+    is_bundle_file,
 )
 from gradlab.errors import Conflict, IntegrityError, NotFound
 from gradlab.fsync import fsync_dir
@@ -218,9 +219,10 @@ def check_bundle_files(path: Path) -> list[str]:
     names = []
     for p in sorted(path.rglob("*")):
         rel = p.relative_to(path).as_posix()
-        if p.is_symlink() or (p.is_file() and rel not in BUNDLE_FILES | {MANIFEST_FILE}):
+        if p.is_symlink() or (p.is_file() and not is_bundle_file(rel)):
             raise IntegrityError(f"{p}: not a file a checkpoint holds (the bundle's files: "
-                                 f"{', '.join(sorted(BUNDLE_FILES))}); refusing to publish the folder")
+                                 f"{', '.join(sorted(BUNDLE_FILES))}, resume/states/<sha256>.bin); "
+                                 "refusing to publish the folder")
         if p.is_file():
             names.append(rel)
     return names

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -18,8 +19,18 @@ RESUME_DIR = "resume"
 BUNDLE_FILES = frozenset({
     POLICY_FILE, WEIGHTS_FILE, POLICY_SPEC_FILE,
     *(f"{RESUME_DIR}/{name}" for name in ("state.json", "optimizer.pt", "optimizer.safetensors", "vecnormalize.json",
-                                          "early_stop.json", "lanes.json", "lanes.npz", "last_obs.npy")),
+                                          "early_stop.json", "lanes.json", "lanes.npz", "last_obs.npy",
+                                          # the search backends' state (docs/ARCHITECTURE.md section 12a)
+                                          "search.json", "archive.json")),
 })
+#: The one family of names beside :data:`BUNDLE_FILES`: provider state blobs, named by their sha256.
+BUNDLE_BLOB = re.compile(rf"^{RESUME_DIR}/states/[0-9a-f]{{64}}\.bin$")
+
+
+def is_bundle_file(name: str) -> bool:
+    """Whether a checkpoint folder may hold ``name`` (a relative POSIX path): one of
+    :data:`BUNDLE_FILES`, ``manifest.json`` or a state blob ``resume/states/<sha256>.bin``."""
+    return name in BUNDLE_FILES or name == MANIFEST_FILE or BUNDLE_BLOB.match(name) is not None
 
 
 class FileEntry(BaseModel):

@@ -141,3 +141,30 @@ def test_a_corrupted_state_blob_is_refused_naming_it(searches, tmp_path: Path):
             backend.restore(ckpt)
     finally:
         backend.close()
+
+
+def test_every_search_checkpoint_publishes_with_its_archive_and_state_blobs(searches, gradlab_home: Path,
+                                                                            tmp_path: Path):
+    """A search checkpoint's resume files (search.json, archive.json, resume/states/<sha256>.bin) are
+    part of the bundle's schema: the model store takes them, and a name outside it is still refused."""
+    from gradlab.checkpoints.bundle import check_bundle_files
+    from gradlab.receipts import begin_attempt, open_run, publish_checkpoint
+    from gradlab.settings import load_settings
+    from gradlab.stores import open_stores
+
+    spec, run_dir = searches[0]
+    stores = open_stores(load_settings())
+    open_run(stores, spec)
+    attempt, _ = begin_attempt(stores, spec.run_id, mode="fresh")
+    for checkpoint in list_checkpoints(run_dir):
+        names = check_bundle_files(checkpoint)
+        assert {"resume/search.json", "resume/archive.json"} <= set(names)
+        assert any(n.startswith("resume/states/") and n.endswith(".bin") for n in names)
+        publication = publish_checkpoint(stores, run_id=spec.run_id, attempt_id=attempt.attempt_id,
+                                         checkpoint_dir=checkpoint)
+        assert set(publication.files) >= set(names) - {"manifest.json"}
+    planted = tmp_path / "planted"
+    shutil.copytree(list_checkpoints(run_dir)[-1], planted)
+    (planted / "resume" / "states" / "not-a-sha.bin").write_bytes(b"x")
+    with pytest.raises(IntegrityError, match="not-a-sha.bin: not a file a checkpoint holds"):
+        check_bundle_files(planted)
