@@ -271,11 +271,10 @@ def upload(
         target = out or Path(tempfile.mkdtemp(prefix=f"gradlab-dataset-{name}-")) / "repo"
         export_hf(manifest, folder, target, summary=dataset_summary(manifest))
         token = hf_token()
-        if not token:
-            console.print(f"no Hugging Face token (HF_TOKEN, [hub] token_ref or `hf auth login`): the folder is "
-                          f"{escape(str(target))}; upload it with `hf upload {repo_id} {escape(str(target))} "
-                          "--repo-type dataset`", highlight=False)
-            return
+        if not token:  # as publish: nothing uploaded is a failure, and the built folder is kept
+            fail(f"no Hugging Face token (set HF_TOKEN, [hub] token_ref in the config file, or run `hf auth login`): "
+                 f"nothing uploaded; the dataset folder is kept at {target}; upload it with "
+                 f"`hf upload {repo_id} {target} --repo-type dataset` or run this command again with a token")
         url = upload_dataset(target, repo_id, token=token, manifest=manifest, private=private)
     except GradlabError as e:
         fail(str(e))

@@ -172,6 +172,17 @@ def test_upload_sends_the_dataset_and_its_card_to_the_hub(cartpole_dataset, tmp_
     assert cartpole_dataset.manifest.sha256 in card.text
 
 
+def test_upload_without_a_token_fails_uploads_nothing_and_keeps_the_folder(cartpole_dataset, tmp_path, monkeypatch):
+    folder = Path(cartpole_dataset.store.base_url.removeprefix("file://"))
+    for key, value in {"HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_DISABLE_TELEMETRY": "1", "HF_TOKEN": ""}.items():
+        monkeypatch.setenv(key, value)
+    out = _cli("dataset", "upload", "cartpole-tiny", "alice/cartpole-tiny", "--out", str(tmp_path / "repo"),
+               store_dir=folder, monkeypatch=monkeypatch)
+    assert out.exit_code == 1
+    assert "no Hugging Face token (set HF_TOKEN, [hub] token_ref" in out.output and "nothing uploaded" in out.output
+    assert (tmp_path / "repo" / "README.md").is_file()
+
+
 def test_frames_are_one_mp4_per_episode_with_one_frame_per_step(tmp_path):
     from gradlab.datasets.plan import plan_recording
     from gradlab.datasets.record import record_chunk
