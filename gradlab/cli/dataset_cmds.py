@@ -125,12 +125,20 @@ def list_command(json_out: JsonOption = False) -> None:
     from gradlab.datasets.store import list_datasets, read_dataset
 
     store = _store()
+    manifests, problems = [], []
     try:
-        manifests = [read_dataset(store, n) for n in list_datasets(store)]
+        names = list_datasets(store)
     except GradlabError as e:
         fail(str(e))
+    for n in names:  # one bad manifest is named; it does not hide the others
+        try:
+            manifests.append(read_dataset(store, n))
+        except GradlabError as e:
+            problems.append(str(e))
     if json_out:
         print_json([dataset_summary(m) for m in manifests])
+        if problems:
+            fail_with_lines(problems)
         return
     table = Table(title=f"datasets in {store.base_url}")
     for col in ("name", "goal", "agent", "episodes", "steps", "return mean", "frames", "created"):
@@ -140,6 +148,17 @@ def list_command(json_out: JsonOption = False) -> None:
         table.add_row(m.name, m.goal_id, s["agent"], str(s["episodes"]), str(s["steps"]),
                       f"{s['return']['mean']:.3f}", "yes" if m.frames else "no", m.created_at[:19])
     console.print(table)
+    if problems:
+        fail_with_lines(problems)
+
+
+def fail_with_lines(problems: list[str]) -> None:
+    """Print each problem as its own ``error:`` line on stderr, then exit 1."""
+    from rich.markup import escape
+
+    for line in problems[:-1]:
+        err_console.print(f"[bold red]error:[/] {escape(line)}", highlight=False, soft_wrap=True)
+    fail(problems[-1])
 
 
 def dataset_summary(manifest: Any) -> dict:

@@ -126,11 +126,15 @@ def read_dataset(store: ObjectStore, name: str) -> DatasetManifest:
     except NotFound:
         raise NotFound(f"dataset {name!r}: no {store.url(key)} (see `gradlab dataset list`)") from None
     try:
-        return DatasetManifest.model_validate(json.loads(raw))
+        manifest = DatasetManifest.model_validate(json.loads(raw))
     except (ValueError, ValidationError) as e:
         first = e.errors()[0] if isinstance(e, ValidationError) else {"loc": (), "msg": str(e)}
         where = ".".join(str(p) for p in first["loc"]) or "<root>"
         raise ContractViolation(f"{store.url(key)}: {where}: {first['msg']}") from None
+    if manifest.name != name:  # a copied manifest would name (and read) another dataset's files
+        raise ContractViolation(f"{store.url(key)}: name: expected {name!r} (the dataset's folder), "
+                                f"found {manifest.name!r}")
+    return manifest
 
 
 def list_datasets(store: ObjectStore) -> list[str]:

@@ -74,8 +74,31 @@ def replay_episode(environment: Any, episode: DatasetEpisode, steps: dict[str, n
                 return f"{where}: first diverging step {t}: the episode ended at step {t}, recorded length {length}"
         if not steps["terminated"][-1] and not steps["truncated"][-1]:
             return f"{where}: the recording does not end its last step"
+        if res.episodes:  # the manifest's row must be what the re-simulated episode says
+            rec = res.episodes[0]
+            for name, said, found in (("return", episode.return_, rec.return_),
+                                      ("raw_return", episode.raw_return, rec.raw_return),
+                                      ("length", episode.length, rec.length), ("outcome", episode.outcome, rec.outcome),
+                                      ("reason", episode.reason, rec.reason)):
+                if said != found:
+                    return f"{where}: the manifest says {name} {said!r}, the re-simulated episode {found!r}"
     finally:
         venv.close()
+    return None
+
+
+def row_mismatch(episode: DatasetEpisode, steps: dict[str, np.ndarray]) -> str | None:
+    """Whether the manifest's row of an episode agrees with its (hash-checked) steps file: the
+    length, and the returns as the sums of the recorded rewards (float32 steps summed in float64,
+    so compared to 1e-6 relative). None when it does, else a line naming the key path."""
+    where = f"episodes[{episode.index}]"
+    if episode.length != len(steps["actions"]):
+        return f"{where}.length: {episode.length}, the steps file holds {len(steps['actions'])} steps"
+    for name, said, rewards in (("return", episode.return_, steps["rewards"]),
+                                ("raw_return", episode.raw_return, steps["raw_rewards"])):
+        total = float(np.sum(np.asarray(rewards, dtype=np.float64)))
+        if not np.isclose(said, total, rtol=1e-6, atol=1e-6):
+            return f"{where}.{name}: {said!r}, the steps file's rewards sum to {total!r}"
     return None
 
 
@@ -92,6 +115,7 @@ def verify_dataset(store: Any, name: str, *, cache: Path, replay: bool = True,
     """
     from gradlab.contracts.environment import EnvironmentSpec
     from gradlab.datasets.store import check_files, fetch_dataset, load_steps, read_dataset
+    from gradlab.stores import keys
 
     manifest: DatasetManifest = read_dataset(store, name)
     report = VerifyReport(name=name, files_checked=len(manifest.files), determinism=manifest.determinism)
@@ -103,7 +127,10 @@ def verify_dataset(store: Any, name: str, *, cache: Path, replay: bool = True,
     folder = fetch_dataset(store, manifest, cache)
     environment = EnvironmentSpec.model_validate(manifest.environment)
     for i, episode in enumerate(manifest.episodes):
-        problem = replay_episode(environment, episode, load_steps(folder, episode))
+        steps = load_steps(folder, episode)
+        if (mismatch := row_mismatch(episode, steps)) is not None:  # whatever the determinism
+            report.file_problems.append(f"{store.url(keys.dataset_manifest(name))}: {mismatch}")
+        problem = replay_episode(environment, episode, steps)
         report.episodes_replayed += 1
         if problem:
             report.divergences.append(problem)

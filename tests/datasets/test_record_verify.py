@@ -68,6 +68,34 @@ def test_a_flipped_byte_fails_verify_naming_the_file(cartpole_dataset, tmp_path,
     assert doc["unchecked"] == ["re-simulation: skipped, the files do not match the manifest"]
 
 
+def test_a_manifest_row_changed_by_hand_fails_verify_naming_its_key_path(cartpole_dataset, tmp_path, monkeypatch):
+    """The files still match their hashes; the manifest's own row of episode 0 no longer matches them."""
+    _, folder = _copy_store(cartpole_dataset, tmp_path)
+    path = folder / keys.dataset_manifest("cartpole-tiny")
+    doc = json.loads(path.read_text())
+    doc["episodes"][0]["return"] = doc["episodes"][0]["return"] + 100.0
+    path.chmod(0o600)
+    path.write_text(json.dumps(doc))
+    out = _cli("dataset", "verify", "cartpole-tiny", "--json", store_dir=folder, monkeypatch=monkeypatch)
+    assert out.exit_code == 1
+    report = json.loads(out.stdout)
+    assert report["ok"] is False
+    assert any("episodes[0].return:" in line and "rewards sum to" in line for line in report["file_problems"])
+
+
+def test_a_copied_dataset_folder_is_refused_and_one_bad_manifest_does_not_hide_the_others(
+        cartpole_dataset, tmp_path, monkeypatch):
+    _, folder = _copy_store(cartpole_dataset, tmp_path)
+    datasets = folder / "datasets"
+    shutil.copytree(datasets / "cartpole-tiny", datasets / "copy")
+    out = _cli("dataset", "verify", "copy", store_dir=folder, monkeypatch=monkeypatch)
+    assert out.exit_code == 1 and "name: expected 'copy' (the dataset's folder), found 'cartpole-tiny'" in out.output
+    listed = _cli("dataset", "list", "--json", store_dir=folder, monkeypatch=monkeypatch)
+    assert listed.exit_code == 1
+    assert [d["name"] for d in json.loads(listed.stdout)] == ["cartpole-tiny"]
+    assert "copy/manifest.json: name: expected 'copy'" in listed.output
+
+
 def test_one_changed_action_names_the_first_diverging_step(cartpole_dataset, tmp_path):
     """Someone rewrites an episode's actions and its manifest hashes consistently: only re-simulation catches it."""
     from gradlab.stores.base import sha256_hex

@@ -81,8 +81,8 @@ def test_sigkill_of_the_learner_then_retry_resumes_to_the_planned_steps(prefect_
     assert second["final_step"] == 65536  # the planned step count, not more
     # The retry says what it does and shows its progress as train does (off a terminal: lines).
     said = " ".join(retry.stderr.split())
-    assert (f"run {run_id}: attempt 2; the learner resumes from the newest usable published checkpoint "
-            f"(step {last_step:,} or before)") in said
+    assert (f"run {run_id}: attempt 2; the learner resumes from the newest checkpoint that verifies "
+            f"(published: step {last_step:,}; a newer local one verified against its manifest goes first)") in said
     assert f"Prefect API: {prefect_api}" in said and "step 65,536/65,536" in said
     attempt = next(a for a in rules.list_attempts(open_stores(), run_id) if a.attempt_id == "attempt-002")
     assert attempt.mode == "resume" and attempt.resume_from.step == last_step
