@@ -12,11 +12,12 @@ from tests.runs.conftest import gradlab_env, last_json_line, only_run_dir, run_g
 from tests.s3server import free_port, s3_server  # noqa: F401  (fixture)
 
 RECEIPT_KEYS = {"run_id", "attempt_id", "goal_id", "recipe_id", "seed", "outcome", "reason", "final_step", "checkpoints",
-                "evaluations", "promotion", "metrics", "drained", "learner", "sealed_at"}
+                "evaluations", "promotion", "metrics", "drained", "learner", "sealed_at",
+                "epoch", "superseded_by"}  # the attempt's lease epoch; who superseded it (None here)
 
 
 def _check_succeeded_bandit(receipt: dict, home: Path, env: dict) -> None:
-    assert set(receipt) == RECEIPT_KEYS
+    assert set(receipt) == RECEIPT_KEYS and receipt["superseded_by"] is None and receipt["epoch"] >= 1
     assert receipt["outcome"] == "succeeded", receipt["reason"]
     assert receipt["drained"] is True
     assert receipt["learner"]["exit_code"] == 0
