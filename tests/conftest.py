@@ -34,6 +34,25 @@ def gradlab_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.M
     return home
 
 
+@pytest.fixture(autouse=True)
+def log_handlers_follow_the_capture() -> None:
+    """A logging handler made while an earlier test's output was captured (Prefect configures its
+    console handler when it is first imported, on whatever ``sys.stderr`` is then) writes to that
+    test's closed capture stream: "--- Logging error ---" tracebacks in every later test. Point such
+    handlers (and a rich console inside them) at this test's stderr."""
+    import logging
+    import sys
+
+    loggers = [logging.getLogger()] + [lg for lg in logging.Logger.manager.loggerDict.values()
+                                       if isinstance(lg, logging.Logger)]
+    for logger in loggers:
+        for handler in logger.handlers:
+            if isinstance(handler, logging.StreamHandler) and getattr(handler.stream, "closed", False):
+                handler.stream = sys.stderr  # not setStream: it flushes the closed stream first
+                if getattr(handler, "console", None) is not None:
+                    handler.console.file = sys.stderr
+
+
 @pytest.fixture
 def experiments_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A writable copy of the checked-in experiments tree, selected through GRADLAB_EXPERIMENTS."""

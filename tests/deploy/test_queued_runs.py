@@ -441,9 +441,14 @@ def test_a_rejected_run_ends_failed_in_prefect_with_no_traceback_in_the_worker_l
     shown = queue.gradlab("experiment", "status", "--run", entry["run_id"])
     last = max(terminal.evaluations, key=lambda e: e.checkpoint_step)
     assert f"last evaluation: step {last.checkpoint_step} rejected" in shown.stdout, shown.stdout + shown.stderr
-    logs = queue.gradlab("experiment", "logs", "--run", entry["run_id"])
-    assert logs.returncode == 0, logs.stderr
-    prefect_lines = logs.stdout.split("== learner log")[0].splitlines()[1:]
+
+    def prefect_lines_now() -> list[str] | None:  # the flow's logs reach the API in batches
+        logs = queue.gradlab("experiment", "logs", "--run", entry["run_id"])
+        assert logs.returncode == 0, logs.stderr
+        lines = logs.stdout.split("== learner log")[0].splitlines()[1:]
+        return lines if any(f"[evaluate-{entry['run_id']}-step" in line for line in lines) else None
+
+    prefect_lines = wait_for(prefect_lines_now, 120, "the flow run's task logs in `experiment logs`", interval_s=2)
     assert prefect_lines and all(re.match(r"^\S+ \S+\s+\[[^\]]+\] ", line) for line in prefect_lines if line), [
         line for line in prefect_lines if line and not re.match(r"^\S+ \S+\s+\[[^\]]+\] ", line)]
     assert any(f"[evaluate-{entry['run_id']}-step" in line for line in prefect_lines), prefect_lines
