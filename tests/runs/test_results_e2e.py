@@ -257,7 +257,7 @@ def test_report_renders_its_leaders_table_and_images_in_chromium(cohort: Cohort,
         page.get_by_role("link", name=GOAL).click()
         page.wait_for_selector("#leaders")
         cells = page.locator("#leaders tr").nth(1).locator("td").all_inner_texts()
-        assert cells[:3] == ["1", f"{RECIPE} [train.timesteps=4096]", "3"]
+        assert cells[:3] == ["1", f"{RECIPE} [train.timesteps=4096]", "3/3"]  # seeds scored / seeds
         assert page.locator("#seeds tr").count() == 4 and page.locator("#checkpoints tr").count() == 4
         widths = page.eval_on_selector_all("img", "imgs => imgs.map(i => i.complete ? i.naturalWidth : 0)")
         assert widths and all(w > 100 for w in widths)
