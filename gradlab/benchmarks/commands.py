@@ -13,7 +13,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -59,29 +58,21 @@ def main(rounds: int = 3, prefect_api: str | None = None, as_json: bool = False)
     from rich.progress import Progress
     from rich.table import Table
 
-    from gradlab.benchmarks.reports import synthesize
+    from gradlab.benchmarks.reports import synthesize, temporary_home
 
     err = Console(stderr=True)
-    old = os.environ.get("GRADLAB_HOME")
     rows = []
-    try:
-        with tempfile.TemporaryDirectory(prefix="gradlab-bench-commands-") as tmp:
-            home = Path(tmp)
-            ids = synthesize(home, runs=10, rollouts=20)
-            todo = commands(ids[0], "gradlab__bandit")
-            if prefect_api:
-                todo.append(["experiment", "status", "--run", ids[0]])
-            with Progress(console=err, transient=True) as bar:
-                task = bar.add_task("commands", total=len(todo))
-                for args in todo:
-                    extra = {"PREFECT_API_URL": prefect_api} if args[0] == "experiment" and prefect_api else None
-                    rows.append(measure(args, home, rounds, extra))
-                    bar.advance(task)
-    finally:
-        if old is None:
-            os.environ.pop("GRADLAB_HOME", None)
-        else:
-            os.environ["GRADLAB_HOME"] = old
+    with temporary_home("gradlab-bench-commands-") as home:
+        ids = synthesize(home, runs=10, rollouts=20)
+        todo = commands(ids[0], "gradlab__bandit")
+        if prefect_api:
+            todo.append(["experiment", "status", "--run", ids[0]])
+        with Progress(console=err, transient=True) as bar:
+            task = bar.add_task("commands", total=len(todo))
+            for args in todo:
+                extra = {"PREFECT_API_URL": prefect_api} if args[0] == "experiment" and prefect_api else None
+                rows.append(measure(args, home, rounds, extra))
+                bar.advance(task)
     load = os.getloadavg()[0]
     if as_json:
         print(json.dumps({"rows": rows, "load_average_1m": load, "cpus": os.cpu_count()}))

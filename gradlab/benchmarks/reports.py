@@ -11,10 +11,12 @@ build <= 10 s and leaders <= 1 s for 100 runs.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
 import time
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -147,25 +149,32 @@ def measure(home: Path, rounds: int = 3) -> list[dict]:
     return rows
 
 
+@contextlib.contextmanager
+def temporary_home(prefix: str) -> Iterator[Path]:
+    """A temporary folder for a benchmark's ``GRADLAB_HOME`` (:func:`synthesize` and :func:`measure`
+    point the variable at it); the variable is restored and the folder removed afterwards."""
+    old = os.environ.get("GRADLAB_HOME")
+    try:
+        with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+            yield Path(tmp)
+    finally:
+        if old is None:
+            os.environ.pop("GRADLAB_HOME", None)
+        else:
+            os.environ["GRADLAB_HOME"] = old
+
+
 def main(runs: int = 100, rounds: int = 3, as_json: bool = False) -> None:
     from rich.console import Console
     from rich.progress import Progress
     from rich.table import Table
 
     err = Console(stderr=True)
-    old = os.environ.get("GRADLAB_HOME")
-    try:
-        with tempfile.TemporaryDirectory(prefix="gradlab-bench-reports-") as tmp:
-            home = Path(tmp)
-            with Progress(console=err, transient=True) as bar:
-                bar.add_task(f"writing {runs} synthetic runs", total=None)
-                synthesize(home, runs)
-            rows = measure(home, rounds)
-    finally:
-        if old is None:
-            os.environ.pop("GRADLAB_HOME", None)
-        else:
-            os.environ["GRADLAB_HOME"] = old
+    with temporary_home("gradlab-bench-reports-") as home:
+        with Progress(console=err, transient=True) as bar:
+            bar.add_task(f"writing {runs} synthetic runs", total=None)
+            synthesize(home, runs)
+        rows = measure(home, rounds)
     load = os.getloadavg()[0]
     if as_json:
         print(json.dumps({"rows": rows, "load_average_1m": load, "cpus": os.cpu_count()}))
