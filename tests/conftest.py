@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+import tests.process_env  # noqa: F401 - first: the environment before any test imports anything
 from tests.hub_stand_in import hub_stand_in  # noqa: F401 - the Hub stand-in fixture (tests/share, tests/datasets)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -16,6 +18,22 @@ REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
+
+
+@pytest.fixture(autouse=True)
+def environment_restored() -> Iterator[None]:
+    """The process environment as it was before the test, whatever the test ran in-process.
+
+    A command run in this process sets variables for itself (``configure_prefect`` quiets Prefect's
+    logs with ``PREFECT_LOGGING_LEVEL=WARNING``, ``use_prefect_server`` sets ``PREFECT_API_URL``);
+    a later test that builds a subprocess's environment from ``os.environ`` would inherit them.
+    Set up before the test's own function fixtures (higher-scoped ones come first and stay).
+    """
+    before = dict(os.environ)
+    yield
+    if dict(os.environ) != before:
+        os.environ.clear()
+        os.environ.update(before)
 
 
 @pytest.fixture(autouse=True)
@@ -38,19 +56,45 @@ def gradlab_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.M
 def log_handlers_follow_the_capture() -> None:
     """A logging handler made while an earlier test's output was captured (Prefect configures its
     console handler when it is first imported, on whatever ``sys.stderr`` is then) writes to that
-    test's closed capture stream: "--- Logging error ---" tracebacks in every later test. Point such
-    handlers (and a rich console inside them) at this test's stderr."""
+    test's closed capture stream: "--- Logging error ---" tracebacks in every later test, or to a
+    capture other than the one a ``capfd`` test reads. Point such handlers (and a rich console inside
+    them) at whatever ``sys.stderr`` is when they write."""
     import logging
-    import sys
 
     loggers = [logging.getLogger()] + [lg for lg in logging.Logger.manager.loggerDict.values()
                                        if isinstance(lg, logging.Logger)]
     for logger in loggers:
         for handler in logger.handlers:
-            if isinstance(handler, logging.StreamHandler) and getattr(handler.stream, "closed", False):
-                handler.stream = sys.stderr  # not setStream: it flushes the closed stream first
+            stream = getattr(handler, "stream", None)
+            follows = isinstance(getattr(type(handler), "stream", None), property)  # logging's last resort
+            if isinstance(handler, logging.StreamHandler) and not follows and stream is not _CURRENT_STDERR and (
+                    getattr(stream, "closed", False) or type(stream).__module__.startswith("_pytest")):
+                handler.stream = _CURRENT_STDERR  # not setStream: it flushes the closed stream first
                 if getattr(handler, "console", None) is not None:
-                    handler.console.file = sys.stderr
+                    handler.console.file = _CURRENT_STDERR
+
+
+class _CurrentStderr:
+    """A stream that writes to whatever ``sys.stderr`` is at the time of the write: the capture of
+    the phase under way, or a ``capfd``/``capsys`` fixture's when the test asked for one."""
+
+    closed = False
+
+    def write(self, text: str) -> int:
+        import sys
+
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        import sys
+
+        sys.stderr.flush()
+
+    def isatty(self) -> bool:
+        return False
+
+
+_CURRENT_STDERR = _CurrentStderr()
 
 
 @pytest.fixture

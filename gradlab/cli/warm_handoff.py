@@ -80,7 +80,7 @@ def hand_off(argv: list[str], *, home: Path | None = None) -> int | None:
             zygote.log.info("warm flow %d runs other code than this checkout: retiring it", info.pid)
             zygote.retire(info)
             continue
-        if info.import_env != wanted:
+        if not info.serves(wanted):
             continue
         request = {"op": "run", "argv": list(argv), "env": {**os.environ, CHILD_ENV: str(info.pid)},
                    "cwd": os.getcwd()}

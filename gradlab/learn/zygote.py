@@ -103,8 +103,21 @@ class ZygoteInfo(BaseModel):
     address: str
     fingerprint: str
     import_env: dict[str, str]
+    #: Import-sensitive variables the zygote's own imports set (value after them): a requester
+    #: that imported the same libraries carries them too and still matches (:meth:`serves`).
+    set_by_imports: dict[str, str] = {}
     keeper_pid: int | None
     ready_at: float
+
+
+    def serves(self, wanted_env: dict[str, str]) -> bool:
+        """True when a requester whose import-sensitive variables are ``wanted_env``
+        (:func:`import_env`) gets what this zygote imported with: the same values, where a value the
+        zygote's own imports set (:attr:`set_by_imports`) counts as the one it started with."""
+        undone = {k: v for k, v in wanted_env.items() if self.set_by_imports.get(k) != v}
+        undone.update({k: self.import_env[k] for k, v in wanted_env.items()
+                       if self.set_by_imports.get(k) == v and k in self.import_env})
+        return undone == self.import_env
 
 
 def zygote_dir(home: Path) -> Path:
@@ -218,7 +231,7 @@ def fork_learner(directory: Path, argv: list[str], *, log_path: Path, env: dict[
             log.info("zygote %d runs other code than this checkout: retiring it", info.pid)
             retire(info)
             continue
-        if info.import_env != wanted_env:
+        if not info.serves(wanted_env):
             log.info("zygote %d was started with other import-time settings: not used", info.pid)
             continue
         request = {"op": "fork", "argv": list(argv), "env": env, "cwd": str(cwd or Path.cwd()),
@@ -269,7 +282,7 @@ def ensure_zygote(directory: Path, *, keeper_pid: int | None, module: str = LEAR
     """
     mine, wanted = kind_fingerprint(module), import_env(os.environ if env is None else env)
     ready = ready_zygotes(directory)
-    if any(info.fingerprint == mine and info.import_env == wanted for info in ready) or starting_zygotes(directory):
+    if any(info.fingerprint == mine and info.serves(wanted) for info in ready) or starting_zygotes(directory):
         return None
     for info in ready:  # at most one zygote per folder: the newest code and settings win
         retire(info)

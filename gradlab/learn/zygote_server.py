@@ -90,6 +90,8 @@ class Zygote:
         code = kind_fingerprint(self.module)  # before the imports too: a file edited meanwhile makes it stale
         for name in self.preload:
             __import__(name)
+        after = import_env(os.environ)  # e.g. OpenCV (imported by SB3) prepends its own LD_LIBRARY_PATH
+        set_by_imports = {k: v for k, v in after.items() if env_at_start.get(k) != v}
         torch = sys.modules.get("torch")
         if torch is not None and torch.cuda.is_initialized():  # a forked child could not use CUDA ("bad fork")
             log.error("CUDA was initialised while preloading: a zygote cannot serve; exiting")
@@ -108,7 +110,7 @@ class Zygote:
         listener.listen(16)
         listener.settimeout(REAP_S)
         info = ZygoteInfo(pid=os.getpid(), address=address, fingerprint=code,
-                          import_env=env_at_start, keeper_pid=self.keeper_pid, ready_at=time.time())
+                          import_env=env_at_start, set_by_imports=set_by_imports, keeper_pid=self.keeper_pid, ready_at=time.time())
         partial = self.info_path.with_suffix(".partial")
         partial.write_text(info.model_dump_json())
         os.replace(partial, self.info_path)

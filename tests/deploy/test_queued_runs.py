@@ -29,6 +29,7 @@ from gradlab.outbox import Outbox
 from gradlab.runs.server import start_server, stop_server
 from gradlab.settings import load_settings
 from gradlab.stores import open_stores
+from tests.process_env import subprocess_env
 from tests.runs.conftest import group_alive, pid_alive, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -122,7 +123,7 @@ def queue(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Queue]:
         mp.delenv("PREFECT_API_URL", raising=False)
         settings = load_settings()
     server = start_server(settings, timeout_s=120)
-    env = {**os.environ, "GRADLAB_HOME": str(home), "GRADLAB_CONFIG": str(home / "config.toml"),
+    env = {**subprocess_env(), "GRADLAB_HOME": str(home), "GRADLAB_CONFIG": str(home / "config.toml"),
            "PREFECT_API_URL": server.api_url, "PREFECT_HOME": str(home / "prefect-client"),
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_WORKER_QUERY_SECONDS": "1",
            "WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DIR": str(home / "wandb")}

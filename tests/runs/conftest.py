@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.process_env import subprocess_env
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -50,8 +52,8 @@ def prefect_api(prefect_server: tuple[str, Path, int]) -> str:
 
 
 def gradlab_env(prefect_api: str, **extra: str) -> dict[str, str]:
-    env = {**os.environ, "PREFECT_API_URL": prefect_api, "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "WANDB_MODE": "offline", "WANDB_SILENT": "true", **extra}
+    env = subprocess_env(PREFECT_API_URL=prefect_api, PREFECT_SERVER_ANALYTICS_ENABLED="false",
+                         WANDB_MODE="offline", WANDB_SILENT="true", **extra)
     env.pop("GRADLAB_EXPERIMENTS", None)
     return env
 
