@@ -9,7 +9,9 @@ before any test runs, so :data:`SESSION_ENV` is the environment pytest was start
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 
 #: ``os.environ`` when the test session started, before any test imported anything.
 SESSION_ENV = dict(os.environ)
@@ -24,3 +26,17 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     env.update(import_env(SESSION_ENV))
     env.update(extra)
     return env
+
+
+@contextlib.contextmanager
+def session_environ() -> Iterator[None]:
+    """``os.environ`` as :func:`subprocess_env` gives it while the block runs (a server a fixture
+    starts in this process passes it to its daemon and warm learner), then as it was."""
+    before = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(subprocess_env())
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(before)

@@ -134,6 +134,7 @@ def _become_flow(argv: list[str], env: dict[str, str], cwd: str, stdio: list[int
         os.chdir(cwd)
         os.environ.clear()
         os.environ.update(env)
+        zygote.adopt_launch_env(env)
 
     zygote_server.set_up_then_wait_for_go(setup, ready_w, go_r, what="flow")
     warm_handoff.enter_child()

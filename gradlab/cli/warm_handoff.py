@@ -74,7 +74,7 @@ def hand_off(argv: list[str], *, home: Path | None = None) -> int | None:
     if not ready:
         return None
     _clear_exit_records(directory)
-    mine, wanted = zygote.kind_fingerprint(zygote.FLOW_MODULE), zygote.import_env(os.environ)
+    mine, wanted = zygote.kind_fingerprint(zygote.FLOW_MODULE), zygote.launch_import_env()
     for info in ready:
         if info.fingerprint != mine:
             zygote.log.info("warm flow %d runs other code than this checkout: retiring it", info.pid)
@@ -82,7 +82,7 @@ def hand_off(argv: list[str], *, home: Path | None = None) -> int | None:
             continue
         if not info.serves(wanted):
             continue
-        request = {"op": "run", "argv": list(argv), "env": {**os.environ, CHILD_ENV: str(info.pid)},
+        request = {"op": "run", "argv": list(argv), "env": {**zygote.launch_environ(), CHILD_ENV: str(info.pid)},
                    "cwd": os.getcwd()}
         try:
             sock, pid = _request_run(info.address, request)

@@ -141,6 +141,44 @@ def import_env(env: dict[str, str] | os._Environ) -> dict[str, str]:
     return {k: v for k, v in env.items() if k.startswith(IMPORT_ENV_PREFIXES)}
 
 
+#: In a process a zygote forked: the import-sensitive variables of the requester it serves
+#: (:func:`adopt_launch_env`); ``/proc/self/environ`` there is the zygote's, not the requester's.
+_adopted_import_env: dict[str, str] | None = None
+
+
+def adopt_launch_env(env: dict[str, str]) -> None:
+    """Record, in a child a zygote forked, the environment it was asked to run with as the one it
+    was launched with (:func:`launch_import_env`)."""
+    global _adopted_import_env
+    _adopted_import_env = import_env(env)
+
+
+def launch_import_env() -> dict[str, str]:
+    """The import-sensitive variables (:func:`import_env`) this process was started with.
+
+    ``os.environ`` is not that: a library imported here may have changed it for itself (OpenCV,
+    imported under SB3, prepends its folder to ``LD_LIBRARY_PATH``; torch sets
+    ``TORCHINDUCTOR_CACHE_DIR``). A zygote started, or asked to fork, with those would import or
+    run with other settings than the user's shell gives, so requesters compare and pass these.
+    Linux reads ``/proc/self/environ`` (the environment at ``exec``); elsewhere, ``os.environ``.
+    """
+    if _adopted_import_env is not None:
+        return dict(_adopted_import_env)
+    try:
+        raw = Path("/proc/self/environ").read_bytes()
+    except OSError:
+        return import_env(os.environ)
+    started = dict(item.split("=", 1) for item in raw.decode(errors="surrogateescape").split("\0") if "=" in item)
+    return import_env(started)
+
+
+def launch_environ() -> dict[str, str]:
+    """``os.environ`` with its import-sensitive variables as this process was started with them
+    (:func:`launch_import_env`): the environment to start or fork a learner or zygote with."""
+    current = {k: v for k, v in os.environ.items() if k not in import_env(os.environ)}
+    return {**current, **launch_import_env()}
+
+
 def fingerprint(packages: tuple[str, ...] = ("gradlab",), dists: tuple[str, ...] = ()) -> str:
     """sha256 over the source files (path, size, mtime) of ``packages``, the interpreter and key
     package versions (torch, stable-baselines3, gymnasium, numpy, and ``dists``).
@@ -222,7 +260,7 @@ def fork_learner(directory: Path, argv: list[str], *, log_path: Path, env: dict[
         ready, all stale (retired on the way) or started with other import-time settings, or the
         request failed. The caller then starts a process the ordinary way.
     """
-    env = dict(os.environ if env is None else env)
+    env = dict(launch_environ() if env is None else env)
     wanted_env = import_env(env)
     mine = None
     for info in ready_zygotes(directory):
@@ -256,7 +294,7 @@ def retire(info: ZygoteInfo) -> None:
 def start_zygote(directory: Path, *, keeper_pid: int | None, module: str = LEARNER_MODULE,
                  env: dict[str, str] | None = None) -> int:
     """Start a zygote process in the background (its own session, environment ``env``, default
-    this process's); returns its pid.
+    this process's as it was started, :func:`launch_environ`); returns its pid.
 
     It is ready once ``<pid>.json`` appears (~5 s here); until then ``<pid>.pending`` says it is
     coming. It exits when ``keeper_pid`` (if given) is gone.
@@ -268,7 +306,7 @@ def start_zygote(directory: Path, *, keeper_pid: int | None, module: str = LEARN
         cmd += ["--keeper-pid", str(keeper_pid)]
     with (directory / "zygote.log").open("ab") as out:
         popen = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                 start_new_session=True, env=env)
+                                 start_new_session=True, env=launch_environ() if env is None else env)
     (directory / f"{popen.pid}.pending").write_text(str(time.time()))
     return popen.pid
 
@@ -280,7 +318,8 @@ def ensure_zygote(directory: Path, *, keeper_pid: int | None, module: str = LEAR
 
     Returns the pid of a zygote started now, else None.
     """
-    mine, wanted = kind_fingerprint(module), import_env(os.environ if env is None else env)
+    env = launch_environ() if env is None else env
+    mine, wanted = kind_fingerprint(module), import_env(env)
     ready = ready_zygotes(directory)
     if any(info.fingerprint == mine and info.serves(wanted) for info in ready) or starting_zygotes(directory):
         return None

@@ -36,6 +36,7 @@ from gradlab.learn.zygote import (
     REAP_S,
     REQUEST_TIMEOUT_S,
     ZygoteInfo,
+    adopt_launch_env,
     import_env,
     kind_fingerprint,
     read_line,
@@ -295,6 +296,7 @@ def _become_learner(argv: list[str], env: dict[str, str], cwd: str, log_path: st
         os.chdir(cwd)
         os.environ.clear()
         os.environ.update(env)
+        adopt_launch_env(env)
 
     code = 1
     try:

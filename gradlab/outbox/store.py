@@ -27,6 +27,7 @@ import logging
 import secrets
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -177,31 +178,59 @@ class Outbox:
         else:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         with _named(self.path):
-            self._conn = sqlite3.connect(str(self.path), timeout=BUSY_TIMEOUT_S, isolation_level=None,
-                                         check_same_thread=False)
-            self._conn.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
-            if not readonly:
-                mode = self._conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-                if str(mode).lower() != "wal":
-                    logger.warning("%s: journal_mode is %s, not wal", self.path, mode)
-            self._conn.execute("PRAGMA synchronous=FULL")
-            if not readonly:
-                with self._lock:
-                    self._conn.executescript(_SCHEMA)
-                    cols = {r[1] for r in self._conn.execute("PRAGMA table_info(events)")}
-                    for name, kind in (("attempt", "TEXT"), ("epoch", "INTEGER")):
-                        if name not in cols:  # an outbox written before events were stamped
-                            self._conn.execute(f"ALTER TABLE events ADD COLUMN {name} {kind}")
-                    # The outbox's identity: a random nonce fixed when the file is created, so a lost
-                    # or replaced outbox (its event_seq restarting at 1) is told apart from this one.
-                    self._conn.execute("INSERT OR IGNORE INTO control(key, value, updated_at) VALUES (?, ?, ?)",
-                                       (IDENTITY_KEY, secrets.token_hex(8), _now()))
-            with self._lock:
-                cols = {r[1] for r in self._conn.execute("PRAGMA table_info(events)")}
+            cols = self._open(readonly)
         self._select = ("SELECT event_seq, event_id, kind, step, payload, created_at, "
                         + ("attempt, epoch" if {"attempt", "epoch"} <= cols else "NULL, NULL") + " FROM events")
         #: The fence this connection stamps its events with (see the module docstring).
         self.stamp: tuple[str, int] | None = None
+
+    def _open(self, readonly: bool) -> set[str]:
+        """Connect and (unless ``readonly``) set WAL and the schema; returns the events columns.
+
+        Two processes opening a new outbox at once (the learner creating it, the driver fencing it)
+        can meet a ``database is locked`` that SQLite's busy handler does not wait out: switching
+        to WAL and the WAL index's first set-up answer busy at once. Such an open is retried, with
+        a growing pause, for up to :data:`BUSY_TIMEOUT_S`.
+
+        Raises:
+            sqlite3.Error: anything else, or still busy after :data:`BUSY_TIMEOUT_S`.
+        """
+        deadline = time.monotonic() + BUSY_TIMEOUT_S
+        pause = 0.01
+        while True:
+            try:
+                return self._connect(readonly)
+            except sqlite3.OperationalError as e:
+                busy = "locked" in str(e) or "busy" in str(e)
+                with contextlib.suppress(AttributeError, sqlite3.Error):
+                    self._conn.close()
+                if not busy or time.monotonic() + pause > deadline:
+                    raise
+                time.sleep(pause)
+                pause = min(pause * 2, 0.5)
+
+    def _connect(self, readonly: bool) -> set[str]:
+        self._conn = sqlite3.connect(str(self.path), timeout=BUSY_TIMEOUT_S, isolation_level=None,
+                                     check_same_thread=False)
+        self._conn.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
+        if not readonly:
+            mode = self._conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                logger.warning("%s: journal_mode is %s, not wal", self.path, mode)
+        self._conn.execute("PRAGMA synchronous=FULL")
+        if not readonly:
+            with self._lock:
+                self._conn.executescript(_SCHEMA)
+                cols = {r[1] for r in self._conn.execute("PRAGMA table_info(events)")}
+                for name, kind in (("attempt", "TEXT"), ("epoch", "INTEGER")):
+                    if name not in cols:  # an outbox written before events were stamped
+                        self._conn.execute(f"ALTER TABLE events ADD COLUMN {name} {kind}")
+                # The outbox's identity: a random nonce fixed when the file is created, so a lost
+                # or replaced outbox (its event_seq restarting at 1) is told apart from this one.
+                self._conn.execute("INSERT OR IGNORE INTO control(key, value, updated_at) VALUES (?, ?, ?)",
+                                   (IDENTITY_KEY, secrets.token_hex(8), _now()))
+        with self._lock:
+            return {r[1] for r in self._conn.execute("PRAGMA table_info(events)")}
 
     # -- lifecycle ---------------------------------------------------------------------------
     def close(self) -> None:

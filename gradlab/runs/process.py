@@ -61,10 +61,12 @@ class LearnerProcess:
             args += ["--resume-from", str(resume_from)]
         if await_supervisor:
             args.append("--await-supervisor")
+        from gradlab.learn.zygote import launch_environ
+
         if zygote is not None:
             from gradlab.learn.zygote import fork_learner
 
-            pid = fork_learner(zygote, args, log_path=paths.learner_log, env={**os.environ, **(env or {})},
+            pid = fork_learner(zygote, args, log_path=paths.learner_log, env={**launch_environ(), **(env or {})},
                                exit_file=str(paths.root / "learner-{pid}.exit"))
             if pid is not None:
                 log.info("learner forked by the zygote: pid %d, run dir %s", pid, paths.root)
@@ -73,7 +75,7 @@ class LearnerProcess:
         log_file = paths.learner_log.open("ab")
         try:
             popen = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     start_new_session=True, env={**os.environ, **(env or {})})
+                                     start_new_session=True, env={**launch_environ(), **(env or {})})
         finally:
             log_file.close()
         log.info("learner started: pid %d, run dir %s", popen.pid, paths.root)

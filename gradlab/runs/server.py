@@ -56,7 +56,14 @@ from pathlib import Path
 
 from gradlab.errors import TransientError
 from gradlab.learn.watch import pid_alive
-from gradlab.learn.zygote import FLOW_MODULE, ensure_zygote, flow_zygote_dir, stop_zygotes, zygote_dir
+from gradlab.learn.zygote import (
+    FLOW_MODULE,
+    ensure_zygote,
+    flow_zygote_dir,
+    launch_environ,
+    stop_zygotes,
+    zygote_dir,
+)
 from gradlab.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -469,7 +476,7 @@ def warm_processes(home: Path, *, keeper_pid: int, api_url: str | None = None) -
         OSError: one could not be started.
     """
     ensure_zygote(zygote_dir(home), keeper_pid=keeper_pid)
-    env = {**PREFECT_CLIENT_DEFAULTS, **os.environ}
+    env = {**PREFECT_CLIENT_DEFAULTS, **launch_environ()}
     if api_url is not None:
         env["PREFECT_API_URL"] = api_url
     ensure_zygote(flow_zygote_dir(home), keeper_pid=keeper_pid, module=FLOW_MODULE, env=env)

@@ -29,7 +29,7 @@ from gradlab.outbox import Outbox
 from gradlab.runs.server import start_server, stop_server
 from gradlab.settings import load_settings
 from gradlab.stores import open_stores
-from tests.process_env import subprocess_env
+from tests.process_env import session_environ, subprocess_env
 from tests.runs.conftest import group_alive, pid_alive, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -122,7 +122,8 @@ def queue(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Queue]:
         mp.setenv("GRADLAB_CONFIG", str(home / "config.toml"))
         mp.delenv("PREFECT_API_URL", raising=False)
         settings = load_settings()
-    server = start_server(settings, timeout_s=120)
+    with session_environ():  # its warm learner imports with the environment the workers get
+        server = start_server(settings, timeout_s=120)
     env = {**subprocess_env(), "GRADLAB_HOME": str(home), "GRADLAB_CONFIG": str(home / "config.toml"),
            "PREFECT_API_URL": server.api_url, "PREFECT_HOME": str(home / "prefect-client"),
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_WORKER_QUERY_SECONDS": "1",
@@ -322,9 +323,21 @@ def long_runs(queue: Queue) -> dict[str, dict]:
         stores = open_stores()
     run_id = runs["kill"]["run_id"]
     learner = _learner_pid(queue, run_id)
+    # Frozen once it has written two checkpoints, so that it cannot reach its last step while the
+    # flow publishes them (a loaded machine publishes late): the retry then resumes, not drains.
+    wait_for(lambda: _checkpoints_written(queue, run_id) >= 2, 120, "two checkpoints written", interval_s=0.05)
+    os.kill(learner, signal.SIGSTOP)
     wait_for(lambda: len(_publications(stores, run_id)) >= 2, 120, "two published checkpoints")
     os.kill(learner, signal.SIGKILL)
     return runs
+
+
+def _checkpoints_written(queue: Queue, run_id: str) -> int:
+    try:
+        with Outbox(queue.run_dir(run_id) / "outbox.sqlite", readonly=True) as outbox:
+            return sum(e.kind == "checkpoint_ready" for e in outbox.read(0, 10_000))
+    except (sqlite3.OperationalError, OSError):
+        return 0
 
 
 def test_cancel_stops_the_learner_and_keeps_every_published_checkpoint(queue: Queue, stores_of, long_runs) -> None:

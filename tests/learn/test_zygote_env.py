@@ -36,3 +36,23 @@ def test_a_zygote_file_written_before_the_field_existed_still_reads() -> None:
     info = ZygoteInfo.model_validate_json('{"pid": 1, "address": "x", "fingerprint": "f", "import_env": {},'
                                           ' "keeper_pid": null, "ready_at": 0}')
     assert info.set_by_imports == {} and info.serves({})
+
+
+def test_the_launch_environment_undoes_what_imports_in_this_process_changed(monkeypatch) -> None:
+    import os
+    from pathlib import Path
+
+    from gradlab.learn import zygote
+
+    raw = Path("/proc/self/environ").read_bytes().decode(errors="surrogateescape")
+    at_exec = dict(item.split("=", 1) for item in raw.split("\0") if "=" in item)
+    # What importing OpenCV does to the importing process; a gradlab variable set here stays.
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/venv/site-packages/cv2/../../lib64:" + os.environ.get("LD_LIBRARY_PATH", ""))
+    monkeypatch.setenv("GRADLAB_SOMETHING", "kept")
+    env = zygote.launch_environ()
+    assert env.get("LD_LIBRARY_PATH") == at_exec.get("LD_LIBRARY_PATH")
+    assert env["GRADLAB_SOMETHING"] == "kept"
+    # A child a zygote forked runs with its requester's environment, not the zygote's exec one.
+    monkeypatch.setattr(zygote, "_adopted_import_env", None)
+    zygote.adopt_launch_env({"OMP_NUM_THREADS": "3", "HOME": "/x"})
+    assert zygote.launch_import_env() == {"OMP_NUM_THREADS": "3"}

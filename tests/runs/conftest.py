@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.process_env import subprocess_env
+from tests.process_env import session_environ, subprocess_env
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -34,7 +34,8 @@ def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[s
     os.environ["GRADLAB_HOME"] = str(home)
     try:
         settings = load_settings()
-        state = start_server(settings, timeout_s=float(os.environ.get("GRADLAB_SERVER_START_TIMEOUT_S") or 120))
+        with session_environ():  # its warm learner imports with the environment commands get
+            state = start_server(settings, timeout_s=float(os.environ.get("GRADLAB_SERVER_START_TIMEOUT_S") or 120))
     finally:
         if old is None:
             os.environ.pop("GRADLAB_HOME", None)
@@ -52,8 +53,8 @@ def prefect_api(prefect_server: tuple[str, Path, int]) -> str:
 
 
 def gradlab_env(prefect_api: str, **extra: str) -> dict[str, str]:
-    env = subprocess_env(PREFECT_API_URL=prefect_api, PREFECT_SERVER_ANALYTICS_ENABLED="false",
-                         WANDB_MODE="offline", WANDB_SILENT="true", **extra)
+    env = subprocess_env(**{"PREFECT_API_URL": prefect_api, "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+                            "WANDB_MODE": "offline", "WANDB_SILENT": "true", **extra})
     env.pop("GRADLAB_EXPERIMENTS", None)
     return env
 
