@@ -163,8 +163,13 @@ def plan_recording(name: str, *, goal_id: str, policy: str, episodes: int, base_
     if policy in ("random", "noop"):
         goal = Experiments().load_goal(goal_id)
         environment = goal.eval_environment()
-        mode = policy_mode or goal.eval.policy
-        agent = DatasetAgent(kind=policy, policy_mode=mode)  # type: ignore[arg-type]
+        from gradlab.evaluation.baselines import BASELINE_ACTIONS
+
+        # A baseline acts as it is, whatever the goal's evaluation asks of a trained policy.
+        natural = BASELINE_ACTIONS[policy]
+        if policy_mode is not None and policy_mode != natural:
+            raise ConfigError(f"policy mode {policy_mode!r}: the {policy} agent is {natural}")
+        agent = DatasetAgent(kind=policy, policy_mode=natural)  # type: ignore[arg-type]
     else:
         from gradlab.checkpoints import read_manifest
         from gradlab.checkpoints.resolve import resolve_checkpoint
