@@ -140,7 +140,8 @@ def plan_recording(name: str, *, goal_id: str, policy: str, episodes: int, base_
         policy: ``RUN[:STEP]``, a checkpoint folder, ``hf://OWNER/NAME``, ``random`` or ``noop``.
         episodes: N. base_seed: the manifest's base seed (default: the goal's ``eval.seed``).
         chunk_episodes: episodes per chunk (one Prefect task each).
-        policy_mode: ``deterministic`` / ``stochastic`` (default: the goal's ``eval.policy``).
+        policy_mode: ``deterministic`` / ``stochastic`` (default: the goal's ``eval.policy``); not
+            used for ``random`` (stochastic) and ``noop`` (deterministic).
 
     Raises:
         ConfigError: a bad name, a checkpoint of another goal, bad counts.
@@ -165,11 +166,9 @@ def plan_recording(name: str, *, goal_id: str, policy: str, episodes: int, base_
         environment = goal.eval_environment()
         from gradlab.evaluation.baselines import BASELINE_ACTIONS
 
-        # A baseline acts as it is, whatever the goal's evaluation asks of a trained policy.
-        natural = BASELINE_ACTIONS[policy]
-        if policy_mode is not None and policy_mode != natural:
-            raise ConfigError(f"policy mode {policy_mode!r}: the {policy} agent is {natural}")
-        agent = DatasetAgent(kind=policy, policy_mode=natural)  # type: ignore[arg-type]
+        # A baseline acts as it is, whatever mode the goal's evaluation protocol (``policy_mode``,
+        # as an evaluation result records it) asks of a trained policy.
+        agent = DatasetAgent(kind=policy, policy_mode=BASELINE_ACTIONS[policy])  # type: ignore[arg-type]
     else:
         from gradlab.checkpoints import read_manifest
         from gradlab.checkpoints.resolve import resolve_checkpoint

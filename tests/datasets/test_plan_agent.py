@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import pytest
-
 from gradlab.datasets.plan import plan_recording
-from gradlab.errors import ConfigError
 
 
-def test_random_is_stochastic_and_noop_deterministic_and_a_contrary_mode_is_refused() -> None:
+def test_random_is_stochastic_and_noop_deterministic_whatever_the_protocols_mode() -> None:
     assert plan_recording("r", goal_id="gradlab__bandit", policy="random", episodes=2).agent.policy_mode == "stochastic"
     assert plan_recording("n", goal_id="gradlab__bandit", policy="noop", episodes=2).agent.policy_mode == "deterministic"
-    with pytest.raises(ConfigError, match="the random agent is stochastic"):
-        plan_recording("r", goal_id="gradlab__bandit", policy="random", episodes=2, policy_mode="deterministic")
+    # `eval --baseline random --record-dataset` passes the protocol's mode, as its result records it.
+    assert plan_recording("r", goal_id="gradlab__bandit", policy="random", episodes=2,
+                          policy_mode="deterministic").agent.policy_mode == "stochastic"
