@@ -109,14 +109,16 @@ class ZygoteInfo(BaseModel):
     keeper_pid: int | None
     ready_at: float
 
-
     def serves(self, wanted_env: dict[str, str]) -> bool:
         """True when a requester whose import-sensitive variables are ``wanted_env``
         (:func:`import_env`) gets what this zygote imported with: the same values, where a value the
         zygote's own imports set (:attr:`set_by_imports`) counts as the one it started with."""
-        undone = {k: v for k, v in wanted_env.items() if self.set_by_imports.get(k) != v}
-        undone.update({k: self.import_env[k] for k, v in wanted_env.items()
-                       if self.set_by_imports.get(k) == v and k in self.import_env})
+        undone = {}
+        for key, value in wanted_env.items():
+            if self.set_by_imports.get(key) == value:  # the zygote's imports set it: undo to its start value
+                value = self.import_env.get(key)
+            if value is not None:
+                undone[key] = value
         return undone == self.import_env
 
 
