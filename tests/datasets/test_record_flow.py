@@ -16,15 +16,17 @@ import pytest
 from gradlab.datasets.store import list_datasets, read_dataset
 from gradlab.errors import NotFound
 from gradlab.stores import open_dataset_store
+from tests.runs.conftest import prefect_api, prefect_server  # noqa: F401
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def prefect_harness():
-    from prefect.testing.utilities import prefect_test_harness
+@pytest.fixture
+def prefect_harness(prefect_api: str):  # noqa: F811 - the session fixture imported above
+    """The flows of these tests run in this process against the session's Prefect server."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    with prefect_test_harness(server_startup_timeout=300):
+    with temporary_settings(updates={PREFECT_API_URL: prefect_api}):
         yield
 
 

@@ -12,6 +12,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,13 +71,17 @@ def _train(recipe: str, env: dict[str, str]) -> dict:
 def trained_runs(prefect_api: str, shared_s3_server, tmp_path_factory: pytest.TempPathFactory) -> TrainedRuns:  # noqa: F811
     home = tmp_path_factory.mktemp("play_trained_home")
     env = gradlab_env(prefect_api, GRADLAB_HOME=str(home), GRADLAB_CONFIG=str(home / "config.toml"))
-    cartpole = _train("CartPole-v1/ppo", env)
-    bandit = _train("gradlab__bandit/ppo", env)
     bucket = shared_s3_server.create_bucket()
     s3_env = {**_CREDENTIALS, "GRADLAB_S3_ENDPOINT_URL": shared_s3_server.endpoint_url,
               **{f"GRADLAB_{kind.upper()}_STORE_URL": f"s3://{bucket}/{kind}" for kind in ("control", "eval", "model")}}
     s3_home = tmp_path_factory.mktemp("play_s3_home")
-    s3_bandit = _train("gradlab__bandit/ppo", {**env, **s3_env, "GRADLAB_HOME": str(s3_home)})
+    # The three runs train at once (as a user's sweep would): their imports and Prefect's
+    # round trips overlap instead of adding up.
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        cartpole = pool.submit(_train, "CartPole-v1/ppo", env)
+        bandit = pool.submit(_train, "gradlab__bandit/ppo", env)
+        s3_bandit = pool.submit(_train, "gradlab__bandit/ppo", {**env, **s3_env, "GRADLAB_HOME": str(s3_home)})
+        cartpole, bandit, s3_bandit = cartpole.result(), bandit.result(), s3_bandit.result()
     return TrainedRuns(file_home=home, cartpole=cartpole, bandit=bandit, s3_env=s3_env, s3_bandit=s3_bandit)
 
 
