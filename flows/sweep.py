@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from typing import Any
 
 from prefect import flow, task
@@ -48,14 +47,14 @@ def train_seed(recipe: str, seed: int, overrides: list[str], run_id: str, cohort
 
 @task(name="seal-cohort", task_run_name="seal-cohort-{cohort_id}", cache_policy=NO_CACHE, persist_result=False)
 def seal_cohort(cohort_id: str, recipe: str, overrides: list[str], seeds: list[int], launched: list[dict],
-                deployment: str | None, created_at: Any) -> dict:
+                deployment: str | None, created_at: Any, interrupted: str | None = None) -> dict:
     """Seal the cohort receipt (create-only) from the runs' terminal receipts in the store."""
     from gradlab.results.cohort_receipts import build_cohort_receipt
     from gradlab.stores import open_stores
 
     return build_cohort_receipt(open_stores(), cohort_id=cohort_id, recipe=recipe, overrides=overrides, seeds=seeds,
                           launched=launched, deployment=deployment, flow_run_id=_flow_run_id(),
-                          created_at=created_at).model_dump(mode="json")
+                          created_at=created_at, interrupted=interrupted).model_dump(mode="json")
 
 
 def _flow_run_id() -> str | None:
@@ -68,9 +67,14 @@ def _flow_run_id() -> str | None:
     return str(ctx.flow_run.id) if ctx and ctx.flow_run else None
 
 
-def _wait_for_room(futures: list, limit: int) -> None:
-    while sum(not f.state.is_final() for f in futures) >= limit:
-        time.sleep(0.5)
+def _wait_for_room(futures: list, limit: int, cancelled) -> None:
+    """Block until fewer than ``limit`` seeds run, or ``cancelled`` (an Event) is set."""
+    while sum(not f.state.is_final() for f in futures) >= limit and not cancelled.wait(0.5):
+        pass
+
+
+#: The cohort receipt's ``interrupted`` when Ctrl-C stopped a local sweep before every seed started.
+INTERRUPTED_BY_USER = "interrupted by the user (Ctrl-C) before every seed started"
 
 
 @flow(name="sweep", task_runner=ThreadPoolTaskRunner(max_workers=MAX_THREADS), persist_result=False, log_prints=False)
@@ -103,6 +107,7 @@ def sweep(
     from gradlab.contracts.run_spec import new_run_id
     from gradlab.receipts.models import utcnow
     from gradlab.results.cohort_receipts import new_cohort_id
+    from gradlab.runs.driver import USER_CANCEL
 
     record_this_flow_run()  # the daemon tells a killed sweep process from a live one
     created_at = utcnow()
@@ -114,17 +119,25 @@ def sweep(
     limit = len(seed_list) if deployment else max(1, max_parallel or os.cpu_count() or 1)
     futures = []
     for seed, run_id in zip(seed_list, run_ids, strict=True):
-        _wait_for_room(futures, limit)
+        _wait_for_room(futures, limit, USER_CANCEL)
+        if USER_CANCEL.is_set():  # Ctrl-C: the running seeds seal `cancelled`; the rest never start
+            break
         futures.append(train_seed.submit(recipe, seed, list(overrides or []), run_id, cohort_id, wandb_mode,
                                          eval_backend, deployment))
     launched = []
-    for seed, run_id, future in zip(seed_list, run_ids, futures, strict=True):
+    for seed, run_id, future in zip(seed_list, run_ids, futures, strict=False):
         try:
             launched.append(future.result())
         except Exception as e:  # noqa: BLE001 - one seed's failure is recorded in the cohort, not raised
             log.error("seed %d (%s) of %s: %s", seed, run_id, cohort_id, e)
             launched.append({"run_id": run_id, "seed": seed, "flow_run_id": None, "state": "FAILED"})
-    receipt = seal_cohort(cohort_id, recipe, list(overrides or []), seed_list, launched, deployment, created_at)
+    interrupted = None
+    if len(futures) < len(seed_list):  # listed, never started: no receipt, no score, named in the cohort
+        interrupted = INTERRUPTED_BY_USER
+        launched += [{"run_id": run_id, "seed": seed, "flow_run_id": None, "state": None}
+                     for seed, run_id in list(zip(seed_list, run_ids, strict=True))[len(futures):]]
+    receipt = seal_cohort(cohort_id, recipe, list(overrides or []), seed_list, launched, deployment, created_at,
+                          interrupted)
     _cohort_artifact(receipt)
     return receipt
 

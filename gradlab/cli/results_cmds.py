@@ -5,6 +5,7 @@ local journals: no W&B account or network is needed."""
 from __future__ import annotations
 
 import threading
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
 
@@ -121,8 +122,15 @@ def sweep(
 
     cohort_id = new_cohort_id()
     run_ids = [new_run_id() for _ in range(seeds)]
-    api = configure_prefect()
-    cancel_on_ctrl_c()  # Ctrl-C: every local seed stops its learner and seals `cancelled`
+    seed_list = list(range(first_seed, first_seed + seeds))
+    created_at = datetime.now(UTC)
+    try:
+        api = configure_prefect()
+    except KeyboardInterrupt:  # before the flow: every seed is listed, none started
+        _seal_interrupted(cohort_id, ref, overrides, seed_list, run_ids, deployment, created_at,
+                          "interrupted by the user (Ctrl-C) while the Prefect server started")
+        raise typer.Exit(130) from None
+    cancel_on_ctrl_c()  # Ctrl-C: every local seed stops its learner and seals `cancelled`; the rest never start
     if deployment:
         _require_deployment(deployment, api)
     err_console.print(f"cohort [bold]{cohort_id}[/]: {plural(seeds, 'seed')} of {escape(ref)} "
@@ -141,6 +149,10 @@ def sweep(
             state = sweep_flow(recipe=ref, seeds=seeds, first_seed=first_seed, overrides=list(overrides or []),
                                deployment=deployment, wandb_mode=wandb, max_parallel=max_parallel, cohort_id=cohort_id,
                                run_ids=run_ids, return_state=True)
+    except KeyboardInterrupt:  # the second Ctrl-C: the flow stopped where it was; its seeds are listed as they are
+        _seal_interrupted(cohort_id, ref, overrides, seed_list, run_ids, deployment, created_at,
+                          "interrupted by the user (Ctrl-C twice) before the sweep sealed its cohort")
+        raise typer.Exit(130) from None
     finally:
         stop.set()
         if shown:
@@ -149,16 +161,61 @@ def sweep(
         fail(f"cohort {cohort_id}: the sweep flow ended {state.type.value}: {state.message}")
     receipt = state.result()
     stores = open_stores_or_exit()
-    from gradlab.results.cohorts import cohort_stats, seed_result
+    from gradlab.results.cohorts import cohort_stats
 
-    results = [r for run in receipt["runs"] if (r := seed_result(stores, run["run_id"])) is not None]
+    results = [r for run in receipt["runs"] if (r := _seed_result(stores, run["run_id"])) is not None]
     summary = cohort_stats(results) if results else None
     ok = all(r["outcome"] == "succeeded" for r in receipt["runs"])
     if json_out:
         print_json({"cohort": receipt, "stats": summary.as_json() if summary else None})
     else:
         _print_cohort(summary, title=f"cohort {cohort_id}")
+    _say_unstarted(receipt)
     raise typer.Exit(0 if ok else 1)
+
+
+def _seed_result(stores, run_id: str):
+    """The seed's result, or None for a reserved run that never started (no run record)."""
+    from gradlab.errors import NotFound
+    from gradlab.results.cohorts import seed_result
+
+    try:
+        return seed_result(stores, run_id)
+    except NotFound:
+        return None
+
+
+def _say_unstarted(receipt: dict) -> None:
+    """Name the seeds of a cohort receipt that never started (stderr), and why."""
+    unstarted = [r for r in receipt["runs"] if r["outcome"] is None and r["flow_run_id"] is None]
+    if unstarted:
+        err_console.print(f"cohort {receipt['cohort_id']}: {plural(len(unstarted), 'seed')} never started "
+                          f"({receipt.get('interrupted') or 'no receipt'}): "
+                          + ", ".join(f"seed {r['seed']} ({r['run_id']})" for r in unstarted)
+                          + "; listed in the cohort receipt, not scored", highlight=False)
+
+
+def _seal_interrupted(cohort_id: str, ref: str, overrides: list[str] | None, seeds: list[int], run_ids: list[str],
+                      deployment: str | None, created_at: datetime, why: str) -> None:
+    """Seal the cohort receipt of a sweep interrupted before its flow sealed one: every reserved run is
+    listed with what the store says of it (a run that never started has no outcome). A receipt the
+    flow already sealed is kept as it is."""
+    from gradlab.errors import GradlabError, NotFound
+    from gradlab.results.cohort_receipts import build_cohort_receipt, read_cohort
+
+    try:
+        stores = open_stores_or_exit()
+        try:
+            receipt = read_cohort(stores, cohort_id)
+        except NotFound:
+            receipt = build_cohort_receipt(
+                stores, cohort_id=cohort_id, recipe=ref, overrides=list(overrides or []), seeds=seeds,
+                launched=[{"run_id": r, "seed": s, "flow_run_id": None} for s, r in zip(seeds, run_ids, strict=True)],
+                deployment=deployment, flow_run_id=None, created_at=created_at, interrupted=why)
+    except GradlabError as e:
+        fail(f"cohort {cohort_id}: {why}, and its cohort receipt could not be sealed: {e}", code=130)
+    err_console.print(f"cohort {cohort_id}: {why}; cohort receipt sealed", highlight=False)
+    _say_unstarted(receipt.model_dump(mode="json"))
 
 
 def _require_deployment(name: str, api: str) -> None:

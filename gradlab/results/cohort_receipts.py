@@ -38,6 +38,8 @@ class CohortReceipt(Contract):
     deployment: str | None = Field(default=None, description="Deployment the runs were queued on; None: local.")
     flow_run_id: str | None = Field(default=None, description="The sweep's Prefect flow run.")
     scoring_rule: str | None = Field(default=None, description="How each seed is scored (SCORING_RULE).")
+    interrupted: str | None = Field(default=None, description="Why some seeds never started (their runs are listed "
+                                    "with no outcome and no flow run); None: every seed was started.")
     created_at: AwareDatetime
     sealed_at: AwareDatetime
 
@@ -83,11 +85,13 @@ def list_cohorts(stores) -> list[CohortReceipt]:
 
 def build_cohort_receipt(stores, *, cohort_id: str, recipe: str, overrides: Sequence[str], seeds: Sequence[int],
                          launched: Sequence[dict], deployment: str | None, flow_run_id: str | None,
-                         created_at: datetime) -> CohortReceipt:
+                         created_at: datetime, interrupted: str | None = None) -> CohortReceipt:
     """Seal the cohort receipt of a sweep from its runs' latest terminal receipts (create-only).
 
     Args:
-        launched: one ``{"run_id", "seed", "flow_run_id"}`` per seed, as the sweep started them.
+        launched: one ``{"run_id", "seed", "flow_run_id"}`` per seed, as the sweep started them
+            (``flow_run_id`` None for a seed that never started).
+        interrupted: why some seeds never started (the receipt's ``interrupted``), or None.
     """
     from gradlab.receipts import list_attempts, read_terminal
     from gradlab.receipts.models import utcnow
@@ -112,7 +116,7 @@ def build_cohort_receipt(stores, *, cohort_id: str, recipe: str, overrides: Sequ
                               scored_by=result.scored_by if result is not None else NOT_SCORED))
     receipt = CohortReceipt(cohort_id=cohort_id, goal_id=goal_id, recipe_id=recipe_id, overrides=list(overrides),
                             seeds=list(seeds), runs=runs, deployment=deployment, flow_run_id=flow_run_id,
-                            scoring_rule=SCORING_RULE,
+                            scoring_rule=SCORING_RULE, interrupted=interrupted,
                             created_at=created_at, sealed_at=utcnow())
     return seal_cohort(stores, receipt)
 

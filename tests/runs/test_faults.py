@@ -384,3 +384,34 @@ def test_a_prefect_api_lost_after_the_receipt_was_sealed_reports_the_receipt(pre
     assert receipt["outcome"] == "succeeded" and receipt["promotion"] is not None
     assert "Prefect: the supervising flow ended with ConnectError (All connection attempts failed)" in out.stderr
     assert "the supervising flow failed" not in out.stderr
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_a_sweep_seals_a_cohort_receipt_naming_the_seeds_that_never_started(
+        prefect_api: str, gradlab_home: Path) -> None:
+    """One seed at a time; Ctrl-C while the first trains: it seals ``cancelled``, the other two never
+    start, and the cohort receipt lists all three (issue: cohorts without survivorship bias)."""
+    from gradlab.results.cohort_receipts import list_cohorts
+
+    env = gradlab_env(prefect_api)
+    proc = start_gradlab(["sweep", "gradlab__bandit/ppo", "--seeds", "3", "--max-parallel", "1", "--json",
+                          "--set", "train.timesteps=1000000", "--set", "train.backend.config.learning_rate=1e-9"],
+                         env, own_group=True)
+    try:
+        _started_run(gradlab_home)  # seed 0's learner is up
+    finally:
+        out, err = _ctrl_c(proc)
+    assert proc.returncode == 1, err[-3000:]
+    assert out.strip(), err[-3000:]
+    cohort = last_json_line(out)["cohort"]
+    assert cohort["seeds"] == [0, 1, 2] and [r["seed"] for r in cohort["runs"]] == [0, 1, 2]
+    first, *rest = cohort["runs"]
+    assert first["outcome"] == "cancelled" and first["flow_run_id"]
+    assert [(r["outcome"], r["flow_run_id"], r["scored_by"]) for r in rest] == [(None, None, "not scored")] * 2
+    assert cohort["interrupted"] == "interrupted by the user (Ctrl-C) before every seed started"
+    [stored] = list_cohorts(open_stores())
+    assert stored.model_dump(mode="json") == cohort
+    assert sorted(d.name for d in (gradlab_home / "runs").glob("gradlab-*")) == [first["run_id"]]  # nothing started
+    assert (f"2 seeds never started ({cohort['interrupted']}): seed 1 ({rest[0]['run_id']}), "
+            f"seed 2 ({rest[1]['run_id']})") in " ".join(err.split()), err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
