@@ -63,8 +63,11 @@ def log_handlers_follow_the_capture() -> None:
 
     loggers = [logging.getLogger()] + [lg for lg in logging.Logger.manager.loggerDict.values()
                                        if isinstance(lg, logging.Logger)]
-    for logger in loggers:
-        for handler in logger.handlers:
+    # Handlers no logger holds count too: absl's, made on import, is closed (and closes its stream,
+    # the capture of the test that imported it) when Prefect's first dictConfig shuts every handler down.
+    unattached = [h for ref in list(logging._handlerList) if (h := ref()) is not None]  # noqa: SLF001
+    for handlers in [*(logger.handlers for logger in loggers), unattached]:
+        for handler in handlers:
             stream = getattr(handler, "stream", None)
             follows = isinstance(getattr(type(handler), "stream", None), property)  # logging's last resort
             if isinstance(handler, logging.StreamHandler) and not follows and stream is not _CURRENT_STDERR and (
@@ -92,6 +95,9 @@ class _CurrentStderr:
 
     def isatty(self) -> bool:
         return False
+
+    def close(self) -> None:
+        """A handler's close (absl's closes its stream) leaves the real ``sys.stderr`` open."""
 
 
 _CURRENT_STDERR = _CurrentStderr()
