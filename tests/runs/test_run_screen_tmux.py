@@ -34,10 +34,14 @@ def test_train_screen_under_tmux_and_piped_lines(prefect_api: str, tmp_path: Pat
         pytest.skip("tmux is not installed")
     env = gradlab_env(prefect_api)
     script = tmp_path / "train.sh"
-    exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items() if k.isidentifier())
+    # The pane's own terminal settings, as a person's shell has them: not this process's TERM, and
+    # no COLUMNS/LINES (the pane's environment had COLUMNS=80, and the screen was drawn at 80 columns).
+    exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items()
+                      if k.isidentifier() and k not in ("TERM", "COLUMNS", "LINES"))
     command = shlex.join([sys.executable, "-m", "gradlab.cli.app", "train", GOAL])
     # The pane stays open after the command (so its last screen can be read) until the server is killed.
-    script.write_text(f"{exports}cd {shlex.quote(str(REPO))}\n{command}\necho \"{EXITED} $?\"\nexec sleep 3600\n")
+    script.write_text(f"{exports}unset COLUMNS LINES\ncd {shlex.quote(str(REPO))}\n{command}\n"
+                      f"echo \"{EXITED} $?\"\nexec sleep 3600\n")
     socket = tmp_path / "tmux.sock"
     started = _tmux(socket, "new-session", "-d", "-x", "120", "-y", "40", f"bash {shlex.quote(str(script))}")
     assert started.returncode == 0, started.stderr
@@ -58,6 +62,7 @@ def test_train_screen_under_tmux_and_piped_lines(prefect_api: str, tmp_path: Pat
         assert "outcome" in final and "succeeded" in final and "wall time" in final, final
         assert "return mean ± 95%" in final and "verdict" in final, final  # the evaluations table
         assert "stop" in final and "checkpoints" in final, final
+        assert max(len(line) for line in final.splitlines()) > 80, final  # drawn at the pane's width
     finally:
         _tmux(socket, "kill-server")
 
