@@ -249,15 +249,32 @@ def _changes(before: dict[str, Any] | None, now: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _live_screen(status: dict[str, Any]) -> Any:
+    """The run's live screen (:class:`gradlab.cli.run_display.LiveProgress`, started) when its
+    outbox is on this machine (the stores' ``live`` view), else None."""
+    live = (status["stores"] or {}).get("live")
+    if not live or not status["run_id"]:
+        return None
+    from gradlab.cli.run_display import LiveProgress
+    from gradlab.settings import load_settings
+
+    return LiveProgress(load_settings().run_dir(status["run_id"]) / "outbox.sqlite", live["timesteps"]).start()
+
+
 def _follow(client: Any, api_url: str, ref: str, *, quiet: bool = False) -> dict[str, Any]:
-    """Print what changes until the latest flow run is final; return the last status.
+    """Print what changes until the latest flow run is final; return the last status. On a
+    terminal, once the run's outbox is reachable here, the run's live screen (the one ``train``
+    shows) is drawn below those lines until then; piped, only the lines.
 
     Ctrl-C stops following (exit 130), never the run.
     """
     last: dict[str, Any] | None = None
+    screen = None
     try:
         while True:
             status = _status(client, api_url, ref)
+            if screen is None and not quiet and err_console.is_terminal:
+                screen = _live_screen(status)
             if not quiet:
                 for line in _changes(last, status):
                     err_console.print(f"{datetime.now().strftime('%H:%M:%S')} {escape(line)}", highlight=False)
@@ -269,9 +286,15 @@ def _follow(client: Any, api_url: str, ref: str, *, quiet: bool = False) -> dict
                 ref = status["run_id"]  # a flow run id: follow its gradlab run from now on
             time.sleep(POLL_S)
     except KeyboardInterrupt:
+        if screen is not None:
+            screen.stop()
+            screen = None
         err_console.print("stopped following; the run goes on "
                           f"(`gradlab experiment cancel --run {last['run_id'] if last else ref}` stops it)")
         raise typer.Exit(130) from None
+    finally:
+        if screen is not None:
+            screen.stop()
 
 
 def _exit_code(status: dict[str, Any]) -> int:

@@ -1,6 +1,6 @@
-"""A run's progress and outcome on the terminal: the live progress of ``train`` and ``runs retry``
-(a rich bar on a terminal, else a line when something changed) and the summary table of its
-terminal receipt.
+"""A run's progress and outcome on the terminal: the live progress of ``train``, ``runs retry`` and
+``experiment follow`` (one live screen on a terminal, :mod:`gradlab.cli.run_screen`; else a line
+when something changed) and the summary table of its terminal receipt.
 
 Presentation only: the readings are :class:`gradlab.runs.progress.RunProgress`'s (the run's
 outbox); everything goes to stderr.
@@ -169,10 +169,9 @@ def _print_final_progress(outbox_path, timesteps: int, printer: _LinePrinter) ->
 
 def _show_progress(outbox_path, timesteps: int, stop: threading.Event, printer: _LinePrinter | None = None,
                    starting: Starting | None = None) -> None:
-    """Live progress on stderr: a rich progress bar on a terminal, else a line when something
-    changed; before the first step, what is starting and for how long."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
+    """Live progress on stderr: on a terminal one screen redrawn in place (rich's Live,
+    :func:`gradlab.cli.run_screen.run_screen`), else a line when something changed; before the
+    first step, what is starting and for how long."""
     from gradlab.runs.progress import RunProgress
 
     progress = RunProgress(outbox_path, timesteps)
@@ -184,14 +183,23 @@ def _show_progress(outbox_path, timesteps: int, stop: threading.Event, printer: 
             except Exception:  # noqa: BLE001 - the display must never disturb the run
                 continue
         return
-    columns = (BarColumn(bar_width=20), MofNCompleteColumn(), TimeRemainingColumn(), TextColumn("{task.fields[info]}"))
-    with Progress(*columns, console=err_console, transient=False) as bar:
-        task = bar.add_task("train", total=timesteps, info="")
-        while not stop.wait(0.5):
-            try:
-                progress.refresh()
-            except Exception:  # noqa: BLE001 - the display must never disturb the run
-                continue
-            waiting = starting.line(progress) if starting is not None else None
-            info = waiting or _progress_line(progress).split(" · ", 1)[-1]  # the bar shows the step itself
-            bar.update(task, completed=min(progress.step, timesteps), info=info)
+    from rich.live import Live
+
+    from gradlab.cli.run_screen import run_screen
+
+    def screen():
+        return run_screen(progress, starting.line(progress) if starting is not None else None)
+
+    try:
+        with Live(screen(), console=err_console, refresh_per_second=4, transient=False) as live:
+            while True:
+                stopping = stop.wait(0.5)
+                try:  # once more after stop(): the last screen shows the run's end
+                    progress.refresh()
+                    live.update(screen())
+                except Exception:  # noqa: BLE001 - the display must never disturb the run
+                    pass
+                if stopping:
+                    return
+    except Exception:  # noqa: BLE001 - the display must never disturb the run
+        return

@@ -1,19 +1,68 @@
 """What a person watching a run wants to see, read from the outbox without touching the run.
 
-:class:`RunProgress` folds outbox events into a snapshot (steps, steps/s, recent return,
-checkpoints ready/published/evaluated/accepted, evaluations left and their mean time, ETA). The
-CLI renders it with rich (``gradlab train``) and in ``gradlab experiment status``.
+:class:`RunProgress` folds outbox events into a snapshot (steps, steps/s, recent return and a
+bounded history of it, the latest update losses, checkpoints ready/published/evaluated/accepted,
+one :class:`EvaluationRow` per evaluation, evaluations left and their mean time, ETA). The CLI
+renders it with rich (``gradlab train``'s live screen, :mod:`gradlab.cli.run_screen`) and in
+``gradlab experiment status``. Memory is bounded: histories are fixed-size deques.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
 RETURN_METRIC = "train/episode/return/shaped/mean"
+#: Recent returns kept for the sparkline, and evaluations kept for the table (oldest dropped).
+RETURN_HISTORY = 64
+EVALUATION_HISTORY = 32
+#: The update metrics shown as losses: ``train/algorithm/<algorithm>/<suffix>`` → short label.
+#: Both learners write these names (gradlab.ppo and SB3's PPO; METRICS.md).
+LOSS_METRICS = {"update/loss": "loss", "update/policy_gradient_loss": "policy", "update/value_loss": "value",
+                "policy/entropy": "entropy", "update/approx_kl": "kl"}
+#: z for a two-sided 95% normal interval.
+_Z95 = 1.959963984540054
+
+
+@dataclass(frozen=True)
+class EvaluationRow:
+    """One evaluation's result as the supervisor wrote it (``supervisor_metrics`` with
+    ``eval/checkpoint_step``).
+
+    ``return_ci95`` is the half-width of a normal 95% interval of the mean return,
+    1.96 · std / sqrt(completed episodes) (std is the population std of the aggregates); the
+    success interval is the evaluation's own Wilson 95% interval. ``verdict`` is ``accepted`` or
+    ``rejected`` (``eval/acceptance/pass``), None when the event carried no aggregates.
+    """
+
+    checkpoint_step: int
+    return_mean: float | None
+    return_ci95: float | None
+    success_rate: float | None
+    success_low: float | None
+    success_high: float | None
+    verdict: str | None
+    seconds: float | None
+
+    @classmethod
+    def of(cls, metrics: dict) -> EvaluationRow:
+        def num(name: str) -> float | None:
+            value = metrics.get(name)
+            return float(value) if isinstance(value, int | float) else None
+
+        std, n = num("eval/episode/return/std"), num("eval/acceptance/episodes/completed")
+        passed = num("eval/acceptance/pass")
+        return cls(checkpoint_step=int(metrics["eval/checkpoint_step"]), return_mean=num("eval/episode/return/mean"),
+                   return_ci95=_Z95 * std / math.sqrt(n) if std is not None and n else None,
+                   success_rate=num("eval/outcome/success/rate"), success_low=num("eval/outcome/success/rate_ci95_low"),
+                   success_high=num("eval/outcome/success/rate_ci95_high"),
+                   verdict=None if passed is None else ("accepted" if passed >= 1.0 else "rejected"),
+                   seconds=num("orchestration/eval/seconds"))
 
 
 def _parse_time(iso: str) -> datetime:
@@ -46,7 +95,15 @@ class RunProgress:
     #: False for a run that publishes but never evaluates (``--no-eval``): read from the run
     #: folder's ``spec.json`` at the first refresh (True when it cannot be read).
     evaluating: bool | None = None
+    #: The last :data:`RETURN_HISTORY` recent returns, oldest first (the sparkline).
+    returns: deque[float] = field(default_factory=lambda: deque(maxlen=RETURN_HISTORY))
+    #: The latest value of each of :data:`LOSS_METRICS`, by short label.
+    losses: dict[str, float] = field(default_factory=dict)
+    #: The last :data:`EVALUATION_HISTORY` evaluations, in the order their results came.
+    evaluations: deque[EvaluationRow] = field(default_factory=lambda: deque(maxlen=EVALUATION_HISTORY))
     _rate_window: list[tuple[float, int]] = field(default_factory=list)
+    #: (event time, step) of the learner's first metrics event (the mean rate once it is done).
+    _first_event: tuple[datetime, int] | None = None
     #: (event time, step) of recent metrics events: the rate as the learner wrote it.
     _event_window: list[tuple[datetime, int]] = field(default_factory=list)
 
@@ -70,7 +127,10 @@ class RunProgress:
                     self.step = max(self.step, event.step)
                     if RETURN_METRIC in metrics:
                         self.recent_return = float(metrics[RETURN_METRIC])
+                        self.returns.append(self.recent_return)
+                    self._fold_losses(metrics)
                     self._event_window.append((_parse_time(event.created_at), event.step))
+                    self._first_event = self._first_event or self._event_window[-1]
                 elif event.kind == "checkpoint_ready":
                     self.checkpoints += 1
                     self.ready_steps.add(int(event.payload.get("step", event.step)))
@@ -82,12 +142,14 @@ class RunProgress:
                         self.evaluated_steps.add(step)
                         if accepted > self.accepted:
                             self.accepted_steps.add(step)
+                        self.evaluations.append(EvaluationRow.of(metrics))
                     if "orchestration/eval/seconds" in metrics:
                         self.eval_seconds.append(float(metrics["orchestration/eval/seconds"]))
                     self.evaluated = int(metrics.get("orchestration/checkpoints/evaluated", self.evaluated))
                     self.accepted = accepted
                 elif event.kind == "learner_started":  # a new attempt's learner: the last one's end is past
                     self.stop, self.finished, self.started = None, False, True
+                    self._first_event = None
                 elif event.kind == "stop_observed":
                     self.stop = str(event.payload.get("reason"))
                 elif event.kind == "learner_finished":
@@ -103,6 +165,23 @@ class RunProgress:
             newest = self._event_window[-1][0]
             self._event_window = [(t, s) for t, s in self._event_window if (newest - t).total_seconds() <= 10.0]
         return self
+
+    def _fold_losses(self, metrics: dict) -> None:
+        for name, value in metrics.items():
+            if name.startswith("train/algorithm/") and isinstance(value, int | float):
+                label = LOSS_METRICS.get(name.split("/", 3)[-1])
+                if label is not None:
+                    self.losses[label] = float(value)
+
+    @property
+    def mean_steps_per_s(self) -> float | None:
+        """Env steps per second from the learner's first metrics event to its last, from the events'
+        own times (what a finished learner averaged); None before two events."""
+        if self._first_event is None or not self._event_window:
+            return None
+        (t0, s0), (t1, s1) = self._first_event, self._event_window[-1]
+        seconds = (t1 - t0).total_seconds()
+        return (s1 - s0) / seconds if seconds > 0 and s1 > s0 else None
 
     @property
     def evaluations_left(self) -> int:
