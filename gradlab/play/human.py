@@ -218,7 +218,7 @@ class HumanSession:
                 every planned episode has been recorded already.
         """
         from gradlab.evaluation.result import EpisodeRow
-        from gradlab.play.session import _number
+        from gradlab.play.session import json_number
 
         if self._obs is None:
             raise ContractViolation("HumanSession.act before reset")
@@ -236,7 +236,7 @@ class HumanSession:
         self._return += shaped
         self._raw_return += raw
         self.t += 1
-        signals = {name: _number(values[0]) for name, values in res.signals.items()}
+        signals = {name: json_number(values[0]) for name, values in res.signals.items()}
         events = [name for name, hit in res.events.items() if bool(hit[0])]
         components = {name: float(values[0]) for name, values in res.components.items()}
         episode = None

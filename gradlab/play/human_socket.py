@@ -29,15 +29,14 @@ from gradlab.play.protocol import (
     StepMessage,
     frame_message,
 )
-from gradlab.play.server import (
+from gradlab.play.sockets import (
     CLOSE_BUSY,
     CLOSE_FAILED,
-    PlayConfig,
     PlayerBusy,
-    _close,
-    _handshake,
-    _receive,
-    _unless_gone,
+    close_socket,
+    handshake,
+    receive,
+    unless_gone,
 )
 
 logger = logging.getLogger(__name__)
@@ -46,8 +45,9 @@ logger = logging.getLogger(__name__)
 HUMAN_FPS = 15.0
 
 
-def _prepare(config: PlayConfig, hello: HumanHello) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """(environment JSON, recording plan JSON or None) of a hello (blocking: call from a thread).
+def _prepare(config: Any, hello: HumanHello) -> tuple[dict[str, Any], dict[str, Any] | None, Any]:
+    """(environment JSON, recording plan JSON or None, (dataset store URL, S3 endpoint) or None) of a
+    hello (blocking: call from a thread).
 
     Raises:
         NotFound, ContractViolation, ConfigError: no such goal, or it does not validate; a bad name.
@@ -57,7 +57,7 @@ def _prepare(config: PlayConfig, hello: HumanHello) -> tuple[dict[str, Any], dic
 
     if hello.dataset is None:
         goal = Experiments().load_goal(hello.goal_id)
-        return goal.eval_environment().model_dump(mode="json"), None
+        return goal.eval_environment().model_dump(mode="json"), None, None
     from gradlab.datasets.plan import plan_recording
     from gradlab.datasets.store import dataset_exists
     from gradlab.stores import open_dataset_store
@@ -68,28 +68,28 @@ def _prepare(config: PlayConfig, hello: HumanHello) -> tuple[dict[str, Any], dic
                        "record under another name)")
     plan = plan_recording(hello.dataset, goal_id=hello.goal_id, policy="human", episodes=hello.episodes,
                           frames=hello.frames, settings=config.catalog.settings)
-    return plan.environment, plan.model_dump(mode="json")
+    return plan.environment, plan.model_dump(mode="json"), (store.base_url, config.catalog.settings.s3_endpoint_url)
 
 
-async def human_session(ws: Any, config: PlayConfig) -> None:
+async def human_session(ws: Any, config: Any) -> None:
     """One human-play WebSocket: checks, a worker with a :class:`gradlab.play.human.HumanSession`, then keys."""
     from starlette.websockets import WebSocketDisconnect
 
     from gradlab.play.worker import WorkerFailed
 
-    hello = await _handshake(ws, config, HumanHello)
+    hello = await handshake(ws, config, HumanHello)
     if hello is None:
         return
     if hello.protocol != PROTOCOL_VERSION:
         await ws.send_text(ErrorMessage(message=f"protocol {hello.protocol} is not the server's "
                                                 f"{PROTOCOL_VERSION}: reload the page").model_dump_json())
-        await _close(ws, CLOSE_FAILED, "protocol mismatch")
+        await close_socket(ws, CLOSE_FAILED, "protocol mismatch")
         return
     seed = config.seed if hello.seed is None else hello.seed
     fps = HUMAN_FPS if hello.fps is None else hello.fps
     commands: asyncio.Queue[KeysCommand | None] = asyncio.Queue()
     gone = asyncio.Event()
-    reader = asyncio.create_task(_receive(ws, commands, gone, KeysCommand))
+    reader = asyncio.create_task(receive(ws, commands, gone, KeysCommand))
     worker = None
     claimed = None
     try:
@@ -99,9 +99,10 @@ async def human_session(ws: Any, config: PlayConfig) -> None:
                     raise PlayerBusy(f"dataset {hello.dataset!r} is being recorded in another player tab")
                 config.recording.add(hello.dataset)
                 claimed = hello.dataset
-        environment, plan = await asyncio.to_thread(_prepare, config, hello)
+        environment, plan, store = await asyncio.to_thread(_prepare, config, hello)
         worker = await asyncio.to_thread(config.take_worker)
-        info = await _unless_gone(gone, asyncio.to_thread(worker.load_human, environment, plan=plan, seed=seed))
+        info = await unless_gone(gone, asyncio.to_thread(worker.load_human, environment, plan=plan, seed=seed,
+                                                          store=store))
         if info is None:
             return
         await asyncio.to_thread(config.prestart)
@@ -118,7 +119,7 @@ async def human_session(ws: Any, config: PlayConfig) -> None:
             logger.info("human play of %s ended: %s", hello.goal_id, e)
             try:
                 await ws.send_text(ErrorMessage(message=str(e)).model_dump_json())
-                await _close(ws, CLOSE_BUSY if isinstance(e, PlayerBusy) else CLOSE_FAILED,
+                await close_socket(ws, CLOSE_BUSY if isinstance(e, PlayerBusy) else CLOSE_FAILED,
                              "too many sessions" if isinstance(e, PlayerBusy) else "human play failed")
             except (WebSocketDisconnect, RuntimeError):
                 pass
@@ -131,14 +132,14 @@ async def human_session(ws: Any, config: PlayConfig) -> None:
                 config.recording.discard(claimed)
 
 
-async def _drive_human(ws: Any, worker: Any, config: PlayConfig, keys: Any, fps: float,
+async def _drive_human(ws: Any, worker: Any, config: Any, keys: Any, fps: float,
                        commands: asyncio.Queue[KeysCommand | None], gone: asyncio.Event) -> None:
     """Step with the person's keys (see the module docstring) until the socket closes."""
     seq = 0
     landed = False
 
     async def ask(cmd: str, arg: Any) -> Any:
-        return await _unless_gone(gone, asyncio.to_thread(worker.request, cmd, arg))
+        return await unless_gone(gone, asyncio.to_thread(worker.request, cmd, arg))
 
     async def send(steps: list[tuple[dict[str, Any], bytes, bytes | None]] | None) -> None:
         nonlocal seq, landed

@@ -56,13 +56,20 @@ from gradlab.play.protocol import (
     frame_message,
 )
 from gradlab.play.session import verify_mode
+from gradlab.play.sockets import (
+    CLOSE_BUSY,
+    CLOSE_FAILED,
+    CLOSE_REFUSED,  # noqa: F401 - re-exported: the close codes are part of this module's answer
+    PlayerBusy,
+)
+from gradlab.play.sockets import close_socket as _close
+from gradlab.play.sockets import handshake as _handshake
+from gradlab.play.sockets import receive as _receive
+from gradlab.play.sockets import unless_gone as _unless_gone
 
 logger = logging.getLogger(__name__)
 
 TOKEN_HEADER = "X-Gradlab-Token"
-#: WebSocket close codes: policy violation (bad Origin or token), and the session could not run.
-CLOSE_REFUSED = 4401
-CLOSE_FAILED = 4500
 #: Suffixes served from web_player/ with their media types; anything else is 404.
 MEDIA_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
                ".css": "text/css; charset=utf-8", ".png": "image/png", ".svg": "image/svg+xml",
@@ -73,8 +80,6 @@ FAST_BATCH = 4
 DEFAULT_MAX_SESSIONS = 2
 #: Ctrl-C: seconds uvicorn waits for open sessions before it closes them (then every worker is stopped).
 GRACEFUL_SHUTDOWN_S = 5
-#: WebSocket close code when every session is taken (the error message says what to do).
-CLOSE_BUSY = 4429
 
 
 def web_player_root() -> Path:
@@ -95,10 +100,6 @@ def content_security_policy(port: int) -> str:
     return ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' blob: data:; "
             f"connect-src 'self' ws://127.0.0.1:{port} ws://localhost:{port}; font-src 'self'; "
             "base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
-
-
-class PlayerBusy(TransientError):
-    """Every live playback session the launch allows is taken (``gradlab play --max-sessions``)."""
 
 
 @dataclass
@@ -391,66 +392,6 @@ async def _play_session(ws: Any, config: PlayConfig) -> None:
         reader.cancel()
         if worker is not None:
             await asyncio.to_thread(config.release, worker, cancel=gone.is_set())
-
-
-async def _handshake(ws: Any, config: PlayConfig, model: Any) -> Any:
-    """Origin and Host checks, then the first message as ``model`` with the launch token; None (and
-    the socket closed 4401) when any of them fails."""
-    from pydantic import ValidationError
-    from starlette.websockets import WebSocketDisconnect
-
-    origin = ws.headers.get("origin")
-    host = ws.headers.get("host", "")
-    if host not in config.hosts or origin != f"http://{host}":
-        await ws.close(code=CLOSE_REFUSED, reason="foreign origin")
-        return None
-    await ws.accept()
-    try:
-        hello = model.model_validate_json(await asyncio.wait_for(ws.receive_text(), timeout=10))
-    except (TimeoutError, ValidationError, WebSocketDisconnect, KeyError):
-        await _close(ws, CLOSE_REFUSED, "expected a hello message with the token")
-        return None
-    if not secrets.compare_digest(hello.token.encode(), config.token.encode()):
-        await _close(ws, CLOSE_REFUSED, "wrong token")
-        return None
-    return hello
-
-
-async def _receive(ws: Any, commands: asyncio.Queue[Any], gone: asyncio.Event, model: Any = Command) -> None:
-    """Read the page's commands (``model``) into ``commands`` until the socket closes; then ``None`` and ``gone``."""
-    from pydantic import ValidationError
-    from starlette.websockets import WebSocketDisconnect
-
-    try:
-        while True:
-            text = await ws.receive_text()
-            try:
-                await commands.put(model.model_validate_json(text))
-            except ValidationError as e:
-                await ws.send_text(ErrorMessage(message=f"bad command: {e.errors()[0]['msg']}").model_dump_json())
-    except (WebSocketDisconnect, RuntimeError, KeyError):
-        gone.set()
-        await commands.put(None)
-
-
-async def _unless_gone(gone: asyncio.Event, work: Any) -> Any:
-    """``await work``, or None as soon as ``gone`` is set (the work's thread is left to the worker's
-    cancellation, which makes it fail at once)."""
-    task = asyncio.ensure_future(work)
-    waiter = asyncio.ensure_future(gone.wait())
-    done, _ = await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
-    waiter.cancel()
-    if task in done:
-        return task.result()
-    task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved: the cancelled worker's failure is expected
-    return None
-
-
-async def _close(ws: Any, code: int, reason: str) -> None:
-    try:
-        await ws.close(code=code, reason=reason)
-    except RuntimeError:  # already closed by the client
-        pass
 
 
 async def _drive(ws: Any, worker: Any, hello: Hello, commands: asyncio.Queue[Command | None],

@@ -7,7 +7,7 @@ processes; nothing read from a store goes through it). Frames are JPEG-encoded i
 the server only forwards bytes.
 
 Commands (parent → worker): ``("load", (checkpoint_dir, spec, deterministic, seed, verify))`` or
-``("human", (environment, plan | None, seed))`` (a person plays: :mod:`gradlab.play.human`) once,
+``("human", (environment, plan | None, seed, (store URL, endpoint) | None))`` (a person plays: :mod:`gradlab.play.human`) once,
 then ``("reset", seed | None)``, ``("step", n)``, ``("act", action)`` (human), ``("mode", deterministic)``, ``("record", (out, episodes, fps, seed))``,
 ``("close", None)``. Answers: ``("steps", [(telemetry dict, jpeg bytes, observation jpeg | None), ...])``, ``("ok", None)``
 or ``("error", message)``. The worker's first message is ``("warm", None)`` (imports done); a
@@ -74,8 +74,12 @@ def _main(conn: Any) -> None:
                 if cmd == "human":
                     from gradlab.play.human import HumanSession
 
-                    environment, plan, seed = arg
-                    session = HumanSession(environment, plan=plan, seed=seed)
+                    environment, plan, seed, store = arg
+                    if store is not None:  # the server's dataset store (its settings, not this process's)
+                        from gradlab.stores import open_store
+
+                        store = open_store(store[0], endpoint_url=store[1])
+                    session = HumanSession(environment, plan=plan, seed=seed, store=store)
                     conn.send(("ready", {
                         "action_meanings": session.action_meanings, "keymap": session.keys.as_json(),
                         "mode": session.keys.mode, "noop": session.keys.noop, "env_id": session.env_spec.env_id,
@@ -205,15 +209,16 @@ class PlaybackWorker:
         return self._load(("load", (str(checkpoint_dir), spec, deterministic, seed, verify)), timeout_s)
 
     def load_human(self, environment: dict[str, Any], *, plan: dict[str, Any] | None, seed: int = 0,
-                   timeout_s: float = 180.0) -> dict[str, Any]:
+                   store: tuple[str, str | None] | None = None, timeout_s: float = 180.0) -> dict[str, Any]:
         """Build a :class:`gradlab.play.human.HumanSession` (a person plays; ``plan``: the recording
-        plan JSON, or None to play without recording); returns its info (``action_meanings``,
-        ``keymap``, ``mode``, ``noop``, ``env_id``, ``screen``, ``recording``).
+        plan JSON, or None to play without recording; ``store``: (URL, S3 endpoint or None) of the
+        dataset store it publishes to); returns its info (``action_meanings``, ``keymap``, ``mode``,
+        ``noop``, ``env_id``, ``screen``, ``recording``).
 
         Raises:
             WorkerFailed: as :meth:`load` (e.g. a goal whose action space is not Discrete).
         """
-        return self._load(("human", (environment, plan, seed)), timeout_s)
+        return self._load(("human", (environment, plan, seed, store)), timeout_s)
 
     def _load(self, message: tuple[str, Any], timeout_s: float) -> dict[str, Any]:
         generation = self.generation

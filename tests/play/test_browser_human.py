@@ -32,6 +32,26 @@ def test_a_human_episode_from_the_keyboard_lands_in_a_dataset_that_verifies(file
     name = "human-cartpole"
     landed: list[dict] = []
     file_player.config.on_dataset = landed.append
+    try:
+        actions = _play(file_player, name)
+    finally:
+        file_player.config.on_dataset = None
+    store = open_dataset_store(file_player.config.catalog.settings)  # the player's store, not this test's home
+    manifest = read_dataset(store, name)
+    assert [d["dataset"] for d in landed] == [name] and landed[0]["sha256"] == manifest.sha256
+    assert manifest.agent.kind == "human" and manifest.agent.input_device == "keyboard"
+    assert manifest.frames and manifest.episodes[0].frames_file is not None
+    steps = load_steps(fetch_dataset(store, manifest, tmp_path / "cache"), manifest.episodes[0])
+    assert len(manifest.episodes) == 1 and manifest.episodes[0].length == len(steps["actions"])
+    assert steps["actions"].tolist() == actions
+    assert steps["terminated"][-1] or steps["truncated"][-1]
+    report = verify_dataset(store, name, cache=tmp_path / "cache")
+    assert report.ok and report.episodes_replayed == 1 and not report.divergences, report
+
+
+def _play(file_player: RunningPlayer, name: str) -> list[int]:
+    """Open the play-yourself page recording ``name``, press keys until its one episode has landed;
+    the actions of the mapped keys pressed."""
     with open_page() as page:
         page.goto(f"{file_player.base}/human/CartPole-v1?dataset={name}&episodes=1#token={file_player.token}")
         _wait(page, "() => window.gradlab && window.gradlab.state.ready && window.gradlab.state.seq >= 1")
@@ -56,15 +76,6 @@ def test_a_human_episode_from_the_keyboard_lands_in_a_dataset_that_verifies(file
         _wait(page, "() => document.querySelector('#recording').dataset.published === 'true'")
         assert page.get_attribute("#panel-episode", "data-episodes") == "1"
         screenshot(page, "play-human-2-landed")
-        assert page.evaluate("() => window.gradlab.state.actions") == [ACTION_OF_KEY[k] for k in pressed]
-    store = open_dataset_store()
-    manifest = read_dataset(store, name)
-    assert [d["dataset"] for d in landed] == [name] and landed[0]["sha256"] == manifest.sha256
-    assert manifest.agent.kind == "human" and manifest.agent.input_device == "keyboard"
-    assert len(manifest.episodes) == 1 and manifest.episodes[0].length == len(pressed)
-    assert manifest.frames and manifest.episodes[0].frames_file is not None
-    steps = load_steps(fetch_dataset(store, manifest, tmp_path / "cache"), manifest.episodes[0])
-    assert steps["actions"].tolist() == [ACTION_OF_KEY[k] for k in pressed]
-    assert steps["terminated"][-1] or steps["truncated"][-1]
-    report = verify_dataset(store, name, cache=tmp_path / "cache")
-    assert report.ok and report.episodes_replayed == 1 and not report.divergences, report
+        actions = [ACTION_OF_KEY[k] for k in pressed]
+        assert page.evaluate("() => window.gradlab.state.actions") == actions
+    return actions
