@@ -3,6 +3,7 @@ import { pageUrl, token } from "./net/api.js";
 import { showError } from "./nav.js";
 import { projectsView, projectView, goalView, runView } from "./pages/catalog.js";
 import { playbackView } from "./pages/playback.js";
+import { humanView } from "./pages/human.js";
 
 const routes = [
   [/^\/$/, () => projectsView()],
@@ -10,6 +11,7 @@ const routes = [
   [/^\/projects\/([^/]+)\/goals\/(.+)$/, (p, g) => goalView(p, g)],  // nested goal ids keep their '/' 
   [/^\/runs\/([^/]+)$/, (r) => runView(r)],
   [/^\/runs\/([^/]+)\/checkpoints\/(\d+)$/, (r, s) => playbackView(r, Number(s))],
+  [/^\/human\/(.+)$/, (g) => humanView(g)],  // play a goal yourself (nested goal ids keep their '/')
 ];
 
 let cleanup = null;

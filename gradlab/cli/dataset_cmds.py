@@ -55,15 +55,21 @@ def run_recording(plan: Any, *, workers: int) -> dict:
 def record(
     name: Annotated[str, typer.Argument(help="The new dataset's name (datasets are immutable).")],
     goal: Annotated[str, typer.Option("--goal", help="The goal id, e.g. CartPole-v1.")],
-    policy: Annotated[str, typer.Option("--policy", help="RUN[:STEP], a checkpoint folder, hf://OWNER/NAME, random or noop.")],
-    episodes: Annotated[int, typer.Option("--episodes", min=1, help="Episodes to record.")],
+    policy: Annotated[str, typer.Option("--policy", "--agent", help="RUN[:STEP], a checkpoint folder, hf://OWNER/NAME, random, noop, or human (you, at the web player's keyboard).")],
+    episodes: Annotated[int, typer.Option("--episodes", min=1, max=1000, help="Episodes to record.")],
     seeds: Annotated[int | None, typer.Option("--seeds", min=0, help="Base seed of the episode plan (default: the goal's eval.seed); episode seeds follow the evaluation manifest's rule.")] = None,
     frames: Annotated[bool, typer.Option("--frames/--no-frames", help="Also record rendered frames (MP4 per episode).")] = True,
     workers: Annotated[int, typer.Option("--workers", min=1, help="Chunks recorded at once (local evaluation workers).")] = 1,
     chunk: Annotated[int, typer.Option("--chunk", min=1, help="Episodes per chunk (one Prefect task each).")] = 50,
+    port: Annotated[int, typer.Option("--port", min=0, max=65535, help="--agent human: the player's loopback port (0: a free one).")] = 0,
+    no_open: Annotated[bool, typer.Option("--no-open", help="--agent human: print the player's URL, open no browser.")] = False,
     json_out: JsonOption = False,
 ) -> None:
-    """Record N episodes of a goal by a policy into the dataset store, as the dataset-record Prefect flow."""
+    """Record N episodes of a goal by a policy into the dataset store, as the dataset-record Prefect flow.
+
+    With ``--agent human`` you play them: the web player opens its play-yourself page for the goal
+    (keys from the action meanings), and the command ends once the N-th episode has landed.
+    """
     from gradlab.datasets.plan import plan_recording
     from gradlab.datasets.store import dataset_exists
 
@@ -75,13 +81,62 @@ def record(
                               chunk_episodes=chunk, warn=say)
     except GradlabError as e:
         fail(str(e))
-    manifest = run_recording(plan, workers=workers)
+    if plan.agent.kind == "human":
+        if seeds is not None:
+            fail("--seeds: a human recording plays the goal's evaluation manifest (leave --seeds out)", code=2)
+        manifest = _record_human(store, name, goal, episodes=episodes, frames=frames, port=port, no_open=no_open)
+    else:
+        manifest = run_recording(plan, workers=workers)
     if json_out:
         print_json(manifest)
         return
     from gradlab.contracts.dataset import DatasetManifest
 
     _print_show(DatasetManifest.model_validate(manifest))
+
+
+def _record_human(store: Any, name: str, goal: str, *, episodes: int, frames: bool, port: int,
+                  no_open: bool) -> dict:
+    """Serve the player's play-yourself page recording ``name`` until the dataset lands; its manifest JSON.
+
+    The URL goes to stderr (``--json`` keeps stdout for the manifest). Ctrl-C before the last
+    episode ends stores no dataset (exit 1).
+    """
+    from urllib.parse import quote, urlencode
+
+    from gradlab.datasets.store import read_dataset
+    from gradlab.play.catalog import Catalog
+    from gradlab.play.server import PlayConfig, bind_loopback, serve
+    from gradlab.settings import load_settings
+    from gradlab.stores import open_stores
+
+    try:
+        settings = load_settings()
+        sock = bind_loopback(port)
+        config = PlayConfig(catalog=Catalog(stores=open_stores(settings), settings=settings),
+                            port=sock.getsockname()[1], max_sessions=1)
+    except GradlabError as e:
+        fail(str(e))
+    config.on_dataset = lambda _landed: config.shutdown()
+    query = urlencode({"dataset": name, "episodes": episodes, **({} if frames else {"frames": 0})})
+    url = config.url(f"/human/{quote(goal)}?{query}")
+
+    def ready() -> None:
+        err_console.print(f"play {episodes} episode(s) of {escape(goal)} at {escape(url)}", highlight=False,
+                          soft_wrap=True)
+        if not no_open:
+            import webbrowser
+
+            webbrowser.open(url)
+
+    try:
+        serve(config, sock=sock, ready=ready)
+    except KeyboardInterrupt:
+        pass
+    try:
+        return read_dataset(store, name).as_json()
+    except GradlabError:
+        fail(f"dataset {name}: the player stopped before {episodes} episode(s) ended; no dataset was stored")
 
 
 @dataset_app.command("verify")

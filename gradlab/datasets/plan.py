@@ -1,7 +1,8 @@
 """A recording's plan: which goal, agent and episodes, cut into chunks; the policy a chunk acts with.
 
 :func:`plan_recording` resolves what ``gradlab dataset record`` names: the agent (a checkpoint
-``RUN[:STEP]``, a checkpoint folder, ``hf://OWNER/NAME``, ``random`` or ``noop``), the goal (a
+``RUN[:STEP]``, a checkpoint folder, ``hf://OWNER/NAME``, ``random``, ``noop``, or ``human``: a
+person at the web player's keyboard), the goal (a
 checkpoint's must be the named one), and the episode plan: the goal's evaluation manifest for N
 episodes (docs/ARCHITECTURE.md section 7; ``base_seed`` replaces the goal's ``eval.seed``), cut into
 consecutive chunks, one Prefect task each. The plan is plain JSON, so it travels to the workers.
@@ -137,7 +138,8 @@ def plan_recording(name: str, *, goal_id: str, policy: str, episodes: int, base_
     Args:
         name: the dataset's name (one path segment).
         goal_id: the goal; a checkpoint's run must have trained it.
-        policy: ``RUN[:STEP]``, a checkpoint folder, ``hf://OWNER/NAME``, ``random`` or ``noop``.
+        policy: ``RUN[:STEP]``, a checkpoint folder, ``hf://OWNER/NAME``, ``random``, ``noop`` or
+            ``human`` (played in the web player: :class:`gradlab.play.human.HumanSession`; one chunk).
         episodes: N. base_seed: the manifest's base seed (default: the goal's ``eval.seed``).
         chunk_episodes: episodes per chunk (one Prefect task each).
         policy_mode: ``deterministic`` / ``stochastic`` (default: the goal's ``eval.policy``); not
@@ -161,7 +163,12 @@ def plan_recording(name: str, *, goal_id: str, policy: str, episodes: int, base_
         raise ConfigError(f"--episodes {episodes} / chunk size {chunk_episodes}: expected >= 1")
     settings = settings or load_settings()
     request = None
-    if policy in ("random", "noop"):
+    if policy == "human":  # a person at the web player's keyboard (gradlab.play.human) plays the plan
+        goal = Experiments().load_goal(goal_id)
+        environment = goal.eval_environment()
+        agent = DatasetAgent(kind="human", input_device="keyboard")
+        chunk_episodes = episodes  # one session plays every episode, in index order: one chunk
+    elif policy in ("random", "noop"):
         goal = Experiments().load_goal(goal_id)
         environment = goal.eval_environment()
         from gradlab.evaluation.baselines import BASELINE_ACTIONS

@@ -8,7 +8,7 @@ refuses to run against another version. Binary WebSocket messages are frames:
 from __future__ import annotations
 
 import struct
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -217,3 +217,54 @@ class ErrorMessage(BaseModel):
 
     type: Literal["error"] = "error"
     message: str
+
+
+# -- human play (/api/human) -------------------------------------------------------------------
+class HumanHello(BaseModel):
+    """The first message of a human-play WebSocket: the token, the goal, and what to record."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    type: Literal["hello"]
+    protocol: int
+    token: str
+    goal_id: str
+    dataset: str | None = Field(default=None, description="Record the episodes into this new dataset (None: "
+                                                          "play without recording).")
+    episodes: int = Field(default=1, ge=1, le=1000, description="Episodes to record before the dataset lands.")
+    frames: bool = Field(default=True, description="Also record each episode's rendered frames (MP4).")
+    seed: int | None = Field(default=None, ge=0, description="Without a dataset: the first episode's seed "
+                                                             "(None: the launch's --seed).")
+    fps: float | None = Field(default=None, gt=0.0, le=240.0, description="Real-time goals: steps per second "
+                                                                          "(None: HUMAN_FPS).")
+
+
+class KeysCommand(BaseModel):
+    """The keys the person holds now (``KeyboardEvent.key`` values, in press order); ``press``: this
+    message is a key press (a turn-based goal steps once on it)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    type: Literal["keys"]
+    held: list[Annotated[str, Field(max_length=32)]] = Field(default_factory=list, max_length=16)
+    press: bool = False
+
+
+class HumanReady(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    type: Literal["ready"] = "ready"
+    protocol: int = PROTOCOL_VERSION
+    goal_id: str
+    env_id: str
+    action_meanings: list[str]
+    keymap: list[dict[str, Any]] = Field(description="One row per action: {action, meaning, keys, labels, noop} "
+                                         "(gradlab.play.human.KeyMap.as_json).")
+    mode: Literal["realtime", "turn"]
+    noop: int | None
+    fps: float = Field(description="Real-time goals: steps per second.")
+    seed: int
+    worker_pid: int | None = None
+    screen: str = "render"
+    recording: dict[str, Any] | None = Field(default=None, description="{dataset, episodes, landed, published}; "
+                                             "None when not recording.")

@@ -14,10 +14,11 @@ Security (docs/ARCHITECTURE.md section 12):
 * assets are served from ``web_player/`` only (paths resolved and confined; no dot-files).
 
 Pages (``/``, ``/projects/{p}``, ``/projects/{p}/goals/{g}``, ``/runs/{run}``,
-``/runs/{run}/checkpoints/{step}``) all serve ``index.html``; the page reads its route from the URL
+``/runs/{run}/checkpoints/{step}``, ``/human/{goal}``) all serve ``index.html``; the page reads its route from the URL
 and the data from the mirroring ``/api/...`` routes; ``/api/runs/{run}/checkpoints/{step}/video``
 records episodes as MP4 in a worker of its own (the page's video button). ``/api/play`` is the playback WebSocket: one
-playback worker process per connection (:mod:`gradlab.play.worker`).
+playback worker process per connection (:mod:`gradlab.play.worker`); ``/api/human`` the human-play
+WebSocket (:mod:`gradlab.play.human_socket`), one worker per connection too.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import logging
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
@@ -54,13 +56,20 @@ from gradlab.play.protocol import (
     frame_message,
 )
 from gradlab.play.session import verify_mode
+from gradlab.play.sockets import (
+    CLOSE_BUSY,
+    CLOSE_FAILED,
+    CLOSE_REFUSED,  # noqa: F401 - re-exported: the close codes are part of this module's answer
+    PlayerBusy,
+)
+from gradlab.play.sockets import close_socket as _close
+from gradlab.play.sockets import handshake as _handshake
+from gradlab.play.sockets import receive as _receive
+from gradlab.play.sockets import unless_gone as _unless_gone
 
 logger = logging.getLogger(__name__)
 
 TOKEN_HEADER = "X-Gradlab-Token"
-#: WebSocket close codes: policy violation (bad Origin or token), and the session could not run.
-CLOSE_REFUSED = 4401
-CLOSE_FAILED = 4500
 #: Suffixes served from web_player/ with their media types; anything else is 404.
 MEDIA_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
                ".css": "text/css; charset=utf-8", ".png": "image/png", ".svg": "image/svg+xml",
@@ -71,8 +80,6 @@ FAST_BATCH = 4
 DEFAULT_MAX_SESSIONS = 2
 #: Ctrl-C: seconds uvicorn waits for open sessions before it closes them (then every worker is stopped).
 GRACEFUL_SHUTDOWN_S = 5
-#: WebSocket close code when every session is taken (the error message says what to do).
-CLOSE_BUSY = 4429
 
 
 def web_player_root() -> Path:
@@ -93,10 +100,6 @@ def content_security_policy(port: int) -> str:
     return ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' blob: data:; "
             f"connect-src 'self' ws://127.0.0.1:{port} ws://localhost:{port}; font-src 'self'; "
             "base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
-
-
-class PlayerBusy(TransientError):
-    """Every live playback session the launch allows is taken (``gradlab play --max-sessions``)."""
 
 
 @dataclass
@@ -121,9 +124,21 @@ class PlayConfig:
     deterministic: bool = True
     max_sessions: int = DEFAULT_MAX_SESSIONS
     root: Path = field(default_factory=web_player_root)
+    #: Called with ``{"dataset", "sha256"}`` when a human recording's dataset has landed
+    #: (``gradlab dataset record --agent human`` stops the server then).
+    on_dataset: Callable[[dict[str, Any]], None] | None = None
+    #: Datasets a human session is recording into now (one session per dataset).
+    recording: set[str] = field(default_factory=set)
     workers: set[Any] = field(default_factory=set)
     reserve: Any = None
     _lock: Any = field(default_factory=threading.Lock, repr=False)
+    _server: Any = field(default=None, repr=False)
+
+    def shutdown(self) -> None:
+        """Ask the server of :func:`make_server` to stop (as Ctrl-C does; open sessions get
+        ``GRACEFUL_SHUTDOWN_S``)."""
+        if self._server is not None:
+            self._server.should_exit = True
 
     def prestart(self) -> None:
         """Start a playback worker in reserve (it imports torch while nobody waits)."""
@@ -290,13 +305,19 @@ def create_app(config: PlayConfig) -> Any:
     async def play(ws: WebSocket) -> None:
         await _play_session(ws, config)
 
+    @app.websocket("/api/human")
+    async def human(ws: WebSocket) -> None:
+        from gradlab.play.human_socket import human_session
+
+        await human_session(ws, config)
+
     index = config.root / "index.html"
 
     def shell() -> Any:
         return FileResponse(index, media_type=MEDIA_TYPES[".html"])
 
     for route in ("/", "/projects/{project}", "/projects/{project}/goals/{goal_id:path}", "/runs/{run_id}",
-                  "/runs/{run_id}/checkpoints/{step}"):
+                  "/runs/{run_id}/checkpoints/{step}", "/human/{goal_id:path}"):
         app.add_api_route(route, shell, methods=["GET"], include_in_schema=False)
 
     root = config.root.resolve()
@@ -320,22 +341,10 @@ def create_app(config: PlayConfig) -> Any:
 
 async def _play_session(ws: Any, config: PlayConfig) -> None:
     """One playback WebSocket: Origin and token checks, a worker, then play/pause/step/reset."""
-    from pydantic import ValidationError
     from starlette.websockets import WebSocketDisconnect
 
-    origin = ws.headers.get("origin")
-    host = ws.headers.get("host", "")
-    if host not in config.hosts or origin != f"http://{host}":
-        await ws.close(code=CLOSE_REFUSED, reason="foreign origin")
-        return
-    await ws.accept()
-    try:
-        hello = Hello.model_validate_json(await asyncio.wait_for(ws.receive_text(), timeout=10))
-    except (TimeoutError, ValidationError, WebSocketDisconnect, KeyError):
-        await _close(ws, CLOSE_REFUSED, "expected a hello message with the token")
-        return
-    if not secrets.compare_digest(hello.token.encode(), config.token.encode()):
-        await _close(ws, CLOSE_REFUSED, "wrong token")
+    hello = await _handshake(ws, config, Hello)
+    if hello is None:
         return
     hello = hello.model_copy(update={
         "seed": config.seed if hello.seed is None else hello.seed,
@@ -383,43 +392,6 @@ async def _play_session(ws: Any, config: PlayConfig) -> None:
         reader.cancel()
         if worker is not None:
             await asyncio.to_thread(config.release, worker, cancel=gone.is_set())
-
-
-async def _receive(ws: Any, commands: asyncio.Queue[Command | None], gone: asyncio.Event) -> None:
-    """Read the page's commands into ``commands`` until the socket closes; then ``None`` and ``gone``."""
-    from pydantic import ValidationError
-    from starlette.websockets import WebSocketDisconnect
-
-    try:
-        while True:
-            text = await ws.receive_text()
-            try:
-                await commands.put(Command.model_validate_json(text))
-            except ValidationError as e:
-                await ws.send_text(ErrorMessage(message=f"bad command: {e.errors()[0]['msg']}").model_dump_json())
-    except (WebSocketDisconnect, RuntimeError, KeyError):
-        gone.set()
-        await commands.put(None)
-
-
-async def _unless_gone(gone: asyncio.Event, work: Any) -> Any:
-    """``await work``, or None as soon as ``gone`` is set (the work's thread is left to the worker's
-    cancellation, which makes it fail at once)."""
-    task = asyncio.ensure_future(work)
-    waiter = asyncio.ensure_future(gone.wait())
-    done, _ = await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
-    waiter.cancel()
-    if task in done:
-        return task.result()
-    task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved: the cancelled worker's failure is expected
-    return None
-
-
-async def _close(ws: Any, code: int, reason: str) -> None:
-    try:
-        await ws.close(code=code, reason=reason)
-    except RuntimeError:  # already closed by the client
-        pass
 
 
 async def _drive(ws: Any, worker: Any, hello: Hello, commands: asyncio.Queue[Command | None],
@@ -535,6 +507,7 @@ def make_server(config: PlayConfig, *, ready: Any = None) -> Any:
     server = uvicorn.Server(uvicorn.Config(create_app(config), host="127.0.0.1", port=config.port,
                                            log_level="warning", access_log=False, ws="websockets-sansio",
                                            lifespan="off", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S))
+    config._server = server
     if ready is not None:
         original = server.startup
 

@@ -34,7 +34,7 @@ def observation_view(obs: np.ndarray) -> tuple[np.ndarray | None, list[float] | 
                                                         (*obs.shape[:2], 3))), None
         return np.ascontiguousarray(np.repeat(obs[-1][:, :, None], 3, axis=2)), None
     if obs.size <= MAX_OBS_SHOWN:
-        return None, [_number(float(x)) if np.isfinite(x) else None for x in obs.astype(np.float64).ravel()]
+        return None, [json_number(float(x)) if np.isfinite(x) else None for x in obs.astype(np.float64).ravel()]
     return None, None
 
 
@@ -61,7 +61,7 @@ def returns_to_go(rewards: np.ndarray, *, gamma: float, bootstrap: float = 0.0) 
     return out
 
 
-def _number(x: Any) -> float | str | None:
+def json_number(x: Any) -> float | str | None:
     """A signal value as JSON: finite floats as floats, NaN/inf as None, strings as they are."""
     if isinstance(x, str):
         return x
@@ -263,7 +263,7 @@ class PlaybackSession:
         self._rewards.append(shaped)
         self._values.append(value_acted)
         self.t += 1
-        signals = {name: _number(values[0]) for name, values in res.signals.items()}
+        signals = {name: json_number(values[0]) for name, values in res.signals.items()}
         events = [name for name, hit in res.events.items() if bool(hit[0])]
         components = {name: float(values[0]) for name, values in res.components.items()}
         frame = self._frame()

@@ -6,8 +6,9 @@ emulator that segfaults) stops only its worker, and the server keeps answering. 
 processes; nothing read from a store goes through it). Frames are JPEG-encoded in the worker, so
 the server only forwards bytes.
 
-Commands (parent → worker): ``("load", (checkpoint_dir, spec, deterministic, seed, verify))`` once,
-then ``("reset", seed | None)``, ``("step", n)``, ``("mode", deterministic)``, ``("record", (out, episodes, fps, seed))``,
+Commands (parent → worker): ``("load", (checkpoint_dir, spec, deterministic, seed, verify))`` or
+``("human", (environment, plan | None, seed, (store URL, endpoint) | None))`` (a person plays: :mod:`gradlab.play.human`) once,
+then ``("reset", seed | None)``, ``("step", n)``, ``("act", action)`` (human), ``("mode", deterministic)``, ``("record", (out, episodes, fps, seed))``,
 ``("close", None)``. Answers: ``("steps", [(telemetry dict, jpeg bytes, observation jpeg | None), ...])``, ``("ok", None)``
 or ``("error", message)``. The worker's first message is ``("warm", None)`` (imports done); a
 load is answered ``("ready", info)`` or ``("error", message)``. A step is (telemetry, screen JPEG,
@@ -66,24 +67,40 @@ def _main(conn: Any) -> None:
             if cmd == "close":
                 conn.send(("ok", None))
                 return
-            if cmd != "load":
+            if cmd not in ("load", "human"):
                 conn.send(("error", f"expected load, found {cmd!r}"))
                 continue
-            checkpoint_dir, spec, deterministic, seed, verify = arg
             try:
+                if cmd == "human":
+                    from gradlab.play.human import HumanSession
+
+                    environment, plan, seed, store = arg
+                    if store is not None:  # the server's dataset store (its settings, not this process's)
+                        from gradlab.stores import open_store
+
+                        store = open_store(store[0], endpoint_url=store[1])
+                    session = HumanSession(environment, plan=plan, seed=seed, store=store)
+                    conn.send(("ready", {
+                        "action_meanings": session.action_meanings, "keymap": session.keys.as_json(),
+                        "mode": session.keys.mode, "noop": session.keys.noop, "env_id": session.env_spec.env_id,
+                        "provider": session.env_spec.provider, "screen": session.screen,
+                        "signals": list(session.env_spec.task.signals), "recording": session.recording}))
+                    break
+                checkpoint_dir, spec, deterministic, seed, verify = arg
                 from gradlab.play.session import PlaybackSession
 
                 session = PlaybackSession(Path(checkpoint_dir), spec, deterministic=deterministic, seed=seed,
                                           verify=verify)
             except Exception as e:  # noqa: BLE001 - reported to the parent as one line
                 conn.send(("error", f"{type(e).__name__}: {e}"))
-        conn.send(("ready", {
-            "action_meanings": session.action_meanings, "gamma": session.gamma, "discrete": session.discrete,
-            "signals": list(session.env_spec.task.signals), "events": list(session.env_spec.task.events),
-            "env_id": session.env_spec.env_id, "provider": session.env_spec.provider,
-            "checkpoint_sha256": session.manifest.sha256, "checkpoint_step": session.manifest.step,
-            "screen": session.screen,
-        }))
+                continue
+            conn.send(("ready", {
+                "action_meanings": session.action_meanings, "gamma": session.gamma, "discrete": session.discrete,
+                "signals": list(session.env_spec.task.signals), "events": list(session.env_spec.task.events),
+                "env_id": session.env_spec.env_id, "provider": session.env_spec.provider,
+                "checkpoint_sha256": session.manifest.sha256, "checkpoint_step": session.manifest.step,
+                "screen": session.screen,
+            }))
 
         def pack(report: Any) -> tuple[dict[str, Any], bytes, bytes | None]:
             view = None if report.observation is None else encode_jpeg(report.observation)
@@ -96,6 +113,8 @@ def _main(conn: Any) -> None:
                     conn.send(("steps", [pack(session.reset(arg))]))
                 elif cmd == "step":
                     conn.send(("steps", [pack(session.step()) for _ in range(max(1, int(arg)))]))
+                elif cmd == "act":  # a human session: one step with the person's action
+                    conn.send(("steps", [pack(session.act(int(arg)))]))
                 elif cmd == "record":
                     from gradlab.play.record import record_episodes
 
@@ -187,6 +206,21 @@ class PlaybackWorker:
             WorkerFailed: the session could not be built (the worker's one-line reason; the worker
                 then waits for another load), or the worker died or stayed silent.
         """
+        return self._load(("load", (str(checkpoint_dir), spec, deterministic, seed, verify)), timeout_s)
+
+    def load_human(self, environment: dict[str, Any], *, plan: dict[str, Any] | None, seed: int = 0,
+                   store: tuple[str, str | None] | None = None, timeout_s: float = 180.0) -> dict[str, Any]:
+        """Build a :class:`gradlab.play.human.HumanSession` (a person plays; ``plan``: the recording
+        plan JSON, or None to play without recording; ``store``: (URL, S3 endpoint or None) of the
+        dataset store it publishes to); returns its info (``action_meanings``, ``keymap``, ``mode``,
+        ``noop``, ``env_id``, ``screen``, ``recording``).
+
+        Raises:
+            WorkerFailed: as :meth:`load` (e.g. a goal whose action space is not Discrete).
+        """
+        return self._load(("human", (environment, plan, seed, store)), timeout_s)
+
+    def _load(self, message: tuple[str, Any], timeout_s: float) -> dict[str, Any]:
         generation = self.generation
         self.wait_warm(timeout_s)
         with self._lock:
@@ -194,7 +228,7 @@ class PlaybackWorker:
                 if self.generation != generation:
                     raise WorkerFailed(f"playback worker (pid {self.pid}): the load was abandoned")
                 self.load_sent = True
-            self._conn.send(("load", (str(checkpoint_dir), spec, deterministic, seed, verify)))
+            self._conn.send(message)
             kind, payload = self._recv(timeout_s)
         if kind == "error":
             raise WorkerFailed(str(payload))

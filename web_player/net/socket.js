@@ -1,14 +1,14 @@
-// The playback WebSocket: hello with the token first, then JSON telemetry and binary frames.
+// The playback and human-play WebSockets: hello with the token first, then JSON telemetry and binary frames.
 import { PROTOCOL, token } from "./api.js";
 
 const MAGIC = 0x31464c47; // "GLF1" little-endian: the screen frame of a step
 const OBS_MAGIC = 0x314f4c47; // "GLO1": the agent's observation image of the same step (sent first)
 
-export function openPlayback({ runId, step, seed, deterministic, fps }, handlers) {
-  const ws = new WebSocket(`ws://${location.host}/api/play`);
+function open(path, hello, handlers) {
+  const ws = new WebSocket(`ws://${location.host}${path}`);
   ws.binaryType = "arraybuffer";
   ws.onopen = () => {
-    ws.send(JSON.stringify({ type: "hello", protocol: PROTOCOL, token: token(), run_id: runId, step, seed, deterministic, fps }));
+    ws.send(JSON.stringify({ type: "hello", protocol: PROTOCOL, token: token(), ...hello }));
   };
   ws.onmessage = (ev) => {
     if (typeof ev.data === "string") {
@@ -33,4 +33,13 @@ export function openPlayback({ runId, step, seed, deterministic, fps }, handlers
     send(cmd) { if (ws.readyState === WebSocket.OPEN) ws.send(JSON.stringify(cmd)); },
     close() { ws.close(); },
   };
+}
+
+export function openPlayback({ runId, step, seed, deterministic, fps }, handlers) {
+  return open("/api/play", { run_id: runId, step, seed, deterministic, fps }, handlers);
+}
+
+// A person plays `goal`; with `dataset`, its `episodes` are recorded into that new dataset.
+export function openHuman({ goal, dataset, episodes, frames, seed, fps }, handlers) {
+  return open("/api/human", { goal_id: goal, dataset, episodes, frames, seed, fps }, handlers);
 }

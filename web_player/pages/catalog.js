@@ -58,6 +58,11 @@ export async function goalView(project, goal) {
   crumbs([["projects", "/"], [project, `/projects/${enc(project)}`], [goal]]);
   const main = document.getElementById("main");
   heading(main, goal, page.error ? `contract error: ${page.error}` : page.title);
+  if (!page.error) {
+    const bar = document.createElement("p");
+    bar.append(link("▶ Play yourself (keyboard)", `/human/${encGoal(goal)}`));
+    main.append(bar);
+  }
   dataTable(main, {
     searchLabel: "Search runs",
     rows: page.runs,
