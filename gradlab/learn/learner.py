@@ -7,6 +7,12 @@ Order of one iteration (the one place that orders the phases)::
 * ``stop_requested`` (outbox control table), SIGTERM/SIGINT, the supervisor check and the early-stop
   rules are read only after an update, so a checkpoint always holds a consistent
   model/optimizer/RNG state.
+* Stop on acceptance at checkpoint boundaries (:mod:`gradlab.learn.stop_rule`): when the
+  supervisor announces the ``at_checkpoint`` rule, a stop request for an acceptance waits for the
+  next checkpoint boundary, and at each boundary after the lineage's first checkpoint the learner
+  waits for the verdict on the checkpoint before it (an ``accepted`` one ends the run there), so
+  the same seed stops at the same step however fast evaluation runs. Each wait is a ``metrics``
+  event with ``orchestration/learner/eval_wait_seconds`` and the awaited step and verdict.
 * Early stop: one :class:`gradlab.learn.early_stop.EarlyStopMonitor` over the goal's
   ``train.early_stop.conditions`` is updated once per rollout after the update; its
   ``train/early_stop/{condition}/...`` metrics go into that rollout's ``metrics`` event, and a
@@ -50,6 +56,13 @@ from gradlab.envs.task import component_metrics
 from gradlab.errors import ContractViolation, IntegrityError
 from gradlab.learn.backend import Backend, make_backend
 from gradlab.learn.early_stop import EarlyStopMonitor
+from gradlab.learn.stop_rule import (
+    EVAL_WAIT_METRIC,
+    FENCED,
+    SUPERVISOR_LOST,
+    await_verdict,
+    defers_acceptance,
+)
 from gradlab.learn.watch import ProcessWatch
 from gradlab.metrics.registry import check_names
 from gradlab.outbox import Outbox
@@ -59,9 +72,6 @@ logger = logging.getLogger(__name__)
 OUTBOX_FILE = "outbox.sqlite"
 EARLY_STOP_FILE = "early_stop.json"
 """Early-stop monitor state inside a checkpoint's ``resume/`` folder (``EarlyStopMonitor.state_dict()``)."""
-SUPERVISOR_LOST = "supervisor_lost"
-FENCED = "fenced"
-"""Stop reason of a learner whose attempt was superseded by a newer one (its lease epoch is no longer current)."""
 
 
 @dataclass(frozen=True)
@@ -237,7 +247,7 @@ def run_learner(spec: RunSpec, run_dir: Path, *, resume_from: Path | None = None
                 stop_reason = SUPERVISOR_LOST
                 logger.warning("supervisor (pid %d) is gone: stopping", supervisor.pid)
                 outbox.append("stop_observed", step, {"reason": SUPERVISOR_LOST})
-            elif (requested := outbox.stop_requested()) is not None:
+            elif (requested := outbox.stop_requested()) is not None and not defers_acceptance(outbox, requested):
                 stop_reason = "stop_requested"
                 outbox.append("stop_observed", step, {"reason": requested})
             elif stop_at_step is not None and step >= stop_at_step:
@@ -246,6 +256,18 @@ def run_learner(spec: RunSpec, run_dir: Path, *, resume_from: Path | None = None
             elif decision.stop_reason is not None:
                 stop_reason = decision.stop_reason
                 outbox.append("stop_observed", step, {"reason": stop_reason})
+            if (stop_reason is None and step < timesteps and step >= next_ckpt and last_ckpt_step is not None
+                    and outbox.stop_rule() is not None):
+                # A checkpoint boundary under the at_checkpoint rule (gradlab.learn.stop_rule): the
+                # verdict on the previous checkpoint decides whether this one is the last.
+                wait = await_verdict(outbox, last_ckpt_step, signalled=lambda: flag.signal, supervisor=supervisor)
+                wait_metrics = {"train/global_step": float(step), EVAL_WAIT_METRIC: wait.wait_s}
+                check_names(wait_metrics)
+                outbox.append("metrics", step, {"metrics": wait_metrics, "eval_wait": wait.as_json()})
+                if wait.stop_reason is not None:
+                    stop_reason = wait.stop_reason
+                    if wait.observed is not None:
+                        outbox.append("stop_observed", step, {"reason": wait.observed, "eval_wait": wait.as_json()})
             if stop_reason is not None or step >= timesteps:
                 break
             bookkeeping_s = time.perf_counter() - t2

@@ -45,6 +45,19 @@ class ProcessWatch:
             pass
         return not self._gone
 
+    def wait(self, timeout_s: float) -> bool:
+        """Block up to ``timeout_s`` seconds or until the process exits; returns :meth:`alive`.
+
+        With a pidfd the wait ends the moment the process exits; without one it sleeps out the timeout.
+        """
+        if self._fd is not None and not self._gone:
+            select.select([self._fd], [], [], max(timeout_s, 0.0))
+        elif not self._gone:
+            import time
+
+            time.sleep(max(timeout_s, 0.0))
+        return self.alive()
+
     def close(self) -> None:
         if self._fd is not None:
             os.close(self._fd)

@@ -175,6 +175,7 @@ ORCHESTRATION: tuple[MetricSpec, ...] = (
     MetricSpec("orchestration/checkpoints/published", "Checkpoints published so far in this attempt.", "count", _SUP),
     MetricSpec("orchestration/checkpoints/evaluated", "Checkpoints with a recorded evaluation so far in this attempt.", "count", _SUP),
     MetricSpec("orchestration/checkpoints/accepted", "Checkpoints accepted so far in this attempt.", "count", _SUP),
+    MetricSpec("orchestration/learner/eval_wait_seconds", "Wall time the learner waited at a checkpoint boundary for the verdict on the checkpoint before (at_checkpoint stop rule).", "s", "per checkpoint boundary"),
 )
 """Metrics the supervisor flow emits about the run's orchestration (owner: flows/training_run)."""
 

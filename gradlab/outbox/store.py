@@ -47,6 +47,13 @@ FENCE_KEY = "fence"
 #: Control key: the attempt whose supervisor loop is watching (:meth:`Outbox.mark_supervised`).
 SUPERVISED_KEY = "supervised"
 IDENTITY_KEY = "identity"
+#: Control key: the stop rule the supervisor announces to its learner (:meth:`Outbox.set_stop_rule`).
+STOP_RULE_KEY = "stop_rule"
+#: The stop rule under which the learner stops on acceptance only at checkpoint boundaries, waiting
+#: at each for the verdict on the checkpoint before (docs/ARCHITECTURE.md section 5).
+AT_CHECKPOINT = "at_checkpoint"
+#: Control key prefix of one checkpoint's verdict (:meth:`Outbox.set_verdict`): ``verdict:<step:012d>``.
+VERDICT_PREFIX = "verdict:"
 BUSY_TIMEOUT_S = 30.0
 #: SQLite's result code for "database or disk is full" (https://sqlite.org/rescode.html#full).
 _SQLITE_FULL = 13
@@ -358,6 +365,26 @@ class Outbox:
     def supervised(self) -> str | None:
         """The attempt whose supervisor is watching this outbox, or None before any is."""
         return self.get_control(SUPERVISED_KEY) or None
+
+    def set_stop_rule(self, rule: str | None) -> None:
+        """The supervisor's side: announce how its learner stops on acceptance (:data:`AT_CHECKPOINT`),
+        or withdraw the rule (None: a learner waits for no verdict and stops as soon as asked)."""
+        self.set_control(STOP_RULE_KEY, rule)
+
+    def stop_rule(self) -> str | None:
+        """The announced stop rule, or None (no evaluation, no stop on acceptance, no supervisor yet)."""
+        return self.get_control(STOP_RULE_KEY) or None
+
+    def set_verdict(self, step: int, status: str) -> None:
+        """The supervisor's side: the checkpoint at ``step`` has its final evaluation status
+        (``accepted``, ``rejected``, ``failed``, ``deferred``): no other verdict will come for it."""
+        if not status:
+            raise ContractViolation(f"set_verdict: step {step}: status must be a non-empty string")
+        self.set_control(f"{VERDICT_PREFIX}{int(step):012d}", status)
+
+    def verdict(self, step: int) -> str | None:
+        """The verdict recorded for the checkpoint at ``step``, or None while it has none."""
+        return self.get_control(f"{VERDICT_PREFIX}{int(step):012d}") or None
 
     def identity(self) -> str | None:
         """The outbox's identity nonce (16 hex), fixed when the file was created; None for an

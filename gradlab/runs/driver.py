@@ -164,7 +164,9 @@ class AttemptDriver:
             sup.freeze()
         try:
             # From here on every checkpoint is seen within a tick: a learner waiting with
-            # ``--await-supervisor`` takes its first step now (docs/ARCHITECTURE.md section 8).
+            # ``--await-supervisor`` takes its first step now (docs/ARCHITECTURE.md section 8),
+            # knowing whether to wait at checkpoint boundaries for verdicts (section 5).
+            sup.announce_stop_rule()
             self.outbox.mark_supervised(self.plan.attempt.attempt_id)
             while True:
                 self._check_cancel()

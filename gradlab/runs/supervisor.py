@@ -9,6 +9,11 @@ tests) that return futures; the supervisor only decides and records:
   step first, unless a lower-step checkpoint was already accepted (then it is ``deferred``: it can
   never be promoted, since promotion takes the lowest accepted step);
 * the first accepted result asks the learner to stop (when the goal stops on acceptance);
+* when it evaluates and stops on acceptance it announces the ``at_checkpoint`` stop rule
+  (:meth:`Supervisor.announce_stop_rule`) and writes each checkpoint's verdict to the outbox once
+  it is final (accepted, rejected, failed, deferred, or a publication that failed), so the learner,
+  which waits at checkpoint k+1 for the verdict on k, stops at the same step however fast
+  evaluation runs (:mod:`gradlab.learn.stop_rule`);
 * metrics events are delivered to every sink and acknowledged in the outbox per sink, only while
   this attempt still holds the run (its outbox fence is its own and ``confirm_lease`` passes);
 * a fenced write refused for a superseded epoch (``LeaseLost``, from any task) is raised, never
@@ -28,7 +33,7 @@ from typing import Any, Protocol
 
 from gradlab.contracts.run_spec import RunSpec
 from gradlab.errors import IntegrityError, NotFound
-from gradlab.outbox import Event, Outbox
+from gradlab.outbox import AT_CHECKPOINT, Event, Outbox
 from gradlab.receipts.lease import LeaseLost
 from gradlab.receipts.models import CheckpointPublication, EvaluationRecord
 
@@ -183,6 +188,8 @@ class Supervisor:
     #: Per sink, events it has not taken yet (a W&B run still initialising); delivered on the next call.
     _backlog: dict[str, list[tuple[int, dict[str, Any]]]] = field(default_factory=dict)
     _first_accept_at: float | None = None
+    #: Steps whose verdict is in the outbox (written once each).
+    _verdicts_written: set[int] = field(default_factory=set)
     _stop_written_at: float = 0.0
 
     # -- inputs ------------------------------------------------------------------------------
@@ -275,7 +282,38 @@ class Supervisor:
                         continue
                     track.eval_submitted_at = self.clock()
                     in_flight += 1
+        self._write_verdicts()
         self._maybe_stop()
+
+    @property
+    def stop_rule(self) -> str | None:
+        """The stop rule this attempt's learner follows: ``at_checkpoint`` when it evaluates and
+        stops on acceptance, else None (the learner waits for no verdict)."""
+        return AT_CHECKPOINT if self.evaluate and self.stop_on_acceptance else None
+
+    def announce_stop_rule(self) -> None:
+        """Write :attr:`stop_rule` to the outbox (before the learner's first step)."""
+        self.outbox.set_stop_rule(self.stop_rule)
+
+    def _write_verdicts(self) -> None:
+        """Tell the learner each checkpoint's final status, once: no other will come for it."""
+        if self.stop_rule is None:
+            return
+        for track in sorted(self.tracks.values(), key=lambda t: t.step):
+            if track.step in self._verdicts_written:
+                continue
+            if track.accepted:
+                verdict = "accepted"
+            elif track.eval_error is not None or track.unusable is not None or track.publish_error is not None:
+                verdict = "failed"  # no (usable) evaluation will come: the learner goes on
+            elif track.evaluation is not None:
+                verdict = track.evaluation.status
+            elif track.deferred:
+                verdict = "deferred"
+            else:
+                continue
+            self.outbox.set_verdict(track.step, verdict)
+            self._verdicts_written.add(track.step)
 
     def advance_collect_only(self) -> None:
         """Collect finished work without starting any (used while winding down)."""
@@ -431,6 +469,7 @@ class Supervisor:
         for track in self.tracks.values():
             if track.eval_future is None and not track.evaluation_done:
                 track.deferred = True
+        self._write_verdicts()
         log.info("run %s: unevaluated checkpoints deferred (%s)", self.spec.run_id, reason)
 
     def promotion_candidate(self) -> CheckpointTrack | None:

@@ -49,6 +49,8 @@ def test_cold_and_warm_first_runs_are_supervised_from_the_first_step(tmp_path: P
         assert supervised_at is not None and events[0][3] >= supervised_at
     # The same seed trains the same checkpoints cold and warm, and promotes the same bytes.
     assert receipts[0]["promotion"]["sha256"] == receipts[1]["promotion"]["sha256"]
+    # ... and stops at the same step (the stop on acceptance takes effect at a checkpoint boundary).
+    assert receipts[0]["final_step"] == receipts[1]["final_step"] < 16384
 
 
 @pytest.mark.slow

@@ -216,3 +216,50 @@ def test_a_hung_evaluation_times_out_is_retried_and_the_run_still_drains(
     assert f"did not finish within {limit:g} s" in err, err[-3000:]
     assert "is running in a worker thread" not in err  # Prefect's per-task notice is not repeated
     assert not pid_alive(spare)  # the hung worker was killed, not left behind
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", ["ppo", "ppo-sb3"])  # gradlab.ppo and stable-baselines3: one loop, one rule
+def test_the_same_seed_stops_at_the_same_step_however_slow_evaluation_is(prefect_api: str, gradlab_home: Path,
+                                                                        recipe: str) -> None:
+    """Issue 26 item 1: a run whose evaluation is held up (its warm evaluation process frozen until
+    the learner has trained as far as the quick run stopped) still stops at the quick run's step,
+    promoting the same checkpoint, byte for byte: the learner waits at checkpoint k+1 for the
+    verdict on k instead of training on unsupervised."""
+    env = gradlab_env(prefect_api)
+    args = ["train", f"gradlab__bandit/{recipe}", "--seed", "5", "--json"]
+    quick = run_gradlab(args, env, timeout_s=300)
+    assert quick.returncode == 0, quick.stderr[-3000:]
+    quick_receipt = last_json_line(quick.stdout)
+    stop_step = quick_receipt["final_step"]
+    assert stop_step < 16384  # stopped early on acceptance (the recipe's timesteps: 16384)
+    proc = start_gradlab(args, env)
+    spare = None
+    try:
+        [spare] = wait_for(lambda: _eval_workers(proc.pid), 120, "the warm evaluation process")
+        os.kill(spare, signal.SIGSTOP)  # every evaluation of this run waits until SIGCONT
+        run_dir = wait_for(lambda: (d := only_run_dir(gradlab_home)) and d.name > quick_receipt["run_id"]
+                           and (d / "outbox.sqlite").exists() and d, 120, "the second run's directory")
+
+        def trained_to_the_stop_step() -> bool:
+            last = Outbox(run_dir / "outbox.sqlite", readonly=True).last("metrics")
+            return last is not None and last.step >= stop_step
+
+        wait_for(trained_to_the_stop_step, 180, f"the learner at step {stop_step}")
+        os.kill(spare, signal.SIGCONT)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if spare is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(spare, signal.SIGCONT)
+    assert proc.returncode == 0, err[-3000:]
+    slow = last_json_line(out)
+    assert slow["outcome"] == "succeeded", slow["reason"]
+    assert slow["final_step"] == stop_step
+    assert slow["promotion"]["checkpoint_step"] == quick_receipt["promotion"]["checkpoint_step"]
+    assert slow["promotion"]["sha256"] == quick_receipt["promotion"]["sha256"]
+    waits = [e.payload["eval_wait"] for e in Outbox(run_dir / "outbox.sqlite", readonly=True).read(kind="metrics")
+             if "eval_wait" in e.payload]
+    assert waits and max(w["wait_s"] for w in waits) > 0  # it did wait, and said how long
