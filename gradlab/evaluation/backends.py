@@ -18,6 +18,7 @@ checkpoint is refused with ``ContractViolation``.
 
 from __future__ import annotations
 
+import atexit
 import base64
 import concurrent.futures
 import contextlib
@@ -185,7 +186,7 @@ def prewarm(count: int = 1, *, start_method: str = "spawn") -> None:
     are ready at once, and one taken is not replaced (an evaluation with no spare left starts its
     own process, as without spares).
     """
-    global _SPARE_TARGET, _SPARE_REFILL
+    global _SPARE_TARGET, _SPARE_REFILL, _SPARES_KILLED_AT_EXIT
     if start_method == "fork":
         _SPARE_REFILL = False
     ctx = multiprocessing.get_context(start_method)
@@ -202,6 +203,24 @@ def prewarm(count: int = 1, *, start_method: str = "spawn") -> None:
                 process.start()
             child.close()
             _SPARES.append((process, parent))
+    if not _SPARES_KILLED_AT_EXIT:  # after a start: before multiprocessing's exit hook (exit hooks run last first)
+        atexit.register(_kill_spares)
+        _SPARES_KILLED_AT_EXIT = True
+
+
+_SPARES_KILLED_AT_EXIT = False
+
+
+def _kill_spares() -> None:
+    """At exit, SIGKILL the idle spares left. multiprocessing's own exit hook sends them SIGTERM and
+    joins them, which never returns for a stopped (SIGSTOP) spare: the command would not exit."""
+    with _SPARE_LOCK:
+        for process, conn in _SPARES:
+            if process.is_alive():
+                process.kill()
+                process.join(5)
+            conn.close()
+        _SPARES.clear()
 
 
 def _take_spare() -> tuple[Any, Any] | None:

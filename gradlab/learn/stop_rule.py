@@ -9,7 +9,8 @@ acceptance:
 * at each checkpoint boundary after the first checkpoint of the lineage (the one resumed from
   counts), before writing the new checkpoint, the learner waits for the verdict on the checkpoint
   before it (:meth:`gradlab.outbox.Outbox.set_verdict`); ``accepted`` stops it there (a ``final``
-  checkpoint at that step), any other verdict (``rejected``, ``failed``, ``deferred``) lets it go on.
+  checkpoint at that step), and so does ``deferred`` (a lower step was accepted already: a retry
+  resumed past the accepted checkpoint); ``rejected`` or ``failed`` lets it go on.
 
 So with checkpoint k accepted a run stops at checkpoint k+1's step whatever the speed of
 evaluation: the same seed stops at the same step on a cold or a loaded machine as on a warm one,
@@ -100,6 +101,8 @@ def await_verdict(outbox: Outbox, checkpoint_step: int, *, signalled: Callable[[
             if verdict == "accepted":
                 return VerdictWait(checkpoint_step, verdict, "stop_requested", f"{ACCEPTED_PREFIX}{checkpoint_step}",
                                    waited)
+            if verdict == "deferred":  # a lower step was accepted already (a retry resumed past it): stop here
+                return VerdictWait(checkpoint_step, verdict, "stop_requested", f"deferred:{checkpoint_step}", waited)
             return VerdictWait(checkpoint_step, verdict, None, None, waited)
         if (requested := outbox.stop_requested()) is not None:
             # An acceptance before its verdict reached us can only be this checkpoint's (every

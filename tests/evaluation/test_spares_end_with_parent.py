@@ -34,3 +34,21 @@ def test_forked_spares_end_when_their_parent_is_killed() -> None:
         for pid in spares:
             if pid_alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_a_process_whose_spare_is_stopped_still_exits() -> None:
+    """multiprocessing's exit hook would SIGTERM and join a SIGSTOPped spare forever; ours kills it first."""
+    proc = subprocess.Popen([sys.executable, "-c", FORK_SPARES], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    spares: list[int] = []
+    try:
+        spares = [int(p) for p in proc.stdout.readline().split()]
+        for pid in spares:
+            os.kill(pid, signal.SIGSTOP)
+        proc.stdin.close()  # the script ends: the interpreter's exit hooks run
+        assert proc.wait(timeout=60) == 0
+        wait_for(lambda: not any(pid_alive(p) for p in spares), 60, "the stopped spares to be gone")
+    finally:
+        proc.kill()
+        for pid in spares:
+            if pid_alive(pid):
+                os.kill(pid, signal.SIGKILL)

@@ -27,6 +27,12 @@ def test_a_late_verdict_is_waited_for_and_an_accepted_one_stops(tmp_path: Path) 
     outbox.set_verdict(4096, "rejected")
     assert await_verdict(outbox, 4096, signalled=lambda: None, supervisor=None).stop_reason is None
     assert defers_acceptance(outbox, "accepted:2048") and not defers_acceptance(outbox, "user cancel")
+    # A retry resumed past its accepted checkpoint: the next one is deferred, and the learner stops there.
+    outbox.set_verdict(6144, "deferred")
+    deferred = await_verdict(outbox, 6144, signalled=lambda: None, supervisor=None)
+    assert (deferred.stop_reason, deferred.observed) == ("stop_requested", "deferred:6144")
+    outbox.set_verdict(8192, "failed")
+    assert await_verdict(outbox, 8192, signalled=lambda: None, supervisor=None).stop_reason is None
 
 
 def test_a_lost_supervisor_ends_the_wait(tmp_path: Path) -> None:

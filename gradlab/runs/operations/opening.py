@@ -239,4 +239,6 @@ def _learner_done(outbox: Any) -> bool:
     if reason == "budget" or reason.startswith("early_stop"):
         return True
     observed = outbox.last("stop_observed")
-    return reason == "stop_requested" and observed is not None and str(observed.payload.get("reason", "")).startswith("accepted:")
+    # accepted:<step>, or deferred:<step> (stopped where a lower step was accepted: gradlab.learn.stop_rule)
+    return reason == "stop_requested" and observed is not None and str(observed.payload.get("reason", "")).startswith(
+        ("accepted:", "deferred:"))
