@@ -104,9 +104,10 @@ def _record_human(store: Any, name: str, goal: str, *, episodes: int, frames: bo
     """
     from urllib.parse import quote, urlencode
 
+    from gradlab.cli.play_cmds import serve_and_open
     from gradlab.datasets.store import read_dataset
     from gradlab.play.catalog import Catalog
-    from gradlab.play.server import PlayConfig, bind_loopback, serve
+    from gradlab.play.server import PlayConfig, bind_loopback
     from gradlab.settings import load_settings
     from gradlab.stores import open_stores
 
@@ -121,18 +122,8 @@ def _record_human(store: Any, name: str, goal: str, *, episodes: int, frames: bo
     query = urlencode({"dataset": name, "episodes": episodes, **({} if frames else {"frames": 0})})
     url = config.url(f"/human/{quote(goal)}?{query}")
 
-    def ready() -> None:
-        err_console.print(f"play {episodes} episode(s) of {escape(goal)} at {escape(url)}", highlight=False,
-                          soft_wrap=True)
-        if not no_open:
-            import webbrowser
-
-            webbrowser.open(url)
-
-    try:
-        serve(config, sock=sock, ready=ready)
-    except KeyboardInterrupt:
-        pass
+    serve_and_open(config, sock, url, no_open=no_open, announce=lambda: err_console.print(
+        f"play {episodes} episode(s) of {escape(goal)} at {escape(url)}", highlight=False, soft_wrap=True))
     try:
         return read_dataset(store, name).as_json()
     except GradlabError:

@@ -9,6 +9,7 @@ bad one is one error line and exit 1. docs/ARCHITECTURE.md section 12.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -76,7 +77,7 @@ def play_command(
             _record(resolved, record, episodes=episodes, fps=fps or 30.0, seed=seed, deterministic=deterministic)
             return
         from gradlab.play.catalog import Catalog
-        from gradlab.play.server import PlayConfig, bind_loopback, serve
+        from gradlab.play.server import PlayConfig, bind_loopback
 
         catalog = Catalog(stores=stores, settings=settings)
         path = "/"
@@ -89,9 +90,18 @@ def play_command(
     except GradlabError as e:
         fail(str(e))
     url = config.url(path)
+    serve_and_open(config, sock, url, announce=lambda: console.print(url, highlight=False, soft_wrap=True),
+                   no_open=no_open)
+    err_console.print("gradlab play: stopped", highlight=False)
+
+
+def serve_and_open(config: Any, sock: Any, url: str, *, announce: Callable[[], None], no_open: bool) -> None:
+    """Serve the player on ``sock`` until it stops or Ctrl-C; once it listens, ``announce`` the URL
+    and (unless ``no_open``) open ``url`` in the user's browser."""
+    from gradlab.play.server import serve
 
     def ready() -> None:
-        console.print(url, highlight=False, soft_wrap=True)
+        announce()
         if not no_open:
             import webbrowser
 
@@ -101,7 +111,6 @@ def play_command(
         serve(config, sock=sock, ready=ready)
     except KeyboardInterrupt:
         pass
-    err_console.print("gradlab play: stopped", highlight=False)
 
 
 def _record(resolved: Any, out: Path, *, episodes: int, fps: float, seed: int, deterministic: bool) -> None:

@@ -30,10 +30,10 @@ from gradlab.play.protocol import (
     frame_message,
 )
 from gradlab.play.sockets import (
-    CLOSE_BUSY,
     CLOSE_FAILED,
     PlayerBusy,
     close_socket,
+    fail_socket,
     handshake,
     receive,
     unless_gone,
@@ -117,12 +117,7 @@ async def human_session(ws: Any, config: Any) -> None:
     except (GradlabError, WorkerFailed) as e:
         if not gone.is_set():
             logger.info("human play of %s ended: %s", hello.goal_id, e)
-            try:
-                await ws.send_text(ErrorMessage(message=str(e)).model_dump_json())
-                await close_socket(ws, CLOSE_BUSY if isinstance(e, PlayerBusy) else CLOSE_FAILED,
-                             "too many sessions" if isinstance(e, PlayerBusy) else "human play failed")
-            except (WebSocketDisconnect, RuntimeError):
-                pass
+            await fail_socket(ws, e, "human play")
     finally:
         reader.cancel()
         if worker is not None:

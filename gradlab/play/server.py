@@ -57,10 +57,10 @@ from gradlab.play.protocol import (
 )
 from gradlab.play.session import verify_mode
 from gradlab.play.sockets import (
-    CLOSE_BUSY,
     CLOSE_FAILED,
     CLOSE_REFUSED,  # noqa: F401 - re-exported: the close codes are part of this module's answer
     PlayerBusy,
+    fail_socket,
 )
 from gradlab.play.sockets import close_socket as _close
 from gradlab.play.sockets import handshake as _handshake
@@ -382,12 +382,7 @@ async def _play_session(ws: Any, config: PlayConfig) -> None:
     except (GradlabError, WorkerFailed) as e:
         if not gone.is_set():
             logger.info("playback of %s:%s ended: %s", hello.run_id, hello.step, e)
-            try:
-                await ws.send_text(ErrorMessage(message=str(e)).model_dump_json())
-                await _close(ws, CLOSE_BUSY if isinstance(e, PlayerBusy) else CLOSE_FAILED,
-                             "too many sessions" if isinstance(e, PlayerBusy) else "playback failed")
-            except (WebSocketDisconnect, RuntimeError):
-                pass
+            await fail_socket(ws, e, "playback")
     finally:
         reader.cancel()
         if worker is not None:

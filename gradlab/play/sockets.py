@@ -83,3 +83,17 @@ async def close_socket(ws: Any, code: int, reason: str) -> None:
         await ws.close(code=code, reason=reason)
     except RuntimeError:  # already closed by the client
         pass
+
+
+async def fail_socket(ws: Any, error: Exception, what: str) -> None:
+    """Tell the page why its session ended (an ``error`` message) and close the socket: ``CLOSE_BUSY``
+    for :class:`PlayerBusy`, else ``CLOSE_FAILED`` with the reason "``what`` failed". A page already
+    gone is not an error."""
+    from starlette.websockets import WebSocketDisconnect
+
+    busy = isinstance(error, PlayerBusy)
+    try:
+        await ws.send_text(ErrorMessage(message=str(error)).model_dump_json())
+        await close_socket(ws, CLOSE_BUSY if busy else CLOSE_FAILED, "too many sessions" if busy else f"{what} failed")
+    except (WebSocketDisconnect, RuntimeError):
+        pass

@@ -107,3 +107,13 @@ def _play(player: RunningPlayer, name: str) -> list[int]:
         actions = [ACTION_OF_KEY[k] for k in pressed]
         assert page.evaluate("() => window.gradlab.state.actions") == actions
     return actions
+
+
+def test_a_goal_page_links_to_playing_it_yourself(human_player: RunningPlayer) -> None:
+    """The catalog's goal page offers "Play yourself"; following it opens that goal's keyboard page."""
+    with open_page() as page:
+        page.goto(f"{human_player.base}/projects/classic-control/goals/CartPole-v1#token={human_player.token}")
+        page.get_by_role("link", name="▶ Play yourself (keyboard)").click()
+        page.wait_for_url("**/human/CartPole-v1*", timeout=60_000)
+        _wait(page, "() => document.querySelectorAll('#panel-keys tbody tr').length === 2")
+        screenshot(page, "play-human-0-goal-link")
