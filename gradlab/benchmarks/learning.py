@@ -9,6 +9,12 @@ then evaluate the checkpoints in step order with the goal's own protocol (100 de
 episodes, its acceptance rules, :func:`gradlab.evaluation.runner.run_evaluation`) until the first
 accepted one. Its step is the seed's figure; a seed that never passes counts as ``inf``. The
 checkpoint spacing bounds the resolution (8192 steps by default, against the goal's 16384).
+``max_steps`` stops training there (the schedules keep the recipe's horizon) instead of training
+the recipe's whole budget, which for the rl-zoo3 classic-control recipes is 1M steps.
+
+Both backends draw their random streams alike (``gradlab.learn.ppo``), so with the same seed they
+train the same run until floating-point rounding makes one sampled action differ: a seed's two
+figures are then equal or differ by that divergence, not by another algorithm.
 """
 
 from __future__ import annotations
@@ -34,8 +40,10 @@ class SeedResult:
     train_seconds: float
 
 
-def steps_to_acceptance(ref: str, backend: str, seed: int, checkpoint_freq: int, work: Path) -> SeedResult:
-    """Train ``ref`` with ``backend`` and ``seed``; the first accepted checkpoint's step (``inf`` if none)."""
+def steps_to_acceptance(ref: str, backend: str, seed: int, checkpoint_freq: int, work: Path,
+                        max_steps: int | None = None) -> SeedResult:
+    """Train ``ref`` with ``backend`` and ``seed`` (to ``max_steps`` when given); the first accepted
+    checkpoint's step (``inf`` if none)."""
     import time
 
     from gradlab.checkpoints.bundle import verify_checkpoint
@@ -50,7 +58,7 @@ def steps_to_acceptance(ref: str, backend: str, seed: int, checkpoint_freq: int,
         overrides.append("train.backend.config.threads=1")
     spec = RunSpec.from_resolved(Experiments().resolve(ref, overrides), seed=seed)
     t0 = time.perf_counter()
-    result = run_learner(spec, work / f"{backend}-{seed}", watch_parent=False)
+    result = run_learner(spec, work / f"{backend}-{seed}", watch_parent=False, stop_at_step=max_steps)
     seconds = time.perf_counter() - t0
     best = float("-inf")
     for n, path in enumerate(result.checkpoints, start=1):
@@ -63,13 +71,14 @@ def steps_to_acceptance(ref: str, backend: str, seed: int, checkpoint_freq: int,
     return SeedResult(backend, seed, float("inf"), len(result.checkpoints), best, seconds)
 
 
-def run(ref: str = "CartPole-v1/ppo", seeds: int = 5, checkpoint_freq: int = 8192, progress: Any = None) -> list[SeedResult]:
+def run(ref: str = "CartPole-v1/ppo", seeds: int = 5, checkpoint_freq: int = 8192, progress: Any = None,
+        max_steps: int | None = None) -> list[SeedResult]:
     """Both backends on seeds 0..seeds-1, alternating which goes first."""
     out = []
     with tempfile.TemporaryDirectory(prefix="gradlab-learning-") as tmp:
         for seed in range(seeds):
             for backend in (BACKENDS if seed % 2 == 0 else BACKENDS[::-1]):
-                out.append(steps_to_acceptance(ref, backend, seed, checkpoint_freq, Path(tmp)))
+                out.append(steps_to_acceptance(ref, backend, seed, checkpoint_freq, Path(tmp), max_steps))
                 if progress is not None:
                     progress()
     return out
@@ -98,10 +107,10 @@ def render(rows: list[SeedResult], ref: str, as_json: bool) -> None:
     console.print(f"learning parity (gradlab.ppo median <= sb3.ppo median): {verdict}")
 
 
-def main(ref: str, seeds: int, checkpoint_freq: int, as_json: bool) -> None:
+def main(ref: str, seeds: int, checkpoint_freq: int, as_json: bool, max_steps: int | None = None) -> None:
     from rich.progress import Progress
 
     with Progress(transient=True, disable=as_json) as bar:
         task = bar.add_task("training and evaluating", total=seeds * len(BACKENDS))
-        rows = run(ref, seeds, checkpoint_freq, progress=lambda: bar.advance(task))
+        rows = run(ref, seeds, checkpoint_freq, progress=lambda: bar.advance(task), max_steps=max_steps)
     render(rows, ref, as_json)

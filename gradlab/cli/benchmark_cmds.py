@@ -42,12 +42,14 @@ def learning(
     ref: str = typer.Option("CartPole-v1/ppo", help="Experiment whose recipe both backends train."),
     seeds: int = typer.Option(5, min=1, help="Seeds per backend."),
     checkpoint_freq: int = typer.Option(8192, min=1, help="Env steps between the evaluated checkpoints."),
+    max_steps: int = typer.Option(None, min=1, help="Stop training there (default: the recipe's budget); the "
+                                  "schedules keep the recipe's horizon. A seed not accepted by then counts as inf."),
     as_json: bool = typer.Option(False, "--json", help="Print the rows as one JSON document."),
 ) -> None:
     """Env steps to the goal's acceptance, gradlab.ppo vs sb3.ppo, per seed (goal: median no more)."""
     from gradlab.benchmarks.learning import main
 
-    main(ref, seeds, checkpoint_freq, as_json)
+    main(ref, seeds, checkpoint_freq, as_json, max_steps=max_steps)
 
 
 @benchmark_app.command("curves")

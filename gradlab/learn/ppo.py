@@ -28,9 +28,14 @@ Semantics are stable-baselines3 2.x PPO's (``PPO.train``, ``OnPolicyAlgorithm.co
 * Adam with ``eps=1e-5``, gradients clipped to ``max_grad_norm``; the learning rate, clip range
   and entropy coefficient follow their schedules with SB3's ``progress_remaining``.
 
+The random streams are used as SB3 uses them: torch's generator samples the actions, NumPy's global
+generator draws each epoch's minibatch order (:func:`gradlab.learn.ppo_update.sb3_permutation`),
+so from the same seed ``gradlab.ppo`` trains the same run as ``sb3.ppo`` until floating-point
+rounding makes a sample differ (``tests/learn/test_ppo_rollout_parity.py``).
+
 What differs is speed: the rollout lives in preallocated ``(n_steps, n_envs)`` tensors written in
-place, the policy step is a few tensor operations (no distribution objects), minibatch
-permutations are drawn on the device, and losses stay on the device until the update ends.
+place, the policy step is a few tensor operations (no distribution objects), and losses stay on
+the device until the update ends.
 
 Resume state (``resume/`` in a checkpoint), never pickle: ``state.json`` (counters, schedules'
 progress, every RNG stream, episode windows, optimizer hyperparameters) and
@@ -56,7 +61,7 @@ from gradlab.learn.backend_config import validate_backend_config
 from gradlab.learn.ppo_net import build_network, is_image
 from gradlab.learn.ppo_rollout import collect_rollout
 from gradlab.learn.ppo_state import Normaliser
-from gradlab.learn.ppo_update import explained_variance, ppo_update
+from gradlab.learn.ppo_update import explained_variance, ppo_update, sb3_permutation
 from gradlab.learn.schedules import schedule_fn
 from gradlab.learn.stats import EpisodeStats, RolloutStats
 
@@ -265,7 +270,9 @@ class PPOBackend:
                 "old_log_prob": self.buf_logp.flatten(), "old_values": self.buf_values.flatten(),
                 "advantages": self.advantages.flatten(), "returns": self.returns.flatten()}
         self.net.train()
+        n_steps, n_envs = self.buf_logp.shape
         out = ppo_update(self.net, self.optimizer, flat, cfg, clip_range=clip, ent_coef=self.ent_coef,
+                         permutations=lambda _epoch: sb3_permutation(n_steps, n_envs, self.device),
                          autocast=self._autocast, scaler=self._scaler,
                          fast=ppo_mlp.applies(self.net, cfg.precision, cfg.compile), forward=self._forward)
         self.n_updates += int(out["epochs"])

@@ -7,7 +7,9 @@ the rollout's values when ``clip_range_vf`` is set, the entropy bonus, gradients
 ``max_grad_norm``, and an epoch stopped at the first minibatch whose approximate KL exceeds
 ``1.5 * target_kl`` (before that minibatch's gradient step). MLP policies may take the
 hand-written gradients of :mod:`gradlab.learn.ppo_mlp` instead of autograd.
-:func:`explained_variance` is the update's value-fit metric.
+:func:`sb3_permutation` draws the minibatch order as SB3's ``RolloutBuffer.get`` does, so with the
+same seed both backends train the same run. :func:`explained_variance` is the update's value-fit
+metric.
 """
 
 from __future__ import annotations
@@ -33,6 +35,27 @@ def take_rows(tensor: Any, index: Any) -> Any:
     return tensor.index_select(0, index)
 
 
+def sb3_permutation(n_steps: int, n_envs: int, device: Any = None) -> Any:
+    """One epoch's minibatch order, drawn as stable-baselines3's ``RolloutBuffer.get`` draws it.
+
+    SB3 draws ``np.random.permutation(n_steps * n_envs)`` from NumPy's global generator over its
+    lane-major flattening (index ``lane * n_steps + t``); this returns the same samples in the same
+    order as indices into gradlab's time-major flattening (``t * n_envs + lane``). Drawn once per
+    started epoch, as SB3 does, so both backends consume NumPy's stream alike and, from the same
+    seed, see the same minibatches (``tests/learn/test_ppo_rollout_parity.py``).
+
+    Returns:
+        (n_steps * n_envs,) int64 tensor on ``device`` (the CPU when None).
+    """
+    import numpy as np
+    import torch
+
+    lane_major = np.random.permutation(n_steps * n_envs)
+    time_major = (lane_major % n_steps) * n_envs + lane_major // n_steps
+    index = torch.from_numpy(time_major)
+    return index if device is None or torch.device(device).type == "cpu" else index.to(device, non_blocking=True)
+
+
 def ppo_update(net: Any, optimizer: Any, batch: dict[str, Any], cfg: GradlabPPOConfig, *, clip_range: float,
                ent_coef: float, permutations: list[Any] | None = None, autocast: Any = None,
                scaler: Any = None, fast: bool = False, forward: Any = None) -> dict[str, Any]:
@@ -41,8 +64,10 @@ def ppo_update(net: Any, optimizer: Any, batch: dict[str, Any], cfg: GradlabPPOC
     Args:
         batch: ``obs`` (B, *obs_shape), ``actions`` (B,) int64 or (B, d) float32, ``old_log_prob``,
             ``old_values``, ``advantages``, ``returns`` (B,) float32; all on the network's device.
-        permutations: one index permutation of ``range(B)`` per epoch (default: ``torch.randperm``
-            on the device); a batch that fits one minibatch is used in order.
+        permutations: one index permutation of ``range(B)`` per epoch, or a function of the epoch
+            that draws it when the epoch starts (the backend passes :func:`sb3_permutation`);
+            default ``torch.randperm`` on the device. A batch that fits one minibatch is used in
+            order (a function is still called, so the generator advances as SB3's does).
         autocast: a context factory for the forward pass (bf16 / fp16 autocast), or None.
         scaler: a ``torch.amp.GradScaler`` for fp16, or None.
         fast: compute the loss and gradients with :mod:`gradlab.learn.ppo_mlp` (hand-written
@@ -71,7 +96,11 @@ def ppo_update(net: Any, optimizer: Any, batch: dict[str, Any], cfg: GradlabPPOC
     for epoch in range(cfg.n_epochs):
         kls = []
         stop = False
-        if permutations is not None:
+        if callable(permutations):
+            perm = permutations(epoch)
+            if bs >= b:
+                perm = None  # one minibatch of every sample: the order changes nothing but rounding
+        elif permutations is not None:
             perm = permutations[epoch]
         elif bs >= b:
             perm = None

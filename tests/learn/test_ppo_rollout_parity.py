@@ -1,0 +1,125 @@
+"""gradlab.ppo's rollout against sb3.ppo's (VecNormalize + PPO) on the same seed, step by step.
+
+Together with ``tests/learn/test_ppo_parity.py`` (one update on the same batch equals SB3's
+``PPO.train``) this is the step-by-step comparison of a normalised run: with the same seed both
+backends build the same initial network and the same lanes, and their first rollout, its
+normalised observations and rewards, the truncation bootstrap, GAE and the running statistics,
+must agree. Acrobot-v1 is the normalised goal whose learning speed was in question; a short time
+limit makes the rollout contain truncations (bootstrapped) beside terminations.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from gradlab.learn.ppo import PPOBackend
+from gradlab.learn.sb3 import SB3Backend
+from tests.learn.conftest import make_spec
+
+ACROBOT = {"provider": "gymnasium", "env_id": "Acrobot-v1", "n_envs": 4, "vectorization": "sync",
+           "task": {"termination": {"native_terminated": "success", "max_episode_steps": 40}}}
+CONFIG = {"n_steps": 64, "batch_size": 64, "n_epochs": 1, "gamma": 0.99, "gae_lambda": 0.94, "ent_coef": 0.0}
+
+
+def _time_major(buf: np.ndarray) -> torch.Tensor:
+    """SB3's (n_steps, n_envs, ...) buffer as a float tensor."""
+    return torch.as_tensor(np.asarray(buf, dtype=np.float32))
+
+
+@pytest.mark.parametrize("normalize", [{"observation": True, "reward": True}, {"observation": False, "reward": True},
+                                       None], ids=["obs-and-reward", "reward-only", "none"])
+def test_first_rollout_equals_sb3s_vecnormalize_and_ppo(normalize: dict | None) -> None:
+    def spec(backend: str) -> object:
+        return make_spec(ACROBOT, {"id": backend, "config": CONFIG}, timesteps=4096, checkpoint_freq=4096, seed=3,
+                         normalize=normalize)
+
+    # One after the other: both draw from torch's global generator, seeded by each setup.
+    theirs = SB3Backend("sb3.ppo")
+    s3 = spec("sb3.ppo")
+    theirs.setup(s3, SB3Backend.make_env(s3), device="cpu")
+    initial = {k: v.clone() for k, v in theirs.model.policy.state_dict().items()}
+    theirs.begin(resumed=False)
+    theirs.collect()
+    ours = PPOBackend()
+    sg = spec("gradlab.ppo")
+    ours.setup(sg, PPOBackend.make_env(sg), device="cpu")
+    try:
+        for name, p in initial.items():  # the same seed builds the same network (up to the QR's threads)
+            assert torch.allclose(ours.net.state_dict()[name], p, rtol=0, atol=1e-6), name
+        ours.begin(resumed=False)
+        ours.collect()
+        buf = theirs.model.rollout_buffer
+        ends = int(ours.buf_dones.sum())
+        truncated = int((ours.buf_boot != 0).sum())
+        assert ends > 0 and truncated > 0, "the rollout must hold episode ends and truncations"
+        pairs = {
+            "observations (as the network sees them)": (ours.buf_obs, _time_major(buf.observations)),
+            "actions": (ours.buf_actions.float(), _time_major(buf.actions).squeeze(-1)),
+            "log-probabilities": (ours.buf_logp, _time_major(buf.log_probs)),
+            "values": (ours.buf_values, _time_major(buf.values)),
+            # SB3 adds gamma * V(final obs) of a truncated step to its (normalised) reward in place
+            "rewards + truncation bootstrap": (ours.buf_rewards + ours.buf_boot, _time_major(buf.rewards)),
+            "advantages": (ours.advantages, _time_major(buf.advantages)),
+            "returns (value targets)": (ours.returns, _time_major(buf.returns)),
+        }
+        for what, (a, b) in pairs.items():
+            assert a.shape == b.shape, what
+            assert torch.allclose(a, b, rtol=1e-5, atol=1e-5), f"{what}: max difference {float((a - b).abs().max())}"
+        if normalize is not None:
+            vn, norm = theirs.vecnormalize, ours.normaliser
+            np.testing.assert_allclose(norm.ret_rms.var, vn.ret_rms.var, rtol=1e-10)
+            np.testing.assert_allclose(norm.returns, vn.returns, rtol=1e-10)
+            if normalize["observation"]:
+                np.testing.assert_allclose(norm.obs_rms.mean, vn.obs_rms.mean, rtol=1e-10)
+                np.testing.assert_allclose(norm.obs_rms.var, vn.obs_rms.var, rtol=1e-10)
+    finally:
+        theirs.close()
+        ours.close()
+
+
+def _train(backend: object, spec: object, iterations: int) -> tuple[list[dict[str, torch.Tensor]], list[dict[str, float]]]:
+    """Parameters and update metrics after each of ``iterations`` rollouts and updates."""
+    backend.setup(spec, type(backend).make_env(spec), device="cpu")
+    backend.begin(resumed=False)
+    net = backend.model.policy if isinstance(backend, SB3Backend) else backend.net
+    params, metrics = [], []
+    try:
+        for _ in range(iterations):
+            backend.collect()
+            metrics.append(backend.update())
+            params.append({k: v.detach().clone() for k, v in net.state_dict().items()})
+    finally:
+        backend.close()
+    return params, metrics
+
+
+# The goals' own recipes (rl-zoo3's hyperparameters), fewer lanes where a rollout is long; the
+# lane count is not part of the run's semantics.
+RECIPES = {"Acrobot-v1/ppo": [], "MountainCar-v0/ppo": [], "LunarLander-v3/ppo": ["train.environment.n_envs=2"],
+           "CartPole-v1/ppo": []}
+
+
+@pytest.mark.parametrize("ref", list(RECIPES))
+def test_the_same_seed_trains_sb3s_run(ref: str) -> None:
+    # Three rollouts and updates: both backends draw the minibatch order from NumPy's generator as
+    # SB3's RolloutBuffer does and sample actions from torch's, so the runs stay equal (up to
+    # rounding) across updates, not only for the first rollout.
+    from gradlab.contracts.experiments import Experiments
+    from gradlab.contracts.run_spec import RunSpec
+
+    def spec(backend: str) -> object:
+        overrides = [f"train.backend.id={backend}", "train.device=cpu", *RECIPES[ref]]
+        return RunSpec.from_resolved(Experiments().resolve(ref, overrides), seed=5)
+
+    theirs, their_metrics = _train(SB3Backend("sb3.ppo"), spec("sb3.ppo"), iterations=3)
+    ours, our_metrics = _train(PPOBackend(), spec("gradlab.ppo"), iterations=3)
+    for i, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+        for name in b:
+            diff = float((a[name] - b[name]).abs().max())
+            assert diff < 1e-4, f"update {i + 1}: {name} differs by {diff}"
+    key = "train/algorithm/ppo/update/approx_kl"
+    for i, (a, b) in enumerate(zip(our_metrics, their_metrics, strict=True)):
+        assert a[key] == pytest.approx(b[key], rel=1e-3, abs=1e-7), f"update {i + 1}: {key}"
+        assert a[key] > 0  # the policy moved
