@@ -30,6 +30,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from gradlab.contracts.actions import resolve_action_profile
 from gradlab.contracts.catalog import Catalog
 from gradlab.contracts.compose import (
     Composition,
@@ -301,6 +302,7 @@ class Experiments:
             problems.append(comp.problem(("goal_id",), f"expected '{goal_id}' (the folder path), found {data['goal_id']!r}"))
         variables, var_problems = template_vars(data.pop("template_vars", None), comp)
         problems += var_problems
+        problems += resolve_action_profile(data, data.pop("action_profiles", None), comp.problem)
         env_id = _get(data, ("train", "environment", "env_id"))
         context = {**variables, "goal_id": goal_id, **({"env_id": env_id} if isinstance(env_id, str) else {})}
         self._template_vars[goal_id] = variables

@@ -355,7 +355,13 @@ def make_vector_env(spec: EnvironmentSpec, *, seed: int, lane_seeds: list[int] |
 
     provider = get_provider(spec.provider)
     seeds = list(lane_seeds) if lane_seeds is not None else training_lane_seeds(seed, spec.n_envs)
+    if spec.action_profile is not None:  # checked before an emulator starts
+        from gradlab.envs.action_profile import ProfiledBackend, native_table
+
+        table = native_table(provider, spec)
     backend = provider.make_backend(spec, render_mode=render_mode)
+    if spec.action_profile is not None:
+        backend = ProfiledBackend(backend, table, spec.action_profile.meanings)
     try:
         return VectorEnv(spec, backend, seeds)
     except BaseException:
