@@ -375,6 +375,12 @@ class Experiments:
         except ValidationError as e:
             problems += validation_problems(e, Recipe, comp)
             raise ConfigError(_positions_for_set(problems)) from None
+        if recipe.train.starts is not None:  # weights name the goal's own starts
+            for name in recipe.train.starts:
+                if name not in goal.eval.starts:
+                    problems.append(comp.problem(("train", "starts", name), (
+                        f"goal '{goal_id}' has no start '{name}'; expected one of {goal.eval.starts} (its eval.starts)"
+                        if goal.eval.starts else f"goal '{goal_id}' names no starts (eval.starts), found '{name}'")))
         environment = None
         env_data = goal.train.environment.model_dump(mode="json")
         changes = recipe.train.environment.model_dump(mode="json", exclude_none=True)
