@@ -42,14 +42,16 @@ def env_list(json_out: JsonOption = False) -> None:
 
 @env_app.command("inspect")
 def env_inspect(
-    ref: Annotated[str, typer.Argument(help="PROVIDER:ENV_ID, e.g. gymnasium:CartPole-v1 or ale:Breakout")],
+    ref: Annotated[str, typer.Argument(help="PROVIDER:ENV_ID, e.g. gymnasium:CartPole-v1 or ale:Breakout, or a GOAL "
+                                            "(its training environment, action profile included)")],
     settings: Annotated[list[str] | None, typer.Option(
         "--set", help="An environment setting: dotted.key=value (YAML scalar), e.g. preprocessing.frame_skip=2 or "
                       "provider_args.use_fire_reset=true. Repeatable.")] = None,
     json_out: JsonOption = False,
 ) -> None:
     """Observation space, action space, action meanings, render shape, native max steps and the provider's
-    settings (for ale: frame skip, sticky actions, action set, noop max, max-pool, episode cap in frames and steps)."""
+    settings (for ale: frame skip, sticky actions, action set, noop max, max-pool, episode cap in frames and steps).
+    Under a goal's action profile the actions are the profile's, each with the native buttons it presses."""
     from gradlab.envs.registry import describe
 
     try:
@@ -68,6 +70,8 @@ def env_inspect(
         value = data[key]
         table.add_row(key, escape(", ".join(value) if key == "action_meanings" else str(value)))
     for key, value in data["extra"].items():
+        if key == "profile_actions":
+            value = ", ".join(f"{i} {a['name']} = {'+'.join(a['buttons']) or 'no button'}" for i, a in enumerate(value))
         table.add_row(escape(_EXTRA_LABELS.get(key, key.replace("_", " "))), escape(str(value)))
     console.print(table)
 
@@ -78,6 +82,8 @@ _EXTRA_LABELS = {
     "max_pool": "max-pool (last 2 frames)",
     "max_frames_per_episode": "episode cap (emulator frames)",
     "max_steps_per_episode": "episode cap (agent steps)",
+    "profile_actions": "profile actions (native buttons)",
+    "native_action_space": "native action space",
 }
 
 
@@ -94,9 +100,14 @@ def _inspect_spec(ref: str, settings: list[str]):
     from gradlab.errors import ConfigProblem
 
     provider, sep, env_id = ref.partition(":")
-    if not sep or not provider or not env_id:
-        raise NotFound(f"expected PROVIDER:ENV_ID, found {ref!r}")
-    data: dict = {"provider": provider, "env_id": env_id}
+    if not sep:  # a goal: its training environment as composed (an action profile resolved)
+        from gradlab.contracts import Experiments
+
+        data: dict = Experiments().load_goal(ref).train.environment.model_dump(mode="json")
+    elif not provider or not env_id:
+        raise NotFound(f"expected PROVIDER:ENV_ID or GOAL, found {ref!r}")
+    else:
+        data = {"provider": provider, "env_id": env_id}
     for text in settings:
         key, value = parse_override(text)
         set_path(data, key, value)

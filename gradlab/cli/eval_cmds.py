@@ -69,6 +69,14 @@ def _render(result: Any, goal: Any, *, protocol: bool, success_defined: bool, ti
                                       f"[95% CI {agg['eval/outcome/success/rate_ci95_low']:.3f}, "
                                       f"{agg['eval/outcome/success/rate_ci95_high']:.3f}]")
     table.add_row("length", f"{agg['eval/episode/length/mean']:.1f} steps (mean)")
+    from gradlab.evaluation import names
+
+    for start in sorted({k.split("/")[2] for k in agg if k.startswith("eval/start/")}):
+        table.add_row(f"from start {start}",
+                      f"success {agg[names.EVAL_START_SUCCESS_RATE.format(start=start)]:.3f} "
+                      f"[95% CI {agg[names.EVAL_START_SUCCESS_LOW.format(start=start)]:.3f}, "
+                      f"{agg[names.EVAL_START_SUCCESS_HIGH.format(start=start)]:.3f}], "
+                      f"{agg[names.EVAL_START_EPISODES.format(start=start)]:.0f} episodes")
     reasons = {k.split("/")[3]: v for k, v in agg.items() if k.startswith("eval/outcome/failure/") and k.count("/") == 4}
     if reasons:
         table.add_row("failure reasons", ", ".join(f"{r} {v:.3f}" for r, v in sorted(reasons.items())))

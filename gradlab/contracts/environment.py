@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, model_serializer, model_validator
 
+from gradlab.contracts.actions import ActionProfile
 from gradlab.contracts.base import Contract, validate_nested
 from gradlab.contracts.task import TaskProgram
 
@@ -83,6 +84,17 @@ class EnvironmentSpec(Contract):
         default_factory=dict, description="Provider-specific preprocessing, validated per provider."
     )
     task: TaskProgram = Field(default_factory=TaskProgram)
+    action_profile: ActionProfile | None = Field(
+        default=None, description="The policy's discrete actions over the provider's native ones; in YAML the "
+                                  "name of a profile the goal's family declares under action_profiles.")
+
+    @model_serializer(mode="wrap")
+    def _omit_absent_profile(self, handler: Any) -> dict[str, Any]:
+        # An environment without a profile keeps the environment_sha256 it had before the key existed.
+        data = handler(self)
+        if data.get("action_profile") is None:
+            data.pop("action_profile", None)
+        return data
 
     @model_validator(mode="after")
     def _check_preprocessing(self) -> EnvironmentSpec:

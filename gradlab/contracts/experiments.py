@@ -30,6 +30,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from gradlab.contracts.actions import resolve_action_profile
 from gradlab.contracts.catalog import Catalog
 from gradlab.contracts.compose import (
     Composition,
@@ -301,6 +302,7 @@ class Experiments:
             problems.append(comp.problem(("goal_id",), f"expected '{goal_id}' (the folder path), found {data['goal_id']!r}"))
         variables, var_problems = template_vars(data.pop("template_vars", None), comp)
         problems += var_problems
+        problems += resolve_action_profile(data, data.pop("action_profiles", None), comp.problem)
         env_id = _get(data, ("train", "environment", "env_id"))
         context = {**variables, "goal_id": goal_id, **({"env_id": env_id} if isinstance(env_id, str) else {})}
         self._template_vars[goal_id] = variables
@@ -373,6 +375,12 @@ class Experiments:
         except ValidationError as e:
             problems += validation_problems(e, Recipe, comp)
             raise ConfigError(_positions_for_set(problems)) from None
+        if recipe.train.starts is not None:  # weights name the goal's own starts
+            for name in recipe.train.starts:
+                if name not in goal.eval.starts:
+                    problems.append(comp.problem(("train", "starts", name), (
+                        f"goal '{goal_id}' has no start '{name}'; expected one of {goal.eval.starts} (its eval.starts)"
+                        if goal.eval.starts else f"goal '{goal_id}' names no starts (eval.starts), found '{name}'")))
         environment = None
         env_data = goal.train.environment.model_dump(mode="json")
         changes = recipe.train.environment.model_dump(mode="json", exclude_none=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_serializer, model_validator
 
 from gradlab.contracts.base import Contract, validate_nested
 
@@ -175,6 +175,38 @@ class RecipeTrain(Contract):
     checkpoint_freq: int | None = Field(default=None, ge=1, description="Overrides the goal's checkpoint_freq.")
     torch_threads: int = Field(default=1, ge=1, description="torch intra-op threads in the learner.")
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    starts: dict[str, float] | None = Field(
+        default=None, description="Weight of each of the goal's starts (eval.starts) when training draws one per "
+                                  "episode; null = uniform. Names must be the goal's starts.")
+
+    @field_validator("starts")
+    @classmethod
+    def _check_starts(cls, weights: dict[str, float] | None) -> dict[str, float] | None:
+        if weights is None:
+            return None
+        negative = sorted(k for k, w in weights.items() if w < 0)
+        if negative:
+            raise ValueError(f"start weights must be >= 0, found negative weights for {negative}")
+        if not weights or sum(weights.values()) <= 0:
+            raise ValueError("expected at least one start with a positive weight")
+        return weights
+
+    @model_serializer(mode="wrap")
+    def _omit_absent_starts(self, handler: Any) -> dict[str, Any]:
+        # A recipe without start weights keeps the recipe_sha256 it had before the key existed.
+        data = handler(self)
+        if data.get("starts") is None:
+            data.pop("starts", None)
+        return data
+
+    def start_weights(self, goal_starts: list[str]) -> dict[str, float] | None:
+        """Probability of each of the goal's starts for a training episode, summing to 1, in the
+        goal's order; None when the goal has no starts (every episode uses the default start)."""
+        if not goal_starts:
+            return None
+        raw = self.starts if self.starts is not None else {s: 1.0 for s in goal_starts}
+        total = sum(raw.get(s, 0.0) for s in goal_starts)
+        return {s: raw.get(s, 0.0) / total for s in goal_starts}
 
 
 class Logging(Contract):

@@ -231,6 +231,20 @@ class Provider:
         """Build ``spec.n_envs`` lanes of ``spec``'s environment (preprocessing applied)."""
         raise NotImplementedError
 
+    def action_buttons(self, spec: EnvironmentSpec) -> tuple[str, ...] | None:
+        """The button names an action profile of ``spec`` may press, or None when this provider
+        takes no action profiles (the default). Cheap: no emulator (docs/ARCHITECTURE.md section 4)."""
+        return None
+
+    def native_action(self, spec: EnvironmentSpec, buttons: list[str]) -> Any:
+        """The native action (an int or a button vector) that presses ``buttons`` together, in the
+        action space :meth:`make_backend` builds when ``spec.action_profile`` is set.
+
+        Raises:
+            ValueError: a combination the provider cannot press (ALE: UP with DOWN).
+        """
+        raise ValueError(f"provider '{self.name}' has no action profiles")
+
     def semantic_args(self, spec: EnvironmentSpec) -> dict[str, Any]:
         """Provider conventions recorded in ``environment_sha256`` beyond the spec (none by default)."""
         return {}

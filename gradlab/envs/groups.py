@@ -150,3 +150,17 @@ def usable_cpus() -> int:
     import os
 
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def draw_training_starts(venv: LaneGroups | VectorEnv, weights: dict[str, float] | None, *, seed: int
+                         ) -> LaneGroups | VectorEnv:
+    """Make every lane of ``venv`` (one vector env or lane groups) draw its episodes' starts with
+    ``weights`` (:meth:`VectorEnv.draw_starts`); ``weights`` None leaves it as it is. Returns ``venv``.
+
+    Raises:
+        ContractViolation: as :meth:`VectorEnv.draw_starts`.
+    """
+    if weights:
+        for group in getattr(venv, "groups", None) or [venv]:
+            group.draw_starts(weights, seed=seed)
+    return venv

@@ -160,7 +160,9 @@ def static_check(spec: EnvironmentSpec) -> list[tuple[str, str]]:
     if not available:
         return [("provider", f"provider '{spec.provider}' is not available here: {reason}")]
     try:
-        return provider.check(spec)
+        from gradlab.envs.action_profile import profile_problems
+
+        return provider.check(spec) + profile_problems(provider, spec)
     except Exception as e:  # noqa: BLE001 - a broken third-party provider is a problem to report, not a crash
         return [("", f"{spec.provider}:{spec.env_id}: cannot be checked: {type(e).__name__}: {e}")]
 

@@ -110,4 +110,10 @@ def describe(spec_or_ref: Any):
         spec = EnvironmentSpec(provider=provider, env_id=env_id)
     else:
         spec = spec_or_ref
-    return get_provider(spec.provider).describe(spec)
+    provider = get_provider(spec.provider)
+    if spec.action_profile is None:
+        return provider.describe(spec)
+    from gradlab.envs.action_profile import native_table, profiled_info
+
+    native_table(provider, spec)  # a profile that does not fit fails before an emulator starts
+    return profiled_info(provider, spec, provider.describe(spec))

@@ -72,6 +72,7 @@ class VectorEnv:
         self._initial_seeds: list[int | None] = list(lane_seeds)
         self._next_seeds: dict[int, int] = {}
         self._next_starts: dict[int, str] = {}
+        self._start_draws: tuple[list[str], np.ndarray, list[np.random.Generator]] | None = None
         self._started = False
         self._closed = False
         self.task = TaskRunner(spec.task, self.num_envs)
@@ -140,7 +141,7 @@ class VectorEnv:
         default start again unless named anew. ``None`` clears a pending start. The start is
         reported as ``EpisodeRecord.start`` (and ``"start"`` in ``info["gradlab_episode"]``).
         Starts map to: stable-retro save states (``retro``: ``load_state`` before the reset);
-        ``Corridor-v0``'s ``provider_args.starts`` (``gradlab``).
+        ``Corridor-v0``'s and ``KeyDoor-v0``'s ``provider_args.starts`` (``gradlab``).
 
         Args:
             lane: 0..N-1.
@@ -156,13 +157,40 @@ class VectorEnv:
         if not self.starts:
             raise ContractViolation(
                 f"{where} has no start states, found start {start!r} (eval.starts needs a provider with several: "
-                "retro save states, or gradlab Corridor-v0 with provider_args.starts)")
+                "retro save states, or gradlab Corridor-v0 / KeyDoor-v0 with provider_args.starts)")
         if start is None:
             self._next_starts.pop(lane, None)
             return
         if start not in self.starts:
             raise ContractViolation(f"{where}: start: expected one of {list(self.starts)}, found {start!r}")
         self._next_starts[lane] = start
+
+    def draw_starts(self, weights: dict[str, float], *, seed: int) -> None:
+        """From now on, each lane's episode begins from a start drawn with ``weights`` (training).
+
+        A start named with :meth:`set_next_start` still wins for its episode. Lane ``i`` draws from
+        its own generator, seeded by ``(seed, lane i's first-reset seed)``, so a lane's sequence of
+        starts depends on the run seed and the lane only: the same in one vector env or in lane
+        groups (:mod:`gradlab.envs.groups`), and reproducible run to run.
+
+        Args:
+            weights: start name -> probability (>= 0, summing to 1), names from :attr:`starts`.
+            seed: the run seed.
+
+        Raises:
+            ContractViolation: the environment has no start states, or a name is not one of them.
+        """
+        where = f"{self.spec.provider}:{self.spec.env_id}"
+        if not self.starts:
+            raise ContractViolation(f"{where} has no start states, found train.starts {sorted(weights)}")
+        unknown = [n for n in weights if n not in self.starts]
+        if unknown:
+            raise ContractViolation(f"{where}: start: expected one of {list(self.starts)}, found {unknown[0]!r}")
+        names = list(weights)
+        probs = np.array([weights[n] for n in names], dtype=np.float64)
+        rngs = [np.random.default_rng(np.random.SeedSequence([_START_STREAM, int(seed), int(lane_seed or 0)]))
+                for lane_seed in self._initial_seeds]
+        self._start_draws = (names, probs / probs.sum(), rngs)
 
     @property
     def starts(self) -> tuple[str, ...] | None:
@@ -173,6 +201,11 @@ class VectorEnv:
     def _reset_backend(self, lanes: list[int], seeds: list[int | None]) -> tuple[list[np.ndarray], list[dict],
                                                                                   list[str | None] | None]:
         """Reset ``lanes`` in the backend with their pending starts; returns (obs, infos, starts or None)."""
+        if self._start_draws is not None:  # training: every episode without a named start draws one
+            names, probs, rngs = self._start_draws
+            for lane in lanes:
+                if lane not in self._next_starts:
+                    self._next_starts[lane] = names[int(rngs[lane].choice(len(names), p=probs))]
         if not self._next_starts:
             obs, infos = self.backend.reset_lanes(lanes, seeds)
             return obs, infos, None
@@ -337,6 +370,10 @@ class VectorEnv:
         self.close()
 
 
+#: Tags the RNG stream of training start draws (:meth:`VectorEnv.draw_starts`) apart from other streams.
+_START_STREAM = 0x57A27
+
+
 def make_vector_env(spec: EnvironmentSpec, *, seed: int, lane_seeds: list[int] | None = None,
                     render_mode: str | None = None) -> VectorEnv:
     """Build ``spec.n_envs`` lanes of ``spec`` with its task program, as training and evaluation do.
@@ -355,7 +392,13 @@ def make_vector_env(spec: EnvironmentSpec, *, seed: int, lane_seeds: list[int] |
 
     provider = get_provider(spec.provider)
     seeds = list(lane_seeds) if lane_seeds is not None else training_lane_seeds(seed, spec.n_envs)
+    if spec.action_profile is not None:  # checked before an emulator starts
+        from gradlab.envs.action_profile import ProfiledBackend, native_table
+
+        table = native_table(provider, spec)
     backend = provider.make_backend(spec, render_mode=render_mode)
+    if spec.action_profile is not None:
+        backend = ProfiledBackend(backend, table, spec.action_profile.meanings)
     try:
         return VectorEnv(spec, backend, seeds)
     except BaseException:

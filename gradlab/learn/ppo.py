@@ -112,10 +112,12 @@ class PPOBackend:
     def make_env(spec: RunSpec) -> Any:
         """gradlab's vector env for the run (task program applied, lane seeds from ``spec.seed``):
         two lane groups where the provider steps lanes in the background (ale-py), so the rollout
-        overlaps one group's env step with the other's forward pass (:mod:`gradlab.envs.groups`)."""
-        from gradlab.envs.groups import make_lane_groups
+        overlaps one group's env step with the other's forward pass (:mod:`gradlab.envs.groups`).
+        A goal with starts draws one per episode with the recipe's ``train.starts`` weights."""
+        from gradlab.envs.groups import draw_training_starts, make_lane_groups
 
-        return make_lane_groups(spec.environment, seed=spec.seed, groups=2)
+        return draw_training_starts(make_lane_groups(spec.environment, seed=spec.seed, groups=2),
+                                    spec.recipe.train.start_weights(spec.goal.eval.starts), seed=spec.seed)
 
     # -- construction ------------------------------------------------------------------------
     def setup(self, spec: RunSpec, venv: Any, *, device: str = "auto") -> None:

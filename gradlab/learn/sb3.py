@@ -57,12 +57,15 @@ def make_training_env(spec: RunSpec) -> Any:
     """The SB3 ``VecEnv`` an ``sb3.*`` backend trains on: gradlab's vector env (task program applied).
 
     Returns:
-        A :class:`gradlab.envs.sb3.SB3VecEnv` over ``spec.environment``'s lanes, seeded from ``spec.seed``.
+        A :class:`gradlab.envs.sb3.SB3VecEnv` over ``spec.environment``'s lanes, seeded from ``spec.seed``;
+        a goal with starts draws one per episode with the recipe's ``train.starts`` weights.
     """
     from gradlab.envs import make_vector_env
+    from gradlab.envs.groups import draw_training_starts
     from gradlab.envs.sb3 import SB3VecEnv
 
-    return SB3VecEnv(make_vector_env(spec.environment, seed=spec.seed))
+    venv = make_vector_env(spec.environment, seed=spec.seed)
+    return SB3VecEnv(draw_training_starts(venv, spec.recipe.train.start_weights(spec.goal.eval.starts), seed=spec.seed))
 
 
 def _make_callback_class() -> type:

@@ -29,11 +29,14 @@ class EpisodeStats:
     successes: deque = field(default_factory=lambda: deque(maxlen=WINDOW))
     outcomes: dict[str, int] = field(default_factory=lambda: {"success": 0, "failure": 0, "timeout": 0, "ended": 0})
     reasons: dict[str, int] = field(default_factory=dict)
+    #: start name -> [episodes, successes] of episodes that began from a named start state.
+    starts: dict[str, list[int]] = field(default_factory=dict)
 
     def add(self, record: dict[str, Any]) -> None:
         """Count one finished episode: ``record`` has ``return`` and ``length``, optionally
         ``raw_return`` (default: ``return``), ``outcome`` (default ``ended``) and ``reason``
-        (default: the outcome), as :meth:`gradlab.envs.records.EpisodeRecord.as_json` gives."""
+        (default: the outcome) and ``start`` (absent or empty: the default start), as
+        :meth:`gradlab.envs.records.EpisodeRecord.as_json` gives."""
         self.count += 1
         self.returns.append(float(record["return"]))
         self.raw_returns.append(float(record.get("raw_return", record["return"])))
@@ -43,12 +46,17 @@ class EpisodeStats:
         self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
         reason = str(record.get("reason") or outcome)
         self.reasons[reason] = self.reasons.get(reason, 0) + 1
+        start = record.get("start")
+        if start:
+            counts = self.starts.setdefault(str(start), [0, 0])
+            counts[0] += 1
+            counts[1] += outcome == "success"
 
     def as_json(self) -> dict[str, Any]:
         """The windows and counts as JSON data (``state.json``'s ``episodes``)."""
         return {"count": self.count, "returns": list(self.returns), "raw_returns": list(self.raw_returns),
                 "lengths": list(self.lengths), "successes": list(self.successes), "outcomes": dict(self.outcomes),
-                "reasons": dict(self.reasons)}
+                "reasons": dict(self.reasons), "starts": {k: list(v) for k, v in self.starts.items()}}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> EpisodeStats:
@@ -57,7 +65,8 @@ class EpisodeStats:
         Raises:
             KeyError: a field is missing.
         """
-        s = cls(count=int(data["count"]), outcomes=dict(data["outcomes"]), reasons=dict(data["reasons"]))
+        s = cls(count=int(data["count"]), outcomes=dict(data["outcomes"]), reasons=dict(data["reasons"]),
+                starts={str(k): [int(v[0]), int(v[1])] for k, v in data.get("starts", {}).items()})
         s.returns.extend(data["returns"])
         s.raw_returns.extend(data["raw_returns"])
         s.lengths.extend(data["lengths"])
@@ -67,7 +76,8 @@ class EpisodeStats:
     def metrics(self) -> dict[str, float]:
         """``train/episode/count``, the window means (``train/episode/return/{shaped,raw}/mean``,
         ``train/episode/length/mean``, ``train/outcome/success/window_100/rate``, once an episode
-        ended) and the cumulative outcome and reason counts."""
+        ended), the cumulative outcome and reason counts, and per named start its episode and
+        success counts (``train/start/{start}/...``)."""
         out: dict[str, float] = {"train/episode/count": float(self.count)}
         if self.returns:
             out["train/episode/return/shaped/mean"] = float(np.mean(self.returns))
@@ -78,6 +88,9 @@ class EpisodeStats:
             out[f"train/outcome/{outcome}/count"] = float(n)
         for reason, n in self.reasons.items():
             out[f"train/episode/reason/{_segment(reason)}/count"] = float(n)
+        for start, (n, wins) in self.starts.items():
+            out[f"train/start/{_segment(start)}/episode/count"] = float(n)
+            out[f"train/start/{_segment(start)}/success/count"] = float(wins)
         return out
 
 

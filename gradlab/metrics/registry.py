@@ -66,6 +66,8 @@ TRAINING: tuple[MetricSpec, ...] = (
     MetricSpec("train/episode/return/raw/mean", "Mean raw (provider-native) return of the last 100 finished episodes.", "reward", _ROLL),
     MetricSpec("train/episode/length/mean", "Mean length of the last 100 finished episodes.", "steps", _ROLL),
     MetricSpec("train/episode/reason/{reason}/count", "Episodes finished since the run started that ended for this reason.", "count", _ROLL),
+    MetricSpec("train/start/{start}/episode/count", "Episodes finished since the run started that began from this start state (goals with several).", "count", _ROLL),
+    MetricSpec("train/start/{start}/success/count", "Episodes finished since the run started from this start state with outcome success.", "count", _ROLL),
     MetricSpec("train/outcome/success/count", "Episodes finished since the run started with outcome success.", "count", _ROLL),
     MetricSpec("train/outcome/failure/count", "Episodes finished since the run started with outcome failure.", "count", _ROLL),
     MetricSpec("train/outcome/timeout/count", "Episodes finished since the run started with outcome timeout.", "count", _ROLL),

@@ -58,14 +58,26 @@ class SeedResult:
     checkpoint_sha256: str | None
     created_at: datetime
     scored_by: str = "not scored"  #: promoted | best evaluated | not scored (:data:`SCORING_RULE`)
+    #: (start name, success rate) of the scored evaluation (``eval/start/{start}/success/rate``), by
+    #: name; empty for a goal with one start.
+    start_success: tuple[tuple[str, float], ...] = ()
 
     @property
     def cohort(self) -> tuple[str, str, tuple[str, ...]]:
         return self.goal_id, self.recipe_id, self.overrides
 
     def as_json(self) -> dict:
-        return {k: (v.isoformat() if isinstance(v, datetime) else list(v) if isinstance(v, tuple) else v)
-                for k, v in self.__dict__.items()}
+        out = {k: (v.isoformat() if isinstance(v, datetime) else list(v) if isinstance(v, tuple) else v)
+               for k, v in self.__dict__.items()}
+        out["start_success"] = dict(self.start_success)
+        return out
+
+
+def start_success_rates(aggregates: dict) -> tuple[tuple[str, float], ...]:
+    """(start name, ``eval/start/{start}/success/rate``) of an evaluation's aggregates, by name."""
+    prefix, suffix = "eval/start/", "/success/rate"
+    return tuple((k[len(prefix):-len(suffix)], float(v)) for k, v in sorted(aggregates.items())
+                 if k.startswith(prefix) and k.endswith(suffix) and k.count("/") == 4)
 
 
 def canonical_overrides(overrides: Iterable[str] | None) -> tuple[str, ...]:
@@ -283,7 +295,7 @@ def seed_result(stores, run_id: str, *, objective: tuple[str, str] | None = None
         accepted=receipt.promotion is not None,
         steps_to_acceptance=receipt.promotion.checkpoint_step if receipt.promotion is not None else None,
         seconds_to_acceptance=seconds, checkpoint_sha256=shas.get(chosen.checkpoint_step) if chosen else None,
-        created_at=record.created_at,
+        created_at=record.created_at, start_success=start_success_rates(aggregates),
     )
 
 

@@ -195,13 +195,18 @@ def goal_page(settings, stores, goal_id: str, results: Sequence[cohorts_mod.Seed
     parts.append(f"<img class='curves' alt='learning curves of {_e(goal_id)}' src='{_png(fig)}'>" if fig is not None
                  else "<p class='note'>no curves: no journal on this machine holds these runs</p>")
     parts += [f"<p class='note warning'>left out: {_e(n)}</p>" for n in left_out]
+    starts = sorted({name for r in results for name, _ in r.start_success})  # a goal with several starts
     parts.append("<h2>Seeds: steps and time to acceptance</h2><table id='seeds'><tr><th>recipe</th><th>seed</th>"
-                 "<th>run</th><th>outcome</th><th>score</th><th>steps to acceptance</th><th>seconds to acceptance</th></tr>")
+                 "<th>run</th><th>outcome</th><th>score</th><th>steps to acceptance</th><th>seconds to acceptance</th>"
+                 + "".join(f"<th>success from {_e(s)}</th>" for s in starts) + "</tr>")
     for r in results:
+        by_start = dict(r.start_success)
         parts.append(f"<tr><td>{_e(cohorts_mod.cohort_label(r.recipe_id, r.overrides))}</td><td>{r.seed}</td>"
                      f"<td>{_e(r.run_id)}</td><td>{_e(r.outcome)}</td>"
                      f"<td>{'-' if r.score is None else f'{r.score:.3f}'}</td><td>{r.steps_to_acceptance or '-'}</td>"
-                     f"<td>{'-' if r.seconds_to_acceptance is None else f'{r.seconds_to_acceptance:.1f}'}</td></tr>")
+                     f"<td>{'-' if r.seconds_to_acceptance is None else f'{r.seconds_to_acceptance:.1f}'}</td>"
+                     + "".join(f"<td>{'-' if s not in by_start else f'{by_start[s]:.3f}'}</td>" for s in starts)
+                     + "</tr>")
     parts.append("</table><h2>Promoted checkpoints</h2>")
     promoted = [r for r in results if r.accepted and r.checkpoint_sha256]
     if promoted:

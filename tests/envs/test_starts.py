@@ -157,3 +157,35 @@ def test_retro_start_is_a_save_state():
     # Airstriker's default state *is* Level1 (its metadata.json): that a named start starts elsewhere
     # is shown with a save state of its own (test_retro_start_from_a_save_state_taken_after_n_steps).
     assert default_obs.shape == (1, *venv.single_observation_space.shape)
+
+
+def _drawn_starts(seed: int, n_envs: int = 4, steps: int = 40) -> list[tuple[int, str | None]]:
+    from gradlab.envs.groups import draw_training_starts
+
+    venv = draw_training_starts(make_vector_env(_corridor(n_envs=n_envs), seed=seed), {"short": 0.5, "long": 0.5},
+                                seed=seed)
+    with venv:
+        venv.reset()
+        return [(lane, start) for _, lane, _, start, _ in _episodes(venv, steps)]
+
+
+def test_training_draws_a_start_per_episode_per_lane_reproducibly_by_seed():
+    first = _drawn_starts(0)
+    assert first == _drawn_starts(0)  # the same seed: the same start for every episode of every lane
+    assert first != _drawn_starts(1)
+    assert {s for _, s in first} == {"short", "long"} and len(first) > 20
+    lanes = [[s for lane, s in first if lane == k] for k in range(4)]
+    assert len({tuple(seq) for seq in lanes}) > 1  # lanes draw from streams of their own
+    # A lane's draws depend on the run seed and the lane only: lane 1 of a 2-lane env is lane 1 of a 4-lane one.
+    two = _drawn_starts(0, n_envs=2)
+    assert [s for lane, s in two if lane == 1] == lanes[1]
+
+
+def test_a_named_start_wins_over_the_draw_and_unknown_weights_are_refused():
+    with make_vector_env(_corridor(n_envs=1), seed=0) as venv:
+        venv.draw_starts({"long": 1.0}, seed=0)
+        venv.set_next_start(0, "short")
+        venv.reset()
+        assert _episodes(venv, 9) == [(2, 0, 2, "short", "short"), (9, 0, 7, "long", "long")]
+        with pytest.raises(ContractViolation, match="start: expected one of \\['short', 'long'\\], found 'mid'"):
+            venv.draw_starts({"mid": 1.0}, seed=0)

@@ -11,7 +11,8 @@ task program's job (``reward_clip``; a ``lives`` info signal with a ``decrease``
 
 ``preprocessing`` → ``AtariVectorEnv``: frame_skip → frameskip, max_pool → maxpool, grayscale,
 resize (H, W) → img_height/img_width (null = the native 210×160), frame_stack → stack_num,
-repeat_action_probability, noop_max, full_action_space. Lanes run on ale-py's thread pool
+repeat_action_probability, noop_max, full_action_space (always on under an ``action_profile``, whose
+actions are indices of the full set). Lanes run on ale-py's thread pool
 (``num_threads``; 0 = ale-py's choice).
 
 Observations are channel-first uint8: (frame_stack, H, W) for grayscale, (frame_stack × 3, H, W)
@@ -27,6 +28,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from gradlab.contracts.actions import ALE_BUTTONS, ale_action
 from gradlab.contracts.environment import AtariPreprocessing, EnvironmentSpec
 from gradlab.envs.backend import EnvInfo, LaneBackend, Provider, args_problems, seed32
 from gradlab.envs.lanes import parse_provider_args
@@ -212,10 +214,18 @@ class AleProvider(Provider):
             problems.insert(0, ("env_id", str(e)))
         return problems
 
+    def action_buttons(self, spec: EnvironmentSpec) -> tuple[str, ...] | None:
+        """A joystick and its fire button (:data:`gradlab.contracts.actions.ALE_BUTTONS`)."""
+        return ALE_BUTTONS
+
+    def native_action(self, spec: EnvironmentSpec, buttons: list[str]) -> int:
+        """The index in ALE's full action set (:func:`gradlab.contracts.actions.ale_action`)."""
+        return ale_action(buttons)
+
     def make_backend(self, spec: EnvironmentSpec, *, render_mode: str | None) -> LaneBackend:
         rom = self._rom(spec.env_id)
         args = parse_provider_args(AleArgs, spec)
-        pre = AtariPreprocessing.model_validate(spec.preprocessing)
+        pre = _native_preprocessing(spec)
         if args.single_lanes:
             import functools
 
@@ -228,7 +238,7 @@ class AleProvider(Provider):
 
     def describe(self, spec: EnvironmentSpec) -> EnvInfo:
         rom = self._rom(spec.env_id)
-        pre = AtariPreprocessing.model_validate(spec.preprocessing)
+        pre = _native_preprocessing(spec)
         lanes = AleLanes(rom, 1, pre, parse_provider_args(AleArgs, spec), 1)
         try:
             meanings = [a.name for a in lanes.action_set]
@@ -242,6 +252,12 @@ class AleProvider(Provider):
                        n_actions=int(act_space.n), action_meanings=meanings, render_shape=(h, w, 3),
                        native_max_steps=max_steps, version=self.version(),
                        extra={"rom": rom, "convention": "ALE v5 (Machado et al. 2018)", **ale_settings(pre)})
+
+
+def _native_preprocessing(spec: EnvironmentSpec) -> AtariPreprocessing:
+    """The spec's preprocessing; with an action profile, over ALE's full action set (its indices)."""
+    pre = AtariPreprocessing.model_validate(spec.preprocessing)
+    return pre.model_copy(update={"full_action_space": True}) if spec.action_profile is not None else pre
 
 
 def max_agent_steps(frame_skip: int) -> int:

@@ -305,8 +305,9 @@ _ENVS: dict[str, type[BaseModel]] = {
 def _extra(env_id: str, args: _Args) -> dict[str, Any]:
     if env_id == "Lives-v0":
         return {"ram_bytes": 16}
-    if env_id == "Corridor-v0" and args.starts:  # type: ignore[attr-defined]
-        return {"starts": dict(args.starts)}  # type: ignore[attr-defined]
+    if env_id in ("Corridor-v0", "KeyDoor-v0") and args.starts:  # type: ignore[attr-defined]
+        return {"starts": {k: list(v) if isinstance(v, tuple) else v
+                           for k, v in args.starts.items()}}  # type: ignore[attr-defined]
     return {}
 
 

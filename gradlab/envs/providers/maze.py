@@ -12,7 +12,9 @@ agent acting at random almost never sees a reward (measured in ``tests/envs/test
 * No time limit of its own: the goal's task program sets ``max_episode_steps``.
 * The dynamics ignore the reset seed: the same actions give the same episode in every lane.
 * ``provider_args``: ``layout`` (rows of ``#`` wall, ``.`` floor, ``S`` start, ``K`` key, ``D``
-  door, ``G`` goal); default :data:`LAYOUT`.
+  door, ``G`` goal); default :data:`LAYOUT`. ``starts`` names start states, each
+  ``[x, y, has_key]`` on a floor cell (``{door: [8, 4, 1]}``: beside the door, key in hand): a reset
+  with ``options={"start": name}`` (``VectorEnv.set_next_start``) begins there, any other at ``S``.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gradlab.envs.snapshot import Snapshot, pack, unpack
 
@@ -46,6 +48,8 @@ class KeyDoorArgs(BaseModel):
 
     layout: list[str] = Field(default_factory=lambda: list(LAYOUT),
                               description="Rows of # . S K D G (wall, floor, start, key, door, goal).")
+    starts: dict[str, tuple[int, int, int]] = Field(
+        default_factory=dict, description="Start state name -> [x, y, has_key] (a floor cell; has_key 0 or 1).")
 
     @field_validator("layout")
     @classmethod
@@ -59,6 +63,15 @@ class KeyDoorArgs(BaseModel):
             if text.count(ch) != 1:
                 raise ValueError(f"exactly one {ch!r}, found {text.count(ch)}")
         return rows
+
+    @model_validator(mode="after")
+    def _check_starts(self) -> KeyDoorArgs:
+        for name, (x, y, key) in self.starts.items():
+            inside = 0 <= y < len(self.layout) and 0 <= x < len(self.layout[0])
+            if not inside or self.layout[y][x] in "#DG" or key not in (0, 1):
+                raise ValueError(f"starts.{name}: expected [x, y, has_key] on a floor cell with has_key 0 or 1, "
+                                 f"found {[x, y, key]}")
+        return self
 
 
 def _find(rows: list[str], ch: str) -> tuple[int, int]:
@@ -90,6 +103,9 @@ class KeyDoorEnv:
         self.x, self.y = self.start
         self.has_key = 0
         self.t = 0
+        self.start_states = {name: tuple(v) for name, v in args.starts.items()}
+        #: Named start states (None: the maze has one start).
+        self.starts = tuple(self.start_states) or None
 
     def _obs(self) -> np.ndarray:
         return np.array([self.x / (self.w - 1), self.y / (self.h - 1), float(self.has_key)], dtype=np.float32)
@@ -99,10 +115,15 @@ class KeyDoorEnv:
                 "at_goal": (self.x, self.y) == self.goal}
 
     def reset(self, *, seed: int | None = None, options: Any = None) -> tuple[np.ndarray, dict]:
-        self.x, self.y = self.start
-        self.has_key = 0
+        start = (options or {}).get("start")
+        if start is None:
+            (self.x, self.y), self.has_key = self.start, 0
+        elif start in self.start_states:
+            self.x, self.y, self.has_key = self.start_states[start]
+        else:
+            raise ValueError(f"KeyDoor-v0: start: expected one of {sorted(self.start_states)}, found {start!r}")
         self.t = 0
-        return self._obs(), self._info()
+        return self._obs(), {**self._info(), **({"start": start} if start is not None else {})}
 
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
         dx, dy = _MOVES[int(action)]

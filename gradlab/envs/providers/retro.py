@@ -9,7 +9,9 @@ One policy step repeats the action for ``preprocessing.frame_skip`` emulator fra
 native reward, stopping early when the episode ends); the last frame is converted
 (``grayscale``: BT.601 luma), resized and stacked channel-first (:class:`gradlab.envs.frames.FrameStack`).
 ``preprocessing.state`` picks the default start state, ``use_restricted_actions`` the action space
-(``discrete``: Discrete over the game's valid button combos). ``info`` holds the integration's
+(``discrete``: Discrete over the game's valid button combos); an ``action_profile`` builds the lanes
+with every console button (MultiBinary, :func:`console_buttons`) for the profile wrapper
+(:mod:`gradlab.envs.action_profile`). ``info`` holds the integration's
 variables (``lives``, ``score``...); RAM signals read ``get_ram()``.
 
 Named starts (``eval.starts``, ``VectorEnv.set_next_start``) are the game's save states
@@ -59,12 +61,14 @@ class RetroLane:
     """One stable-retro emulator with frame skip and image preprocessing (see the module docstring)."""
 
     def __init__(self, game: str, pre: RetroPreprocessing, roms_dir: str, *, lane: int = 0,
-                 render_mode: str | None = None):
+                 render_mode: str | None = None, all_buttons: bool = False):
         import stable_retro as retro
         from gymnasium.spaces import Box
 
-        acts = {"discrete": retro.Actions.DISCRETE, "multi_discrete": retro.Actions.MULTI_DISCRETE,
-                "filtered": retro.Actions.FILTERED}[pre.use_restricted_actions]
+        # all_buttons (an action profile): MultiBinary over every console button.
+        acts = retro.Actions.ALL if all_buttons else {
+            "discrete": retro.Actions.DISCRETE, "multi_discrete": retro.Actions.MULTI_DISCRETE,
+            "filtered": retro.Actions.FILTERED}[pre.use_restricted_actions]
         global _open_lanes
         inttype = register_rom_dir(roms_dir)
         if _open_lanes:
@@ -198,8 +202,27 @@ def _in_use(game: str, why: str) -> EmulatorInUse:
         "first, found an in-process (sync) lane")
 
 
-def _make_lane(game: str, pre: RetroPreprocessing, roms_dir: str, *, lane: int, render_mode: str | None) -> RetroLane:
-    return RetroLane(game, pre, roms_dir, lane=lane, render_mode=render_mode)
+def _make_lane(game: str, pre: RetroPreprocessing, roms_dir: str, *, lane: int, render_mode: str | None,
+               all_buttons: bool = False) -> RetroLane:
+    return RetroLane(game, pre, roms_dir, lane=lane, render_mode=render_mode, all_buttons=all_buttons)
+
+
+def console_buttons(game: str) -> tuple[str, ...]:
+    """The console's buttons in stable-retro's MultiBinary order (Genesis: ``B A MODE START UP DOWN
+    LEFT RIGHT C Y X Z``), read from stable-retro's core table; no emulator.
+
+    Raises:
+        NotFound: the game's system (``Name-System[-vN]``) is not one stable-retro emulates.
+    """
+    import re
+
+    from stable_retro.data import EMU_INFO
+
+    system = re.sub(r"-v\d+$", "", game).rsplit("-", 1)[-1]
+    info = EMU_INFO.get(system)
+    if not info:
+        raise NotFound(f"retro:{game}: no stable-retro system '{system}'")
+    return tuple(b for b in info["buttons"] if b)
 
 
 class RetroProvider(Provider):
@@ -246,7 +269,8 @@ class RetroProvider(Provider):
 
     def make_backend(self, spec: EnvironmentSpec, *, render_mode: str | None) -> LaneBackend:
         pre, roms_dir = self._check(spec)
-        factory = functools.partial(_make_lane, spec.env_id, pre, roms_dir)
+        factory = functools.partial(_make_lane, spec.env_id, pre, roms_dir,
+                                    all_buttons=spec.action_profile is not None)
         mode = spec.vectorization
         if mode == "sync":
             if spec.n_envs > 1:
@@ -265,11 +289,20 @@ class RetroProvider(Provider):
                         spec.env_id)
         return AsyncLanes(factory, spec.n_envs, render_mode=render_mode, lanes_per_worker=1, name=f"retro-{spec.env_id}")
 
+    def action_buttons(self, spec: EnvironmentSpec) -> tuple[str, ...] | None:
+        """The console's buttons (:func:`console_buttons`): a profile action presses some of them."""
+        return console_buttons(spec.env_id)
+
+    def native_action(self, spec: EnvironmentSpec, buttons: list[str]) -> np.ndarray:
+        """(n_buttons,) int8 MultiBinary vector, 1 where the action presses the button."""
+        return np.array([b in buttons for b in console_buttons(spec.env_id)], dtype=np.int8)
+
     def describe(self, spec: EnvironmentSpec) -> EnvInfo:
         pre, roms_dir = self._check(spec)
         # A throw-away single-lane worker: this process may already hold an emulator.
-        lanes = AsyncLanes(functools.partial(_describe_lane, spec.env_id, pre, roms_dir), 1, lanes_per_worker=1,
-                           name="retro-describe")
+        lanes = AsyncLanes(functools.partial(_describe_lane, spec.env_id, pre, roms_dir,
+                                             all_buttons=spec.action_profile is not None),
+                           1, lanes_per_worker=1, name="retro-describe")
         try:
             obs_space, act_space = lanes.single_observation_space, lanes.single_action_space
             starts = list(lanes.starts or ())
@@ -291,8 +324,9 @@ class _DescribeLane(RetroLane):
         return (self.action_meanings(), tuple(self.env.observation_space.shape))
 
 
-def _describe_lane(game: str, pre: RetroPreprocessing, roms_dir: str, *, lane: int, render_mode: str | None) -> RetroLane:
-    return _DescribeLane(game, pre, roms_dir, lane=lane, render_mode=render_mode)
+def _describe_lane(game: str, pre: RetroPreprocessing, roms_dir: str, *, lane: int, render_mode: str | None,
+                   all_buttons: bool = False) -> RetroLane:
+    return _DescribeLane(game, pre, roms_dir, lane=lane, render_mode=render_mode, all_buttons=all_buttons)
 
 
 provider = RetroProvider()

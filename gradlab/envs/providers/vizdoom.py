@@ -6,7 +6,9 @@ Env ids are scenario names (``basic``, ``defend_the_center``, ``health_gathering
 ``screen_format``; one policy step is ``make_action(action, tics=frame_skip)``. Observations are
 the screen buffer, optionally resized, stacked channel-first (:class:`gradlab.envs.frames.FrameStack`).
 
-Actions: Discrete(1 + buttons): 0 = no button, i = press button i-1 alone.
+Actions: Discrete(1 + buttons): 0 = no button, i = press button i-1 alone. Under an
+``action_profile`` a lane takes ViZDoom's own button vector (MultiBinary over the scenario's
+available buttons) and the profile wrapper (:mod:`gradlab.envs.action_profile`) maps onto it.
 
 Timeouts: the scenario's ``episode_timeout`` is switched off inside ViZDoom and enforced here
 after each step (episode time since the start tic >= timeout), so a timeout is a *truncation* whose
@@ -55,9 +57,10 @@ def scenario_names() -> list[str]:
 class DoomLane:
     """One headless ViZDoom game with a gymnasium-style API (see the module docstring)."""
 
-    def __init__(self, scenario: str, pre: VizdoomPreprocessing, *, lane: int = 0, render_mode: str | None = None):
+    def __init__(self, scenario: str, pre: VizdoomPreprocessing, *, lane: int = 0, render_mode: str | None = None,
+                 button_vectors: bool = False):
         import vizdoom as vzd
-        from gymnasium.spaces import Box, Discrete
+        from gymnasium.spaces import Box, Discrete, MultiBinary
 
         self.render_mode = render_mode
         game = vzd.DoomGame()
@@ -76,7 +79,8 @@ class DoomLane:
         self.variables = [v.name.lower() for v in game.get_available_game_variables()]
         n = len(self.buttons)
         self._actions = [[0] * n] + [[1 if j == i else 0 for j in range(n)] for i in range(n)]
-        self.action_space = Discrete(len(self._actions))
+        self._vectors = button_vectors
+        self.action_space = MultiBinary(n) if button_vectors else Discrete(len(self._actions))
         w, h = (int(x) for x in pre.resolution.split("x"))
         in_shape = (h, w) if pre.screen_format == "GRAY8" else (h, w, 3)
         self.frames = FrameStack(grayscale=pre.screen_format == "GRAY8", resize=pre.resize,
@@ -104,7 +108,8 @@ class DoomLane:
 
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
         game = self.game
-        reward = game.make_action(self._actions[action], self.frame_skip)
+        buttons = [int(b) for b in action] if self._vectors else self._actions[action]
+        reward = game.make_action(buttons, self.frame_skip)
         if game.is_episode_finished():
             return self.frames.repeat_last(), reward, True, False, {"dead": game.is_player_dead()}
         obs, info = self._observe(reset=False)
@@ -127,8 +132,18 @@ class DoomLane:
         self.game.close()
 
 
-def _make_lane(scenario: str, pre: VizdoomPreprocessing, *, lane: int, render_mode: str | None) -> DoomLane:
-    return DoomLane(scenario, pre, lane=lane, render_mode=render_mode)
+def _make_lane(scenario: str, pre: VizdoomPreprocessing, *, lane: int, render_mode: str | None,
+               button_vectors: bool = False) -> DoomLane:
+    return DoomLane(scenario, pre, lane=lane, render_mode=render_mode, button_vectors=button_vectors)
+
+
+def scenario_buttons(scenario: str) -> tuple[str, ...]:
+    """The scenario's available buttons, in its config's order (``load_config`` only; no engine)."""
+    import vizdoom as vzd
+
+    game = vzd.DoomGame()
+    game.load_config(os.path.join(scenarios_dir(), scenario + ".cfg"))
+    return tuple(b.name for b in game.get_available_buttons())
 
 
 class VizdoomProvider(Provider):
@@ -166,13 +181,21 @@ class VizdoomProvider(Provider):
 
     def make_backend(self, spec: EnvironmentSpec, *, render_mode: str | None) -> LaneBackend:
         pre = self._check(spec)
-        factory = functools.partial(_make_lane, spec.env_id, pre)
+        factory = functools.partial(_make_lane, spec.env_id, pre, button_vectors=spec.action_profile is not None)
         default = "sync" if spec.n_envs == 1 else "async"
         return build_lanes(factory, spec, default=default, render_mode=render_mode, name=f"vizdoom-{spec.env_id}")
 
+    def action_buttons(self, spec: EnvironmentSpec) -> tuple[str, ...] | None:
+        """The scenario's available buttons (:func:`scenario_buttons`); an unknown scenario has none."""
+        return scenario_buttons(spec.env_id) if spec.env_id in scenario_names() else ()
+
+    def native_action(self, spec: EnvironmentSpec, buttons: list[str]) -> np.ndarray:
+        """(n_buttons,) int8 button vector, 1 where the action presses the button."""
+        return np.array([b in buttons for b in scenario_buttons(spec.env_id)], dtype=np.int8)
+
     def describe(self, spec: EnvironmentSpec) -> EnvInfo:
         pre = self._check(spec)
-        lane = DoomLane(spec.env_id, pre)
+        lane = DoomLane(spec.env_id, pre, button_vectors=spec.action_profile is not None)
         try:
             w, h = (int(x) for x in pre.resolution.split("x"))
             native = math.ceil(lane.timeout / pre.frame_skip) if lane.timeout else None
