@@ -27,9 +27,10 @@ def _store() -> Any:
 
 
 def _cache() -> Path:
+    from gradlab.play.replay import dataset_cache
     from gradlab.settings import load_settings
 
-    return load_settings().home / "cache" / "datasets"
+    return dataset_cache(load_settings())
 
 
 def run_recording(plan: Any, *, workers: int) -> dict:

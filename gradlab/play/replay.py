@@ -81,18 +81,13 @@ def prepare_replay(settings: Any, name: str, index: int) -> tuple[DatasetManifes
 
 
 def _action_meanings(environment: Any, action_space: dict[str, Any]) -> list[str]:
-    """The provider's action meanings (as ``gradlab env inspect`` prints them) when they name every
-    action of a Discrete space; ``action i`` otherwise; empty for other spaces."""
+    """The action meanings of a Discrete action space (:func:`gradlab.play.session.action_meanings`);
+    empty for other spaces."""
+    from gradlab.play.session import action_meanings
+
     if action_space.get("type") != "Discrete":
         return []
-    n = int(action_space.get("n") or 0)
-    from gradlab.envs import describe
-
-    try:
-        names = [str(x) for x in describe(environment).action_meanings]
-    except Exception:  # noqa: BLE001 - meanings are a nicety; the episode plays without them
-        names = []
-    return names if len(names) == n else [f"action {i}" for i in range(n)]
+    return action_meanings(environment, int(action_space.get("n") or 0))
 
 
 class ReplaySession:

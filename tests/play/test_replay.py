@@ -125,3 +125,35 @@ def test_a_deterministic_goal_recorded_without_frames_is_re_simulated_a_sticky_o
     assert session.frames_source == "none" and session.n_frames == 0
     assert "recorded without frames" in session.frames_note and "sticky actions" in session.frames_note
     assert np.asarray(session.info()["steps"]["actions"]).shape == (manifest.episodes[0].length,)
+
+
+def test_dataset_play_prints_the_episodes_url_serves_it_and_stops_on_ctrl_c(
+        breakout_dataset: RecordedDataset, monkeypatch) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import httpx
+
+    _use(monkeypatch, breakout_dataset)
+    repo = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen([sys.executable, "-m", "gradlab.cli.app", "dataset", "play", "breakout-random",
+                             "--episode", "1", "--no-open"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=repo, env=os.environ.copy())
+    try:
+        url = proc.stdout.readline().strip()
+        base, _, token = url.partition("#token=")
+        assert base.startswith("http://127.0.0.1:") and base.endswith("/datasets/breakout-random/episodes/1")
+        origin = base.split("/datasets/")[0]
+        page = httpx.get(f"{origin}/api/datasets/breakout-random", headers={"X-Gradlab-Token": token}, timeout=60)
+        assert page.status_code == 200 and page.json()["summary"]["sha256"] == breakout_dataset.manifest.sha256
+        assert httpx.get(base, timeout=60).status_code == 200  # the page itself (the token stays in the fragment)
+        assert httpx.get(f"{origin}/api/datasets/breakout-random", timeout=60).status_code == 401
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0
+        assert "stopped" in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
