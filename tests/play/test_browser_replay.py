@@ -60,7 +60,15 @@ def test_a_recorded_breakout_episode_plays_under_the_scrubber_with_its_recorded_
             row = page.locator("#main table.data").nth(1).locator("tbody tr", has_text="breakout-random")
             row.wait_for(timeout=60_000)
             assert row.locator("td").nth(2).inner_text() == "2"  # episodes
-            row.get_by_role("link", name="▶ episode 0").click()
+            assert row.get_by_role("link", name="▶ episode 0").count() == 1
+            screenshot(page, "replay-breakout-0-goal-datasets")
+            row.get_by_role("link", name="breakout-random").click()  # the dataset's page: one link per episode
+            page.wait_for_url("**/datasets/breakout-random#token=*")
+            episodes = page.locator("#main table.data tbody tr")
+            episodes.nth(1).wait_for(timeout=60_000)
+            assert episodes.count() == 2
+            assert episodes.nth(0).locator("td").nth(4).inner_text() == str(episode.length)
+            page.get_by_role("link", name="▶ 0", exact=True).click()
 
             _wait(page, "() => window.gradlab && window.gradlab.state.ready", timeout_s=180)
             assert page.url.split("#")[0].endswith("/datasets/breakout-random/episodes/0")
