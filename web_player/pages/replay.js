@@ -64,8 +64,7 @@ export async function replayView(name, index) {
   note.hidden = true;
   b.game.prepend(note);
   const reward = rewardPanel(b.reward, { include: () => true });
-  const events = eventsPanel(b.events, [], { emptyNote: "datasets record events, not signals; the events fired so far:" });
-  let actions = null;
+  let actions = null, events = null;
   let steps = [];
   let view = 0;
   let playing = false;
@@ -120,7 +119,7 @@ export async function replayView(name, index) {
       rewardShaped: String(m.reward_shaped), episodeReturn: String(m.episode_return) });
     scrub.show(steps, view, playing);
     reward.show(steps, view);
-    events.show(steps, view);
+    if (events) events.show(steps, view);
   }
 
   function show(i) {
@@ -158,6 +157,9 @@ export async function replayView(name, index) {
         nFrames = msg.n_frames;
         requested = new Uint8Array(nFrames);
         actions = actionsPanel(b.actions, msg.action_meanings);
+        events = eventsPanel(b.events, [], { emptyNote: msg.event_names.length
+          ? `datasets record events, not signals; events of this goal: ${msg.event_names.join(", ")}; fired so far:`
+          : "this goal's task program has no events (datasets record events, not signals)" });
         game.configure(msg.frames === "none" ? "no frames" : `${msg.frames} frames`, false);
         b.game.dataset.source = msg.frames;
         if (msg.frames_note) { note.textContent = msg.frames_note; note.hidden = false; }
