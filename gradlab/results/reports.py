@@ -4,8 +4,9 @@
 ``<project>/<goal>.html``: the goal's contract summary, the leaders table (cohort IQM with its 95%
 stratified-bootstrap interval), learning curves across seeds (median and interquartile band per
 cohort), steps and wall time to acceptance per seed, the promoted checkpoints with the command
-that plays them, and the goal's datasets with the command that plays their episodes. Images are PNGs embedded as ``data:`` URLs and there is no script, stylesheet or
-font from elsewhere: a page opens with no network. Pages carry no build time, so the same stores
+that plays them, and the goal's datasets with the command that plays their episodes (a goal with
+datasets and no sealed run gets a page too). Images are PNGs embedded as ``data:`` URLs and there
+is no script, stylesheet or font from elsewhere: a page opens with no network. Pages carry no build time, so the same stores
 and journals build the same bytes (and the same content hash).
 
 ``sync_site`` publishes a built site: every file create-only (verified) under
@@ -163,7 +164,7 @@ def goal_page(settings, stores, goal_id: str, results: Sequence[cohorts_mod.Seed
     up = "../" * (goal_id.count("/") + 1)  # a nested goal's page sits one folder deeper per family
     parts = [f"<p><a href='{up}index.html'>all goals</a></p><h1>{_e(goal_id)}</h1>", _contract_html(goal_id)]
     if not results:  # a goal with datasets and no sealed run
-        parts += ["<h2>Leaders</h2><p class='note'>no sealed runs</p>", _datasets_html(goal_id, datasets)]
+        parts += ["<h2>Leaders</h2><p class='note'>no sealed runs</p>", _datasets_html(datasets)]
         return _page(f"gradlab: {goal_id}", "".join(parts))
     ranked = cohorts_mod.leaders_runs(stores, goal_id, results=results)
     parts.append("<h2>Leaders</h2>")
@@ -217,7 +218,7 @@ def goal_page(settings, stores, goal_id: str, results: Sequence[cohorts_mod.Seed
         parts.append("</table>")
     else:
         parts.append("<p class='note'>none</p>")
-    parts.append(_datasets_html(goal_id, datasets))
+    parts.append(_datasets_html(datasets))
     return _page(f"gradlab: {goal_id}", "".join(parts))
 
 
@@ -244,7 +245,7 @@ def goal_datasets(settings) -> tuple[dict[str, list], list[str]]:
     return by_goal, notes
 
 
-def _datasets_html(goal_id: str, datasets: Sequence | None) -> str:
+def _datasets_html(datasets: Sequence | None) -> str:
     """The goal's datasets: name, agent, episodes, steps, frames, and the command that plays an episode."""
     from gradlab.play.replay import agent_label
 
