@@ -289,6 +289,8 @@ def play(
     episode: Annotated[int, typer.Option("--episode", min=0, help="The episode's index (`gradlab dataset show NAME --json` lists them).")] = 0,
     port: Annotated[int, typer.Option("--port", min=0, max=65535, help="The player's loopback port (0: a free one).")] = 0,
     no_open: Annotated[bool, typer.Option("--no-open", help="Print the URL, open no browser.")] = False,
+    max_sessions: Annotated[int, typer.Option("--max-sessions", min=1, max=64, help="Open episodes and playback "
+                                              "sessions at once (each a worker process; one more is kept warm).")] = 2,
 ) -> None:
     """Open a recorded episode in the web player: its frames under the player's scrubber, the recorded
     actions, rewards and returns per step, and its provenance.
@@ -310,7 +312,7 @@ def play(
         prepare_replay(settings, name, episode)  # missing dataset or episode, or a file that does not verify: exit 1
         sock = bind_loopback(port)
         config = PlayConfig(catalog=Catalog(stores=open_stores(settings), settings=settings),
-                            port=sock.getsockname()[1], max_sessions=2)
+                            port=sock.getsockname()[1], max_sessions=max_sessions)
     except GradlabError as e:
         fail(str(e))
     url = config.url(f"/datasets/{quote(name)}/episodes/{episode}")
