@@ -136,8 +136,13 @@ class Catalog:
         except GradlabError as e:
             error = str(e)
         rows = [self._run_row(rec) for rec in self._runs() if rec.goal_id == goal_id]
-        datasets = [_dataset_row(m) for m in self._datasets() if m.goal_id == goal_id]
-        return GoalPage(project=project, goal_id=goal_id, title=title, error=error, runs=rows, datasets=datasets)
+        datasets, datasets_error = [], None
+        try:
+            datasets = [_dataset_row(m) for m in self._datasets() if m.goal_id == goal_id]
+        except GradlabError as e:  # a dataset store that cannot be read does not hide the runs
+            datasets_error = str(e)
+        return GoalPage(project=project, goal_id=goal_id, title=title, error=error, runs=rows, datasets=datasets,
+                        datasets_error=datasets_error)
 
     # -- datasets --------------------------------------------------------------------------
     def _datasets(self) -> list[Any]:

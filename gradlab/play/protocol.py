@@ -104,6 +104,8 @@ class GoalPage(Payload):
     error: str | None = None
     runs: list[RunRow]
     datasets: list[DatasetRow] = Field(default_factory=list, description="The goal's datasets in the dataset store.")
+    datasets_error: str | None = Field(default=None, description="Why the dataset store could not be read "
+                                                                 "(the runs are still listed).")
 
 
 class EpisodeRow(BaseModel):

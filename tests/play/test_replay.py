@@ -76,6 +76,11 @@ def test_the_goal_page_and_the_report_list_the_goals_datasets(breakout_dataset: 
     assert "gradlab dataset play breakout-random --episode 0" in html
     assert "(0 runs, 1 dataset)" in (tmp_path / "site" / "index.html").read_text()
 
+    monkeypatch.setenv("GRADLAB_DATASET_STORE_URL", "ftp://nowhere/datasets")  # a store that cannot be read
+    settings = load_settings()
+    page = Catalog(stores=open_stores(settings), settings=settings).goal_page("atari", "Breakout-Atari2600-v0")
+    assert page.datasets == [] and "ftp://nowhere/datasets: unsupported store URL" in page.datasets_error
+
 
 def test_replay_frames_are_the_recorded_mp4s_and_steps_the_recorded_arrays(breakout_dataset: RecordedDataset,
                                                                           monkeypatch) -> None:

@@ -88,7 +88,9 @@ export async function goalView(project, goal) {
   if (!page.datasets.length) {
     const p = document.createElement("p");
     p.className = "muted";
-    p.textContent = "no datasets of this goal (gradlab dataset record NAME --goal GOAL ...)";
+    p.id = "datasets-note";
+    p.textContent = page.datasets_error ? `the dataset store could not be read: ${page.datasets_error}`
+      : "no datasets of this goal (gradlab dataset record NAME --goal GOAL ...)";
     main.append(p);
     return;
   }
