@@ -8,7 +8,7 @@ its identity is the sha256 the server verified, reads the steps with
 :func:`gradlab.datasets.store.load_steps`, and takes the episode's frames
 
 * ``recorded``: decoded from its MP4 (``frames_file``), whose bytes are checked against the
-  manifest's sha256 right before they are decoded;
+  manifest's sha256 right before they are decoded (from a private copy of exactly those bytes);
 * ``re-simulated``: when the dataset was recorded without frames and its goal is deterministic,
   rendered from a one-lane copy of the recorded environment reset with the episode's seed (and
   start) and stepped with the recorded actions, as ``gradlab dataset verify`` replays it;
@@ -20,6 +20,7 @@ writes them. docs/ARCHITECTURE.md section 12.
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -143,15 +144,23 @@ class ReplaySession:
 
     def _recorded(self, folder: Path, rel: str, length: int, encode: Any) -> list[bytes]:
         from gradlab.stores import sha256_hex
-        from gradlab.video import read_frames
+        from gradlab.video import VideoError, read_frames
 
         entry = self.manifest.files.get(rel)
         path = folder / rel
         if entry is None:
             raise IntegrityError(f"{path}: the episode's frames file is not listed in the dataset's manifest")
-        if sha256_hex(path.read_bytes()) != entry.sha256:
+        data = path.read_bytes()
+        if sha256_hex(data) != entry.sha256:
             raise IntegrityError(f"{path}: sha256 differs from the manifest's {entry.sha256}")
-        frames = [encode(f) for f in read_frames(path, max_frames=min(length, MAX_REPLAY_FRAMES))]
+        # ffmpeg reads a file: it decodes a private copy of the bytes just checked, not the path again.
+        with tempfile.TemporaryDirectory(prefix="gradlab-replay-") as tmp:
+            checked = Path(tmp) / "frames.mp4"
+            checked.write_bytes(data)
+            try:
+                frames = [encode(f) for f in read_frames(checked, max_frames=min(length, MAX_REPLAY_FRAMES))]
+            except VideoError as e:
+                raise VideoError(str(e).replace(str(checked), str(path))) from None
         if len(frames) != length:
             raise ContractViolation(f"{path}: {len(frames)} frames, the episode has {length} steps "
                                     "(expected one frame before every action)")

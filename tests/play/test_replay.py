@@ -13,6 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from gradlab.cli.app import app
+from gradlab.errors import IntegrityError
 from gradlab.play.worker import encode_jpeg
 from gradlab.stores import keys
 from tests.play.conftest import RecordedDataset, record_dataset
@@ -106,6 +107,12 @@ def test_replay_frames_are_the_recorded_mp4s_and_steps_the_recorded_arrays(break
         session.frames(0, 65)
     with pytest.raises(Exception, match="sha256"):  # a copy whose manifest is not the verified one
         ReplaySession(folder, "0" * 64, 0, encode=encode_jpeg)
+    frames = folder / manifest.episodes[0].frames_file  # the copy changed after it was verified
+    data = bytearray(frames.read_bytes())
+    data[-100] ^= 0x01
+    frames.write_bytes(bytes(data))
+    with pytest.raises(IntegrityError, match=f"{frames}: sha256 differs from the manifest's"):
+        ReplaySession(folder, manifest.sha256, 0, encode=encode_jpeg)
 
 
 def test_a_deterministic_goal_recorded_without_frames_is_re_simulated_a_sticky_one_says_it_has_none(
