@@ -6,14 +6,14 @@ binary, no system ffmpeg needed), H.264 in an MP4 container, and the provenance 
 sha256, goal, seed, return, ...) is written as MP4 metadata tags that ``read_mp4_metadata`` (or
 any ffmpeg/ffprobe) reads back.
 
-Public names: ``write_mp4``, ``read_mp4_metadata``, ``count_frames``.
+Public names: ``write_mp4``, ``read_mp4_metadata``, ``count_frames``, ``read_frames``.
 """
 
 from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -149,5 +149,36 @@ def count_frames(path: Path) -> int:
         reader = imageio_ffmpeg.read_frames(str(path))
         next(reader)  # the header: size, fps, duration
         return sum(1 for _ in reader)
+    except (OSError, RuntimeError, StopIteration) as exc:
+        raise VideoError(f"{path}: cannot decode it: {exc}") from exc
+
+
+def read_frames(path: Path, *, max_frames: int) -> Iterator[np.ndarray]:
+    """The decoded frames of a video, in order (imageio-ffmpeg's reader).
+
+    Args:
+        path: the video file (a caller that read it from a store has checked its sha256 first).
+        max_frames: stop with an error past this many frames (the caller's memory cap).
+
+    Yields:
+        (H, W, 3) uint8 RGB frames.
+
+    Raises:
+        VideoError: the file is missing, cannot be decoded, or holds more than ``max_frames`` frames.
+    """
+    import imageio_ffmpeg
+
+    path = Path(path)
+    if not path.is_file():
+        raise VideoError(f"{path}: no such video")
+    try:
+        reader = imageio_ffmpeg.read_frames(str(path), pix_fmt="rgb24")
+        meta = next(reader)
+        width, height = meta["size"]
+        for count, raw in enumerate(reader):
+            if count >= max_frames:
+                reader.close()
+                raise VideoError(f"{path}: more than {max_frames} frames")
+            yield np.frombuffer(raw, dtype=np.uint8).reshape(height, width, 3)
     except (OSError, RuntimeError, StopIteration) as exc:
         raise VideoError(f"{path}: cannot decode it: {exc}") from exc

@@ -1,5 +1,5 @@
 // The panel grid (GridStack, vendored): panels can be moved and resized; the layout is kept in
-// localStorage, versioned, so a changed default replaces an old saved layout.
+// localStorage per page kind, versioned, so a changed default replaces an old saved layout.
 const KEY = "gradlab.play.layout";
 const VERSION = 1;
 
@@ -13,21 +13,33 @@ export const DEFAULT_LAYOUT = [
   { id: "scrubber", title: "Scrubber", x: 0, y: 8, w: 12, h: 1 },
 ];
 
-function saved() {
+// A recorded episode (pages/replay.js): no policy, so no value panel; the step readout instead.
+export const REPLAY_LAYOUT = [
+  { id: "game", title: "Game", x: 0, y: 0, w: 5, h: 5 },
+  { id: "actions", title: "Recorded action", x: 5, y: 0, w: 3, h: 3 },
+  { id: "step", title: "Step", x: 8, y: 0, w: 4, h: 3 },
+  { id: "episode", title: "Provenance", x: 5, y: 3, w: 7, h: 3 },
+  { id: "reward", title: "Reward", x: 0, y: 5, w: 5, h: 3 },
+  { id: "events", title: "Events", x: 5, y: 6, w: 7, h: 2 },
+  { id: "scrubber", title: "Scrubber", x: 0, y: 8, w: 12, h: 1 },
+];
+
+function saved(key) {
   try {
-    const doc = JSON.parse(localStorage.getItem(KEY) || "null");
+    const doc = JSON.parse(localStorage.getItem(key) || "null");
     return doc && doc.version === VERSION && Array.isArray(doc.items) ? doc.items : null;
   } catch { return null; }
 }
 
-// Build the grid in `container`; returns {bodies: id → panel body element, destroy()}.
-export function panelGrid(container) {
+// Build the grid in `container` (`layout`: the panels, `key`: where their positions are kept);
+// returns {bodies: id → panel body element, destroy()}.
+export function panelGrid(container, { layout = DEFAULT_LAYOUT, key = KEY } = {}) {
   const grid = document.createElement("div");
   grid.className = "grid-stack";
   container.append(grid);
-  const positions = Object.fromEntries((saved() || []).map((p) => [p.id, p]));
+  const positions = Object.fromEntries((saved(key) || []).map((p) => [p.id, p]));
   const bodies = {};
-  for (const panel of DEFAULT_LAYOUT) {
+  for (const panel of layout) {
     const pos = { ...panel, ...(positions[panel.id] || {}) };
     const item = document.createElement("div");
     item.className = "grid-stack-item";
@@ -49,7 +61,7 @@ export function panelGrid(container) {
   const gs = window.GridStack.init({ column: 12, cellHeight: 80, margin: 4, handle: ".panel-head", float: false }, grid);
   gs.on("change", () => {
     const items = gs.save(false).map(({ id, x, y, w, h }) => ({ id, x, y, w, h }));
-    localStorage.setItem(KEY, JSON.stringify({ version: VERSION, items }));
+    localStorage.setItem(key, JSON.stringify({ version: VERSION, items }));
   });
   return { bodies, destroy() { gs.destroy(false); } };
 }

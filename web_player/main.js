@@ -1,7 +1,8 @@
 // The page's router: every page is a URL (token in the fragment); links push history, Back/Forward re-render.
 import { pageUrl, token } from "./net/api.js";
 import { showError } from "./nav.js";
-import { projectsView, projectView, goalView, runView } from "./pages/catalog.js";
+import { projectsView, projectView, goalView, runView, datasetView } from "./pages/catalog.js";
+import { replayView } from "./pages/replay.js";
 import { playbackView } from "./pages/playback.js";
 import { humanView } from "./pages/human.js";
 
@@ -12,6 +13,8 @@ const routes = [
   [/^\/runs\/([^/]+)$/, (r) => runView(r)],
   [/^\/runs\/([^/]+)\/checkpoints\/(\d+)$/, (r, s) => playbackView(r, Number(s))],
   [/^\/human\/(.+)$/, (g) => humanView(g)],  // play a goal yourself (nested goal ids keep their '/')
+  [/^\/datasets\/([^/]+)$/, (d) => datasetView(d)],
+  [/^\/datasets\/([^/]+)\/episodes\/(\d+)$/, (d, k) => replayView(d, Number(k))],  // a recorded episode
 ];
 
 let cleanup = null;

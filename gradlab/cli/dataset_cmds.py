@@ -1,4 +1,4 @@
-"""``gradlab dataset record|verify|list|show|export|upload`` (docs/ARCHITECTURE.md section 12)."""
+"""``gradlab dataset record|verify|list|show|play|export|upload`` (docs/ARCHITECTURE.md section 12)."""
 
 from __future__ import annotations
 
@@ -27,9 +27,10 @@ def _store() -> Any:
 
 
 def _cache() -> Path:
+    from gradlab.play.replay import dataset_cache
     from gradlab.settings import load_settings
 
-    return load_settings().home / "cache" / "datasets"
+    return dataset_cache(load_settings())
 
 
 def run_recording(plan: Any, *, workers: int) -> dict:
@@ -280,6 +281,44 @@ def show(name: Annotated[str, typer.Argument(help="The dataset.")], json_out: Js
                                                                      for e in manifest.episodes]})
     else:
         _print_show(manifest)
+
+
+@dataset_app.command("play")
+def play(
+    name: Annotated[str, typer.Argument(help="The dataset.")],
+    episode: Annotated[int, typer.Option("--episode", min=0, help="The episode's index (`gradlab dataset show NAME --json` lists them).")] = 0,
+    port: Annotated[int, typer.Option("--port", min=0, max=65535, help="The player's loopback port (0: a free one).")] = 0,
+    no_open: Annotated[bool, typer.Option("--no-open", help="Print the URL, open no browser.")] = False,
+    max_sessions: Annotated[int, typer.Option("--max-sessions", min=1, max=64, help="Open episodes and playback "
+                                              "sessions at once (each a worker process; one more is kept warm).")] = 2,
+) -> None:
+    """Open a recorded episode in the web player: its frames under the player's scrubber, the recorded
+    actions, rewards and returns per step, and its provenance.
+
+    The dataset's files are verified first (a local copy checked against the manifest's sha256); a
+    dataset recorded with --no-frames gets its frames re-simulated when its goal is deterministic.
+    """
+    from urllib.parse import quote
+
+    from gradlab.cli.play_cmds import serve_and_open
+    from gradlab.play.catalog import Catalog
+    from gradlab.play.replay import prepare_replay
+    from gradlab.play.server import PlayConfig, bind_loopback
+    from gradlab.settings import load_settings
+    from gradlab.stores import open_stores
+
+    try:
+        settings = load_settings()
+        prepare_replay(settings, name, episode)  # missing dataset or episode, or a file that does not verify: exit 1
+        sock = bind_loopback(port)
+        config = PlayConfig(catalog=Catalog(stores=open_stores(settings), settings=settings),
+                            port=sock.getsockname()[1], max_sessions=max_sessions)
+    except GradlabError as e:
+        fail(str(e))
+    url = config.url(f"/datasets/{quote(name)}/episodes/{episode}")
+    serve_and_open(config, sock, url, no_open=no_open,
+                   announce=lambda: console.print(url, highlight=False, soft_wrap=True))
+    err_console.print("gradlab dataset play: stopped", highlight=False)
 
 
 def _local_copy(name: str) -> tuple[Any, Path]:

@@ -2,7 +2,8 @@
 
 Projects and goals come from the experiments tree (``experiments/goals/_catalog.yaml``); runs,
 checkpoints, evaluations and promotions from the receipt stores (:func:`gradlab.stores.open_stores`:
-file or S3), so runs trained on this machine appear with no extra setup. Every function returns
+file or S3), so runs trained on this machine appear with no extra setup; a goal's datasets from the
+dataset store (:func:`gradlab.stores.open_dataset_store`). Every function returns
 the pydantic page of :mod:`gradlab.play.protocol` that the matching API route serves.
 """
 
@@ -16,6 +17,9 @@ from gradlab.contracts.experiments import goal_family
 from gradlab.errors import GradlabError, NotFound
 from gradlab.play.protocol import (
     CheckpointRow,
+    DatasetPage,
+    DatasetRow,
+    EpisodeRow,
     GoalPage,
     GoalRow,
     PlaybackPage,
@@ -54,6 +58,7 @@ class Catalog:
     #: Checkpoints given on the command line (a folder outside any store): (run_id, step) → resolved.
     pinned: dict[tuple[str, int], Any] = field(default_factory=dict)
     _records: dict[str, Any] = field(default_factory=dict)
+    _manifests: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.experiments is None:
@@ -131,7 +136,50 @@ class Catalog:
         except GradlabError as e:
             error = str(e)
         rows = [self._run_row(rec) for rec in self._runs() if rec.goal_id == goal_id]
-        return GoalPage(project=project, goal_id=goal_id, title=title, error=error, runs=rows)
+        datasets, datasets_error = [], None
+        try:
+            datasets = [_dataset_row(m) for m in self._datasets() if m.goal_id == goal_id]
+        except GradlabError as e:  # a dataset store that cannot be read does not hide the runs
+            datasets_error = str(e)
+        return GoalPage(project=project, goal_id=goal_id, title=title, error=error, runs=rows, datasets=datasets,
+                        datasets_error=datasets_error)
+
+    # -- datasets --------------------------------------------------------------------------
+    def _datasets(self) -> list[Any]:
+        """Every dataset manifest in the dataset store (manifests are create-only: cached). A manifest
+        that does not validate is left out here (``gradlab dataset list`` names it)."""
+        from gradlab.datasets.store import list_datasets, read_dataset
+        from gradlab.stores import open_dataset_store
+
+        store = open_dataset_store(self.settings)
+        out = []
+        for name in list_datasets(store):
+            manifest = self._manifests.get(name)
+            if manifest is None:
+                try:
+                    manifest = self._manifests[name] = read_dataset(store, name)
+                except GradlabError:
+                    continue
+            out.append(manifest)
+        return out
+
+    def dataset_page(self, name: str) -> DatasetPage:
+        """A dataset's summary and episodes (each playable at ``/datasets/{name}/episodes/{index}``).
+
+        Raises:
+            NotFound: no such dataset. ContractViolation: its manifest does not validate.
+        """
+        from gradlab.datasets.store import read_dataset
+        from gradlab.stores import open_dataset_store
+
+        manifest = self._manifests.get(name) or read_dataset(open_dataset_store(self.settings), name)
+        self._manifests[name] = manifest
+        episodes = [EpisodeRow(index=e.index, seed=e.seed, start=e.start, outcome=e.outcome, reason=e.reason,
+                               length=e.length, return_=e.return_, raw_return=e.raw_return,
+                               frames=e.frames_file is not None) for e in manifest.episodes]
+        return DatasetPage(name=name, project=self.project_of(manifest.goal_id), goal_id=manifest.goal_id,
+                           summary=_dataset_row(manifest), provenance=manifest.agent.model_dump(mode="json"),
+                           episodes=episodes)
 
     def _run_row(self, rec: Any) -> RunRow:
         from gradlab import receipts as rules
@@ -263,6 +311,16 @@ class Catalog:
             return self.pinned[(run_id, step)]
         ref = run_id if step is None else f"{run_id}:{step}"
         return resolve_checkpoint(ref, settings=self.settings, stores=self.stores)
+
+
+def _dataset_row(manifest: Any) -> DatasetRow:
+    from gradlab.play.replay import agent_label
+
+    returns = [e.return_ for e in manifest.episodes]
+    return DatasetRow(name=manifest.name, sha256=manifest.sha256, agent=agent_label(manifest.agent),
+                      episodes=len(manifest.episodes), steps=sum(e.length for e in manifest.episodes),
+                      return_mean=sum(returns) / len(returns) if returns else 0.0, frames=manifest.frames,
+                      determinism=manifest.determinism, created_at=manifest.created_at)
 
 
 def _interval(result: dict[str, Any] | None) -> tuple[float, float] | None:

@@ -127,7 +127,8 @@ class HumanSession:
                  store: Any = None):
         from gradlab.contracts.environment import EnvironmentSpec
         from gradlab.datasets.plan import RecordingPlan
-        from gradlab.envs import describe, make_vector_env
+        from gradlab.envs import make_vector_env
+        from gradlab.play.session import action_meanings
 
         self.env_spec = EnvironmentSpec.model_validate(environment).model_copy(update={"n_envs": 1})
         self.plan = RecordingPlan.model_validate(plan) if plan is not None else None
@@ -143,11 +144,7 @@ class HumanSession:
             raise ContractViolation(f"goal environment {self.env_spec.env_id}: human play needs a Discrete action "
                                     f"space, found {type(space).__name__}")
         self.n_actions = int(space.n)
-        try:
-            names = [str(x) for x in describe(self.env_spec).action_meanings]
-        except Exception:  # noqa: BLE001 - meanings are a nicety; numbers keys still play
-            names = []
-        self.action_meanings = names if len(names) == self.n_actions else [f"action {i}" for i in range(self.n_actions)]
+        self.action_meanings = action_meanings(self.env_spec, self.n_actions)  # number keys play without them
         self.keys = key_map(self.action_meanings)
         enable_screen = getattr(self.venv.backend, "enable_screen", None)
         if callable(enable_screen):

@@ -81,12 +81,56 @@ class RunRow(BaseModel):
                                                                  "terminal receipt's sealed_at.")
 
 
+class DatasetRow(BaseModel):
+    """One dataset of a goal, as its goal page lists it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    sha256: str = Field(description="The dataset's identity (sha256 of its manifest).")
+    agent: str = Field(description="Who chose the actions: RUN:STEP, random, noop, human (device).")
+    episodes: int
+    steps: int = Field(description="Steps over all episodes.")
+    return_mean: float = Field(description="Mean shaped episode return.")
+    frames: bool = Field(description="Rendered frames were recorded (MP4 per episode).")
+    determinism: str = Field(description="deterministic | sticky | stochastic: whether a replay re-creates it.")
+    created_at: str
+
+
 class GoalPage(Payload):
     project: str
     goal_id: str
     title: str = ""
     error: str | None = None
     runs: list[RunRow]
+    datasets: list[DatasetRow] = Field(default_factory=list, description="The goal's datasets in the dataset store.")
+    datasets_error: str | None = Field(default=None, description="Why the dataset store could not be read "
+                                                                 "(the runs are still listed).")
+
+
+class EpisodeRow(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    index: int
+    seed: int
+    start: str | None = None
+    outcome: str
+    reason: str
+    length: int = Field(description="Steps.")
+    return_: float = Field(alias="return", serialization_alias="return", description="Shaped return.")
+    raw_return: float
+    frames: bool = Field(description="The episode's frames were recorded.")
+
+
+class DatasetPage(Payload):
+    """A dataset and its episodes (``/api/datasets/{name}``)."""
+
+    name: str
+    project: str | None
+    goal_id: str
+    summary: DatasetRow
+    provenance: dict[str, Any] = Field(description="The agent (DatasetAgent JSON).")
+    episodes: list[EpisodeRow]
 
 
 class CheckpointRow(BaseModel):
@@ -268,3 +312,51 @@ class HumanReady(BaseModel):
     screen: str = "render"
     recording: dict[str, Any] | None = Field(default=None, description="{dataset, episodes, landed, published}; "
                                              "None when not recording.")
+
+
+# -- recorded episodes (/api/replay) ---------------------------------------------------------------
+class ReplayHello(BaseModel):
+    """The first message of a replay WebSocket: the token and the recorded episode to show."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    type: Literal["hello"]
+    protocol: int
+    token: str
+    dataset: str = Field(max_length=200)
+    episode: int = Field(ge=0)
+
+
+class ReplayCommand(BaseModel):
+    """Ask for recorded frames ``start .. start + n - 1``; each comes back as a binary frame message
+    whose sequence number and step are both ``t``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    type: Literal["frames"]
+    start: int = Field(ge=0)
+    n: int = Field(default=16, ge=1, le=64)
+
+
+class ReplayReady(BaseModel):
+    """A recorded episode, loaded (gradlab.play.replay.ReplaySession.info): everything but its frames."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    type: Literal["ready"] = "ready"
+    protocol: int = PROTOCOL_VERSION
+    dataset: str
+    sha256: str
+    episode: int
+    episodes: int
+    goal_id: str
+    env_id: str
+    action_meanings: list[str]
+    event_names: list[str]
+    frames: Literal["recorded", "re-simulated", "none"]
+    frames_note: str | None = None
+    n_frames: int
+    provenance: dict[str, Any]
+    steps: dict[str, list[Any]] = Field(description="Per step t: actions, rewards, raw_rewards, returns, "
+                                        "raw_returns, terminated, truncated, events (names fired).")
+    worker_pid: int | None = None

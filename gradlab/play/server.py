@@ -14,11 +14,13 @@ Security (docs/ARCHITECTURE.md section 12):
 * assets are served from ``web_player/`` only (paths resolved and confined; no dot-files).
 
 Pages (``/``, ``/projects/{p}``, ``/projects/{p}/goals/{g}``, ``/runs/{run}``,
-``/runs/{run}/checkpoints/{step}``, ``/human/{goal}``) all serve ``index.html``; the page reads its route from the URL
+``/runs/{run}/checkpoints/{step}``, ``/human/{goal}``, ``/datasets/{name}``,
+``/datasets/{name}/episodes/{k}``) all serve ``index.html``; the page reads its route from the URL
 and the data from the mirroring ``/api/...`` routes; ``/api/runs/{run}/checkpoints/{step}/video``
 records episodes as MP4 in a worker of its own (the page's video button). ``/api/play`` is the playback WebSocket: one
 playback worker process per connection (:mod:`gradlab.play.worker`); ``/api/human`` the human-play
-WebSocket (:mod:`gradlab.play.human_socket`), one worker per connection too.
+WebSocket (:mod:`gradlab.play.human_socket`), one worker per connection too; ``/api/replay`` shows a
+recorded dataset episode (:mod:`gradlab.play.replay_socket`), one worker per connection as well.
 """
 
 from __future__ import annotations
@@ -297,6 +299,10 @@ def create_app(config: PlayConfig) -> Any:
         name = f"{run_id}-{step}-seed{seed}.mp4"
         return Response(data, media_type="video/mp4", headers={"Content-Disposition": f'attachment; filename="{name}"'})
 
+    @app.get("/api/datasets/{name}", dependencies=auth)
+    def api_dataset(name: str) -> Any:
+        return page(cat.dataset_page, name)
+
     @app.get("/api/{rest:path}", dependencies=auth)
     def api_unknown(rest: str) -> Any:
         raise HTTPException(status_code=404, detail=f"no API route /api/{rest}")
@@ -311,13 +317,20 @@ def create_app(config: PlayConfig) -> Any:
 
         await human_session(ws, config)
 
+    @app.websocket("/api/replay")
+    async def replay(ws: WebSocket) -> None:
+        from gradlab.play.replay_socket import replay_session
+
+        await replay_session(ws, config)
+
     index = config.root / "index.html"
 
     def shell() -> Any:
         return FileResponse(index, media_type=MEDIA_TYPES[".html"])
 
     for route in ("/", "/projects/{project}", "/projects/{project}/goals/{goal_id:path}", "/runs/{run_id}",
-                  "/runs/{run_id}/checkpoints/{step}", "/human/{goal_id:path}"):
+                  "/runs/{run_id}/checkpoints/{step}", "/human/{goal_id:path}", "/datasets/{name}",
+                  "/datasets/{name}/episodes/{index}"):
         app.add_api_route(route, shell, methods=["GET"], include_in_schema=False)
 
     root = config.root.resolve()

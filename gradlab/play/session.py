@@ -38,6 +38,19 @@ def observation_view(obs: np.ndarray) -> tuple[np.ndarray | None, list[float] | 
     return None, None
 
 
+def action_meanings(env_spec: Any, n_actions: int) -> list[str]:
+    """The provider's action meanings, as ``gradlab env inspect`` prints them
+    (:func:`gradlab.envs.describe`), when they name every one of ``n_actions`` actions; else
+    ``action i``. Playback, human play and dataset replays show these names."""
+    from gradlab.envs import describe
+
+    try:
+        names = [str(x) for x in describe(env_spec).action_meanings]
+    except Exception:  # noqa: BLE001 - meanings are a nicety; a session plays without them
+        names = []
+    return names if names and len(names) == n_actions else [f"action {i}" for i in range(n_actions)]
+
+
 def returns_to_go(rewards: np.ndarray, *, gamma: float, bootstrap: float = 0.0) -> np.ndarray:
     """Realized discounted return from every step of one episode.
 
@@ -192,18 +205,8 @@ class PlaybackSession:
         self._rng = np.random.default_rng(seed)
 
     def _action_meanings(self) -> list[str]:
-        """The provider's action meanings, as ``gradlab env inspect`` prints them
-        (:func:`gradlab.envs.describe`), when they name every action; else ``action i``."""
         n = int(self.policy.spec.action_space.n or 0) if self.discrete else 0
-        from gradlab.envs import describe
-
-        try:
-            names = list(describe(self.env_spec).action_meanings)
-        except Exception:  # noqa: BLE001 - meanings are a nicety; the session plays without them
-            names = []
-        if names and len(names) == n:
-            return [str(x) for x in names]
-        return [f"action {i}" for i in range(n)]
+        return action_meanings(self.env_spec, n)
 
     # -- stepping ------------------------------------------------------------------------
     def reset(self, seed: int | None = None) -> StepReport:

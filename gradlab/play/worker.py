@@ -7,9 +7,10 @@ processes; nothing read from a store goes through it). Frames are JPEG-encoded i
 the server only forwards bytes.
 
 Commands (parent → worker): ``("load", (checkpoint_dir, spec, deterministic, seed, verify))`` or
-``("human", (environment, plan | None, seed, (store URL, endpoint) | None))`` (a person plays: :mod:`gradlab.play.human`) once,
+``("human", (environment, plan | None, seed, (store URL, endpoint) | None))`` (a person plays: :mod:`gradlab.play.human`)
+or ``("replay", (folder, manifest sha256, episode index))`` (a recorded episode: :mod:`gradlab.play.replay`) once,
 then ``("reset", seed | None)``, ``("step", n)``, ``("act", action)`` (human), ``("mode", deterministic)``, ``("record", (out, episodes, fps, seed))``,
-``("close", None)``. Answers: ``("steps", [(telemetry dict, jpeg bytes, observation jpeg | None), ...])``, ``("ok", None)``
+``("frames", (start, n))`` (replay: answered ``("frames", [(t, jpeg), ...])``), ``("close", None)``. Answers: ``("steps", [(telemetry dict, jpeg bytes, observation jpeg | None), ...])``, ``("ok", None)``
 or ``("error", message)``. The worker's first message is ``("warm", None)`` (imports done); a
 load is answered ``("ready", info)`` or ``("error", message)``. A step is (telemetry, screen JPEG,
 observation JPEG or None).
@@ -67,10 +68,17 @@ def _main(conn: Any) -> None:
             if cmd == "close":
                 conn.send(("ok", None))
                 return
-            if cmd not in ("load", "human"):
+            if cmd not in ("load", "human", "replay"):
                 conn.send(("error", f"expected load, found {cmd!r}"))
                 continue
             try:
+                if cmd == "replay":
+                    from gradlab.play.replay import ReplaySession
+
+                    folder, manifest_sha256, index = arg
+                    session = ReplaySession(Path(folder), manifest_sha256, int(index), encode=encode_jpeg)
+                    conn.send(("ready", session.info()))
+                    break
                 if cmd == "human":
                     from gradlab.play.human import HumanSession
 
@@ -113,6 +121,9 @@ def _main(conn: Any) -> None:
                     conn.send(("steps", [pack(session.reset(arg))]))
                 elif cmd == "step":
                     conn.send(("steps", [pack(session.step()) for _ in range(max(1, int(arg)))]))
+                elif cmd == "frames":  # a replay: recorded frames by episode step
+                    start, n = arg
+                    conn.send(("frames", session.frames(int(start), int(n))))
                 elif cmd == "act":  # a human session: one step with the person's action
                     conn.send(("steps", [pack(session.act(int(arg)))]))
                 elif cmd == "record":
@@ -219,6 +230,18 @@ class PlaybackWorker:
             WorkerFailed: as :meth:`load` (e.g. a goal whose action space is not Discrete).
         """
         return self._load(("human", (environment, plan, seed, store)), timeout_s)
+
+    def load_replay(self, folder: Path, manifest_sha256: str, index: int, *,
+                    timeout_s: float = 300.0) -> dict[str, Any]:
+        """Build a :class:`gradlab.play.replay.ReplaySession` over a verified local dataset copy
+        (``folder``, from :func:`gradlab.play.replay.prepare_replay`); returns its
+        :meth:`~gradlab.play.replay.ReplaySession.info` (the episode's steps, provenance, frames source).
+
+        Raises:
+            WorkerFailed: as :meth:`load` (a copy whose manifest or frames do not verify, a video that
+                does not decode).
+        """
+        return self._load(("replay", (str(folder), manifest_sha256, int(index))), timeout_s)
 
     def _load(self, message: tuple[str, Any], timeout_s: float) -> dict[str, Any]:
         generation = self.generation

@@ -3,9 +3,10 @@
 ``build_site`` writes ``index.html`` (projects and their goals) and one page per goal,
 ``<project>/<goal>.html``: the goal's contract summary, the leaders table (cohort IQM with its 95%
 stratified-bootstrap interval), learning curves across seeds (median and interquartile band per
-cohort), steps and wall time to acceptance per seed, and the promoted checkpoints with the command
-that plays them. Images are PNGs embedded as ``data:`` URLs and there is no script, stylesheet or
-font from elsewhere: a page opens with no network. Pages carry no build time, so the same stores
+cohort), steps and wall time to acceptance per seed, the promoted checkpoints with the command
+that plays them, and the goal's datasets with the command that plays their episodes (a goal with
+datasets and no sealed run gets a page too). Images are PNGs embedded as ``data:`` URLs and there
+is no script, stylesheet or font from elsewhere: a page opens with no network. Pages carry no build time, so the same stores
 and journals build the same bytes (and the same content hash).
 
 ``sync_site`` publishes a built site: every file create-only (verified) under
@@ -153,16 +154,20 @@ def _contract_html(goal_id: str) -> str:
 
 
 def goal_page(settings, stores, goal_id: str, results: Sequence[cohorts_mod.SeedResult],
-              notes: list[str] | None = None) -> str:
-    """The HTML of one goal's page; what it leaves out (journals missing, truncated against their
+              notes: list[str] | None = None, *, datasets: Sequence | None = None) -> str:
+    """The HTML of one goal's page (``datasets``: the goal's dataset manifests, listed with the command
+    that plays their episodes); what it leaves out (journals missing, truncated against their
     terminal receipt, or unreadable) is said on the page, naming the run and the file relative to the
     run's directory (pages are published: no local path), and appended to ``notes``."""
     from gradlab.results.curves import run_curves
 
-    ranked = cohorts_mod.leaders_runs(stores, goal_id, results=results)
     up = "../" * (goal_id.count("/") + 1)  # a nested goal's page sits one folder deeper per family
-    parts = [f"<p><a href='{up}index.html'>all goals</a></p><h1>{_e(goal_id)}</h1>", _contract_html(goal_id),
-             "<h2>Leaders</h2>"]
+    parts = [f"<p><a href='{up}index.html'>all goals</a></p><h1>{_e(goal_id)}</h1>", _contract_html(goal_id)]
+    if not results:  # a goal with datasets and no sealed run
+        parts += ["<h2>Leaders</h2><p class='note'>no sealed runs</p>", _datasets_html(datasets)]
+        return _page(f"gradlab: {goal_id}", "".join(parts))
+    ranked = cohorts_mod.leaders_runs(stores, goal_id, results=results)
+    parts.append("<h2>Leaders</h2>")
     if ranked:
         rows = "".join(
             f"<tr><td>{i}</td><td>{_e(c.label)}</td><td>{len(c.scores)}/{len(c.seeds)}</td><td>{_fmt(c.iqm)}</td>"
@@ -218,7 +223,48 @@ def goal_page(settings, stores, goal_id: str, results: Sequence[cohorts_mod.Seed
         parts.append("</table>")
     else:
         parts.append("<p class='note'>none</p>")
+    parts.append(_datasets_html(datasets))
     return _page(f"gradlab: {goal_id}", "".join(parts))
+
+
+def goal_datasets(settings) -> tuple[dict[str, list], list[str]]:
+    """The dataset store's manifests by goal id, and one note per dataset that could not be read
+    (a manifest that does not validate, a store that cannot be listed)."""
+    from gradlab.datasets.store import list_datasets, read_dataset
+    from gradlab.stores import open_dataset_store
+
+    by_goal: dict[str, list] = defaultdict(list)
+    notes: list[str] = []
+    try:
+        store = open_dataset_store(settings)
+        names = list_datasets(store)
+    except GradlabError as e:
+        return by_goal, [f"datasets: {e}"]
+    for name in names:
+        try:
+            manifest = read_dataset(store, name)
+        except GradlabError as e:
+            notes.append(str(e))
+            continue
+        by_goal[manifest.goal_id].append(manifest)
+    return by_goal, notes
+
+
+def _datasets_html(datasets: Sequence | None) -> str:
+    """The goal's datasets: name, agent, episodes, steps, frames, and the command that plays an episode."""
+    from gradlab.play.replay import agent_label
+
+    if not datasets:
+        return "<h2>Datasets</h2><p class='note'>none</p>"
+    rows = "".join(
+        f"<tr><td>{_e(m.name)}</td><td>{_e(agent_label(m.agent))}</td><td>{len(m.episodes)}</td>"
+        f"<td>{sum(e.length for e in m.episodes)}</td><td>{'recorded' if m.frames else 'no'}</td>"
+        f"<td><code>{_e(m.sha256[:16])}</code></td><td><code>gradlab dataset play {_e(m.name)} --episode 0</code></td></tr>"
+        for m in sorted(datasets, key=lambda m: m.name))
+    return ("<h2>Datasets</h2><table id='datasets'><tr><th>dataset</th><th>agent</th><th>episodes</th><th>steps</th>"
+            f"<th>frames</th><th>sha256</th><th>play</th></tr>{rows}</table>"
+            "<p class='note'>each episode plays in the web player: <code>gradlab dataset play NAME --episode K</code> "
+            "(K from 0 to episodes - 1)</p>")
 
 
 def build_site(settings, stores, out: Path | str, *, goal: str | None = None) -> BuiltSite:
@@ -228,8 +274,8 @@ def build_site(settings, stores, out: Path | str, *, goal: str | None = None) ->
         goal: only this goal's page (and the index listing it).
 
     Raises:
-        NotFound: ``goal`` (or, without it, any goal) has no sealed runs, or is not a goal of the
-            experiments tree and has none.
+        NotFound: ``goal`` (or, without it, any goal) has neither sealed runs nor datasets, or is not
+            a goal of the experiments tree and has no runs.
         ContractViolation: ``out`` exists and is not a folder.
         PermanentError: the site cannot be written (names the path and the OS's reason).
     """
@@ -239,9 +285,13 @@ def build_site(settings, stores, out: Path | str, *, goal: str | None = None) ->
     if goal is not None:
         cohorts_mod.require_goal(stores, goal)
     results = cohorts_mod.goal_results(stores, goal)
-    if not results:
-        raise NotFound(f"{'goal ' + goal if goal else 'the stores'}: no sealed runs in {stores.control.base_url}")
-    by_goal: dict[str, list] = defaultdict(list)
+    datasets, notes = goal_datasets(settings)
+    if goal is not None:
+        datasets = {goal: datasets[goal]} if goal in datasets else {}
+    if not results and not datasets:
+        raise NotFound(f"{'goal ' + goal if goal else 'the stores'}: no sealed runs in {stores.control.base_url} "
+                       "and no datasets")
+    by_goal: dict[str, list] = defaultdict(list, {g: [] for g in datasets})  # a goal with datasets only has a page
     for r in results:
         by_goal[r.goal_id].append(r)
     try:
@@ -251,19 +301,20 @@ def build_site(settings, stores, out: Path | str, *, goal: str | None = None) ->
 
         catalog = Catalog()
     pages = []
-    notes: list[str] = []
     listing: dict[str, list[str]] = defaultdict(list)
     for goal_id in sorted(by_goal):
         project = catalog.project_of(goal_id) or "other"
         rel = f"{project}/{goal_id}.html"
-        _write(root / rel, goal_page(settings, stores, goal_id, by_goal[goal_id], notes))
+        _write(root / rel, goal_page(settings, stores, goal_id, by_goal[goal_id], notes,
+                                     datasets=datasets.get(goal_id)))
         pages.append(rel)
         listing[project].append(goal_id)
     body = ["<h1>gradlab results</h1>"]
     for project in sorted(listing):
         title = catalog.projects[project].title if project in catalog.projects else project
         body.append(f"<h2>{_e(title)}</h2><ul>")
-        body += [f"<li><a href='{_e(project)}/{_e(g)}.html'>{_e(g)}</a> ({plural(len(by_goal[g]), 'run')})</li>" for g in listing[project]]
+        body += [f"<li><a href='{_e(project)}/{_e(g)}.html'>{_e(g)}</a> ({plural(len(by_goal[g]), 'run')}"
+                 f"{', ' + plural(len(datasets[g]), 'dataset') if datasets.get(g) else ''})</li>" for g in listing[project]]
         body.append("</ul>")
     _write(root / "index.html", _page("gradlab results", "".join(body)))
     return BuiltSite(root=root, pages=("index.html", *pages), goals=tuple(sorted(by_goal)), notes=tuple(notes))

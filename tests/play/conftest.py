@@ -144,3 +144,38 @@ def file_player(trained_runs: TrainedRuns) -> Iterator[RunningPlayer]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+# -- a recorded dataset --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RecordedDataset:
+    """A dataset recorded by the datasets' own recorder and published to a file dataset store."""
+
+    store_url: str
+    manifest: object
+
+
+def record_dataset(root: Path, name: str, goal_id: str, *, episodes: int, frames: bool,
+                   policy: str = "random") -> RecordedDataset:
+    """Record ``episodes`` episodes of ``goal_id`` in this process (one chunk) into ``root/dataset-store``."""
+    from gradlab.datasets.plan import plan_recording
+    from gradlab.datasets.record import record_chunk
+    from gradlab.datasets.store import publish_dataset
+    from gradlab.stores import open_store
+
+    store = open_store((root / "dataset-store").as_uri())
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GRADLAB_HOME", str(root / "home"))
+        mp.setenv("GRADLAB_CONFIG", str(root / "home" / "config.toml"))
+        plan = plan_recording(name, goal_id=goal_id, policy=policy, episodes=episodes, chunk_episodes=episodes,
+                              frames=frames)
+        results = [record_chunk(plan, i) for i in range(len(plan.chunks))]
+    manifest = publish_dataset(store, plan, results, created_at="2026-01-01T00:00:00+00:00")
+    return RecordedDataset(store_url=store.base_url, manifest=manifest)
+
+
+@pytest.fixture(scope="session")
+def breakout_dataset(tmp_path_factory: pytest.TempPathFactory) -> RecordedDataset:
+    """Two Breakout episodes of the random agent, with frames (a few seconds to record)."""
+    return record_dataset(tmp_path_factory.mktemp("breakout_dataset"), "breakout-random", "Breakout-Atari2600-v0",
+                          episodes=2, frames=True)

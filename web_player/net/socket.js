@@ -39,6 +39,11 @@ export function openPlayback({ runId, step, seed, deterministic, fps }, handlers
   return open("/api/play", { run_id: runId, step, seed, deterministic, fps }, handlers);
 }
 
+// A recorded episode of a dataset: its steps in the ready message, then frames on request ({type: "frames"}).
+export function openReplay({ dataset, episode }, handlers) {
+  return open("/api/replay", { dataset, episode }, handlers);
+}
+
 // A person plays `goal`; with `dataset`, its `episodes` are recorded into that new dataset.
 export function openHuman({ goal, dataset, episodes, frames, seed, fps }, handlers) {
   return open("/api/human", { goal_id: goal, dataset, episodes, frames, seed, fps }, handlers);

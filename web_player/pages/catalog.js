@@ -1,4 +1,5 @@
-// Catalog pages: projects → goals → runs → checkpoints, each a sortable, searchable table.
+// Catalog pages: projects → goals → runs → checkpoints, each a sortable, searchable table; a goal's
+// datasets → their episodes, each opening its playback (pages/replay.js).
 import { getJson } from "../net/api.js";
 import { dataTable } from "../table.js";
 import { crumbs, encGoal, link } from "../nav.js";
@@ -78,6 +79,56 @@ export async function goalView(project, goal) {
           : `${fmt(r.best_return_mean)}${r.best_return_ci95 ? ` [${fmt(r.best_return_ci95[0])}, ${fmt(r.best_return_ci95[1])}]` : ""}` },
       { key: "started_at", label: "started", render: (r) => new Date(r.started_at).toLocaleString() },
       { key: "duration_s", label: "duration (s)", value: (r) => r.duration_s },
+    ],
+  });
+  const h = document.createElement("h2");
+  h.textContent = "Datasets";
+  h.id = "datasets";
+  main.append(h);
+  if (!page.datasets.length) {
+    const p = document.createElement("p");
+    p.className = "muted";
+    p.id = "datasets-note";
+    p.textContent = page.datasets_error ? `the dataset store could not be read: ${page.datasets_error}`
+      : "no datasets of this goal (gradlab dataset record NAME --goal GOAL ...)";
+    main.append(p);
+    return;
+  }
+  dataTable(main, {
+    searchLabel: "Search datasets",
+    rows: page.datasets,
+    columns: [
+      { key: "name", label: "dataset", render: (r) => link(r.name, `/datasets/${enc(r.name)}`) },
+      { key: "agent", label: "agent" },
+      { key: "episodes", label: "episodes" },
+      { key: "steps", label: "steps" },
+      { key: "return_mean", label: "return mean", value: (r) => r.return_mean, render: (r) => fmt(r.return_mean) },
+      { key: "frames", label: "frames", value: (r) => (r.frames ? "recorded" : "no") },
+      { key: "play", label: "play", value: () => "", render: (r) => link("▶ episode 0", `/datasets/${enc(r.name)}/episodes/0`) },
+      { key: "created_at", label: "created", render: (r) => new Date(r.created_at).toLocaleString() },
+    ],
+  });
+}
+
+export async function datasetView(name) {
+  const page = await getJson(`/datasets/${enc(name)}`);
+  const project = page.project;
+  crumbs([["projects", "/"], ...(project ? [[project, `/projects/${enc(project)}`],
+    [page.goal_id, `/projects/${enc(project)}/goals/${encGoal(page.goal_id)}`]] : [[page.goal_id]]), [name]]);
+  const main = document.getElementById("main");
+  const s = page.summary;
+  heading(main, `dataset ${name}`, `${page.goal_id} · ${s.agent} · ${s.episodes} episodes, ${s.steps} steps · frames ${s.frames ? "recorded" : "not recorded"} · ${s.determinism} · sha256 ${s.sha256.slice(0, 16)}`);
+  dataTable(main, {
+    searchLabel: "Search episodes",
+    rows: page.episodes,
+    columns: [
+      { key: "index", label: "episode", value: (r) => r.index, render: (r) => link(`▶ ${r.index}`, `/datasets/${enc(name)}/episodes/${r.index}`) },
+      { key: "seed", label: "seed" },
+      { key: "outcome", label: "outcome" },
+      { key: "reason", label: "reason" },
+      { key: "length", label: "length" },
+      { key: "return", label: "return", value: (r) => r.return, render: (r) => fmt(r.return) },
+      { key: "raw_return", label: "raw return", value: (r) => r.raw_return, render: (r) => fmt(r.raw_return) },
     ],
   });
 }

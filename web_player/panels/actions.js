@@ -23,7 +23,17 @@ export function actionsPanel(body, meanings) {
   return {
     show(step) {
       const { probs, action, t } = step.msg;
-      if (!probs) { note.textContent = action == null ? "" : `action ${JSON.stringify(action)}`; return; }
+      if (!probs) { // a recorded action (no distribution): mark its row when the space is Discrete
+        rows.forEach((r, i) => {
+          r.row.classList.toggle("chosen", action === i);
+          r.fill.style.width = action === i ? "100%" : "0%";
+          r.pct.textContent = action === i ? "chosen" : "";
+        });
+        note.textContent = action == null ? ""
+          : rows[action] ? `step ${t}: chose ${action}: ${meanings[action]}` : `action ${JSON.stringify(action)}`;
+        body.dataset.action = action == null ? "" : JSON.stringify(action);
+        return;
+      }
       probs.forEach((p, i) => {
         if (!rows[i]) return;
         rows[i].fill.style.width = `${(p * 100).toFixed(1)}%`;

@@ -1,5 +1,6 @@
 // Signals (the task program's values after the step shown) and the events that fired this episode.
-export function eventsPanel(body, signalNames) {
+// `emptyNote`: what to say when there are no signals (default: the task program reads none).
+export function eventsPanel(body, signalNames, { emptyNote = "this goal's task program reads no signals" } = {}) {
   const kv = document.createElement("div");
   kv.className = "kv";
   const list = document.createElement("ul");
@@ -8,7 +9,7 @@ export function eventsPanel(body, signalNames) {
   wrap.append(list);
   const none = document.createElement("p");
   none.className = "muted";
-  none.textContent = signalNames.length ? "" : "this goal's task program reads no signals";
+  none.textContent = signalNames.length ? "" : emptyNote;
   body.append(none, kv, wrap);
   return {
     show(steps, upto) {

@@ -4,7 +4,8 @@
 // far, in task-reward units (before reward_scale and clipping).
 import { lineChart } from "./chart.js";
 
-export function rewardPanel(body) {
+// `include(msg)`: the steps drawn (default: those a policy acted on; a recorded episode draws every step).
+export function rewardPanel(body, { include = (msg) => msg.value_acted != null } = {}) {
   const chart = lineChart(body, [
     { label: "raw", color: "#ffb84f" },
     { label: "shaped", color: "#4fa3ff" },
@@ -17,7 +18,7 @@ export function rewardPanel(body) {
   const fmt = (v) => (Math.abs(v) >= 100 ? v.toFixed(1) : v.toFixed(3));
   return {
     show(steps, upto) {
-      const s = steps.slice(0, upto + 1).filter((x) => x.msg.value_acted != null);
+      const s = steps.slice(0, upto + 1).filter((x) => include(x.msg));
       chart.set([s.map((x) => x.msg.t), s.map((x) => x.msg.reward_raw), s.map((x) => x.msg.reward_shaped),
         s.map((x) => x.msg.episode_return)]);
       body.dataset.points = String(s.length);
