@@ -44,7 +44,8 @@ def test_200_bandit_episodes_on_2_workers_one_task_per_chunk_each_episode_once(p
     manifest = read_dataset(open_dataset_store(), "bandit-200")
     assert [e.index for e in manifest.episodes] == list(range(200))
     assert [e.seed for e in manifest.episodes] == [e.seed for e in plan.episodes]
-    assert len({e.steps_file for e in manifest.episodes}) == len(manifest.files) == 200
+    assert sorted({e.steps_file for e in manifest.episodes}) == sorted(manifest.files) == [
+        f"episodes/chunk-{c:05d}.npz" for c in range(4)]  # one step shard per chunk
     assert all(e.length == 1 for e in manifest.episodes)  # the bandit: one step per episode
     assert not Path(plan.staging_dir).exists()
 

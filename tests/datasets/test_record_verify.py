@@ -45,11 +45,18 @@ def test_cartpole_recording_equals_the_evaluation_rows_and_replays_bit_exactly(c
     assert [(e.seed, e.return_, e.raw_return, e.length, e.outcome) for e in recorded.episodes] == \
         [(r.seed, r.return_, r.raw_return, r.length, r.outcome) for r in result.episodes]
     assert recorded.agent.kind == "checkpoint" and recorded.agent.checkpoint_sha256 == cm.sha256
-    assert recorded.determinism == "deterministic" and len(recorded.files) == 10
+    assert recorded.determinism == "deterministic"
+    assert sorted(recorded.files) == [f"episodes/chunk-{c:05d}.npz" for c in range(3)]  # one shard per chunk of 4
+    chunk = recorded.episodes[4:8]
+    assert {e.steps_file for e in chunk} == {"episodes/chunk-00001.npz"}
+    # The chunk's episodes tile its shard: steps end to end, each with one observation more.
+    spans = sorted((e.step_offset, e.observation_offset, e.length) for e in chunk)
+    assert [s for s, _, _ in spans] == [sum(n for _, _, n in spans[:i]) for i in range(4)]
+    assert [o for _, o, _ in spans] == [sum(n + 1 for _, _, n in spans[:i]) for i in range(4)]
 
     report = verify_dataset(cartpole_dataset.store, "cartpole-tiny", cache=cartpole_dataset.cache)
     assert report.ok, report
-    assert (report.files_checked, report.episodes_replayed, report.divergences) == (10, 10, [])
+    assert (report.files_checked, report.episodes_replayed, report.divergences) == (3, 10, [])
 
 
 def test_a_flipped_byte_fails_verify_naming_the_file(cartpole_dataset, tmp_path, monkeypatch):
@@ -107,7 +114,7 @@ def test_one_changed_action_names_the_first_diverging_step(cartpole_dataset, tmp
     with np.load(path, allow_pickle=False) as npz:
         arrays = {k: npz[k] for k in npz.files}
     step = min(3, episode.length - 1)
-    arrays["actions"][step] = 1 - arrays["actions"][step]
+    arrays["actions"][episode.step_offset + step] = 1 - arrays["actions"][episode.step_offset + step]
     buf = io.BytesIO()
     np.savez_compressed(buf, **arrays)
     path.write_bytes(buf.getvalue())
