@@ -154,6 +154,7 @@ class HumanSession:
             enable_screen()
         self.screen = "colour screen" if callable(enable_screen) else "render"
         self.recorder = None
+        self.claim: Any = None
         self.rows: list[Any] = []
         self.published: dict[str, Any] | None = None
         self._has_starts = self.plan is not None and any(e.start is not None for e in self.plan.episodes)
@@ -202,6 +203,11 @@ class HumanSession:
         if self.plan is not None:
             from pathlib import Path
 
+            from gradlab.datasets.staging import claim_staging
+
+            # Held while this session records; staging of ended recordings of the name is removed.
+            self.claim = claim_staging(Path(self.plan.staging_dir), name=self.plan.name,
+                                       recording_id=self.plan.recording_id)
             self.recorder = EpisodeRecorder(self.venv, Path(self.plan.staging_dir) / "chunk-00000",
                                             frames=self.plan.frames, event_names=list(self.env_spec.task.events))
             self.recorder.started(self._obs)
@@ -300,5 +306,6 @@ class HumanSession:
     def close(self) -> None:
         if self.recorder is not None:
             self.recorder.close()
-
+        if self.claim is not None:
+            self.claim.release()
         self.venv.close()
