@@ -5,7 +5,10 @@ Each ``record-chunk`` task runs its chunk in a local evaluation worker process
 (:func:`gradlab.datasets.record.record_chunk_in_worker`), at most ``workers`` at a time; when every
 chunk has finished, ``publish-dataset`` checks that every planned episode was recorded exactly once
 and stores the files, then the manifest (create-only, last). A failed or killed recording stores no
-manifest, so no dataset appears; running it again records under a new recording id.
+manifest, so no dataset appears; running it again records under a new recording id. The flow
+holds its staging folder while it runs (:func:`gradlab.datasets.staging.claim_staging`); when it
+starts and when it ends it removes the staging folders that earlier, ended recordings of the same
+dataset name left behind (a killed one's included).
 """
 
 from __future__ import annotations
@@ -59,11 +62,18 @@ def dataset_record(plan: dict[str, Any], workers: int = 1) -> dict[str, Any]:
     Returns:
         The dataset's manifest JSON.
     """
+    from gradlab.datasets.staging import claim_staging, clean_stale
+
     record_this_flow_run()
-    futures: list[Any] = []
-    for chunk in range(len(plan["chunks"])):
-        while sum(not f.state.is_final() for f in futures) >= max(1, workers):
-            time.sleep(0.1)
-        futures.append(record_chunk.submit(plan, chunk))
-    results = [f.result() for f in futures]
-    return publish(plan, results)
+    claim = claim_staging(plan["staging_dir"], name=plan["name"], recording_id=plan["recording_id"])
+    try:
+        futures: list[Any] = []
+        for chunk in range(len(plan["chunks"])):
+            while sum(not f.state.is_final() for f in futures) >= max(1, workers):
+                time.sleep(0.1)
+            futures.append(record_chunk.submit(plan, chunk))
+        results = [f.result() for f in futures]
+        return publish(plan, results)
+    finally:
+        claim.release()
+        clean_stale(claim.folder.parent, name=claim.name, epoch=claim.epoch)

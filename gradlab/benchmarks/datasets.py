@@ -4,7 +4,7 @@ Both sides run the same episodes (a goal's evaluation manifest for N episodes, o
 random policy, frames off) in this process, imports and env construction excluded from neither:
 the bare side is :func:`gradlab.evaluation.runner.run_episodes` without an observer; the
 recording side is :func:`gradlab.datasets.record.record_chunk` (the same loop with the recorder,
-plus writing each episode's ``.npz`` and hashing it). The fastest of ``rounds`` counts; the goal
+plus writing the chunk's one step shard, hashing it, and its ``chunk.json``). The fastest of ``rounds`` counts; the goal
 of issue 23 is a ratio (recording episodes/s over bare episodes/s) of at least 0.8.
 """
 
@@ -66,7 +66,13 @@ def run(goal: str, episodes: int, rounds: int) -> dict:
 
 
 def main(goals: tuple[str, ...], episodes: int, rounds: int, as_json: bool) -> None:
+    import os
+
+    load_before = os.getloadavg()[0]
     rows = [run(g, episodes, rounds) for g in goals]
+    load_after = os.getloadavg()[0]
+    for row in rows:
+        row["load_average_1m"] = {"before": load_before, "after": load_after}
     if as_json:
         print(json.dumps(rows))
         return
@@ -81,3 +87,5 @@ def main(goals: tuple[str, ...], episodes: int, rounds: int, as_json: bool) -> N
         table.add_row(row["goal"], str(row["episodes"]), f"{eps['bare evaluation']:.1f}", f"{eps['recording']:.1f}",
                       f"{row['ratio']:.2f}", "yes" if row["ratio"] >= TARGET_RATIO else "no")
     console.print(table)
+    console.print(f"1-minute load average: {load_before:.2f} before, {load_after:.2f} after, on {os.cpu_count()} cores "
+                  "(other processes' load lowers both sides; rerun on a quiet machine)", highlight=False)

@@ -2,8 +2,14 @@
 
 A dataset's ``manifest.json`` (docs/ARCHITECTURE.md section 12) says what was recorded, under which
 goal and environment contract, by which agent, and lists every file with its sha256 and size, as a
-checkpoint's manifest does. Per episode one ``episodes/<index:06d>.npz`` holds the steps (arrays
-below, ``T`` = the episode's length); ``frames/<index:06d>.mp4`` the rendered frames when recorded:
+checkpoint's manifest does. Format ``gradlab.dataset/2``: per chunk of the recording one shard
+``episodes/chunk-<chunk:05d>.npz`` holds the steps of all of the chunk's episodes, one after another
+(arrays below, concatenated along the first axis; ``T`` = an episode's length); an episode's
+``step_offset`` is the row of its first step and ``observation_offset`` the row of its first
+observation (an episode has ``T`` step rows and ``T + 1`` observation rows). ``event_names`` is
+stored once per shard. ``frames/<index:06d>.mp4`` holds an episode's rendered frames when recorded.
+Format ``gradlab.dataset/1`` (read, no longer written): one ``episodes/<index:06d>.npz`` per
+episode, no offsets. :func:`gradlab.datasets.store.load_steps` gives one episode's arrays either way:
 
 ==================  ====================  ===========================================================
 array               shape, dtype          meaning
@@ -18,20 +24,27 @@ array               shape, dtype          meaning
 ``observations``    (T + 1, *obs_shape)   the observation before each step, then the final one
 ==================  ====================  ===========================================================
 
-The dataset's identity (:attr:`DatasetManifest.sha256`) is the sha256 of the manifest's canonical JSON.
+The dataset's identity (:attr:`DatasetManifest.sha256`) is the sha256 of the manifest's canonical JSON
+without ``recording_id`` and ``created_at`` (which recording wrote the files, and when: not what was
+recorded), so the same episodes recorded twice under the same name have the same sha256 (format 1:
+the whole manifest).
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, model_validator
 
 from gradlab.contracts.base import Contract
 from gradlab.contracts.hashing import sha256_json
 from gradlab.contracts.task import Outcome
 
-DATASET_FORMAT = "gradlab.dataset/1"
+DATASET_FORMAT = "gradlab.dataset/2"
+#: Formats read; only :data:`DATASET_FORMAT` is written.
+DatasetFormat = Literal["gradlab.dataset/1", "gradlab.dataset/2"]
+#: Manifest keys outside the dataset's identity (format 2).
+UNHASHED_KEYS = ("recording_id", "created_at")
 #: Agents a dataset can come from: a checkpoint's policy, the reference policies, a person.
 AgentKind = Literal["checkpoint", "random", "noop", "human"]
 #: How far a dataset can be re-simulated: ``deterministic`` (same seed + actions give the same
@@ -71,14 +84,19 @@ class DatasetEpisode(Contract):
     length: int = Field(ge=1, description="Steps.")
     outcome: Outcome
     reason: str
-    steps_file: str = Field(description="Path of the episode's .npz inside the dataset.")
+    steps_file: str = Field(description="Path of the .npz holding the episode's steps inside the dataset "
+                            "(format 2: its chunk's shard).")
+    step_offset: int | None = Field(default=None, ge=0, description="Format 2: row of the episode's first step "
+                                    "in steps_file (None in format 1: the file is the episode's alone).")
+    observation_offset: int | None = Field(default=None, ge=0, description="Format 2: row of its first "
+                                           "observation in steps_file.")
     frames_file: str | None = Field(default=None, description="Path of its .mp4, when frames were recorded.")
 
 
 class DatasetManifest(Contract):
     """``manifest.json`` of a dataset (see the module docstring)."""
 
-    format: Literal["gradlab.dataset/1"] = DATASET_FORMAT
+    format: DatasetFormat = DATASET_FORMAT
     name: str
     recording_id: str = Field(description="The recording that wrote the files (their key prefix).")
     goal_id: str
@@ -97,10 +115,28 @@ class DatasetManifest(Contract):
     versions: dict[str, str]
     created_at: str
 
+    @model_validator(mode="after")
+    def _offsets_match_the_format(self) -> DatasetManifest:
+        with_offsets = self.format != "gradlab.dataset/1"
+        for i, e in enumerate(self.episodes):
+            if (e.step_offset is not None and e.observation_offset is not None) != with_offsets or \
+                    (e.step_offset is None) != (e.observation_offset is None):
+                raise ValueError(f"episodes[{i}]: step_offset and observation_offset are "
+                                 + ("required in " if with_offsets else "not part of ") + self.format)
+        return self
+
     @property
     def sha256(self) -> str:
-        """The dataset's identity: sha256 of the manifest's canonical JSON."""
-        return sha256_json(self.as_json())
+        """The dataset's identity (see the module docstring)."""
+        doc = self.as_json()
+        if self.format != "gradlab.dataset/1":
+            for key in UNHASHED_KEYS:
+                doc.pop(key)
+        return sha256_json(doc)
 
     def as_json(self) -> dict[str, Any]:
-        return self.model_dump(mode="json", by_alias=True)
+        doc = self.model_dump(mode="json", by_alias=True)
+        if self.format == "gradlab.dataset/1":  # as format 1 wrote it (its sha256 stays)
+            for episode in doc["episodes"]:
+                del episode["step_offset"], episode["observation_offset"]
+        return doc

@@ -5,6 +5,7 @@ Public names:
     record_chunk(plan, chunk) / record_chunk_in_worker(...): one chunk through the evaluation runner (``record``).
     publish_dataset(store, plan, results) -> DatasetManifest: files, then the manifest, create-only (``store``).
     read_dataset, list_datasets, check_files, fetch_dataset, load_steps: reading back (``store``).
+    StepBuffer, write_npz: the recorder's batch step arrays and the one deterministic shard per chunk (``shard``).
     verify_dataset(store, name) -> VerifyReport: files, then bit-exact re-simulation (``verify``).
     export_minari, export_hf: other tools' layouts (``export``).
 

@@ -5,7 +5,14 @@
   seed, observations ``(T + 1, ...)``, actions ``(T, ...)``, shaped rewards, terminations and
   truncations; the observation and action spaces of the recording; the agent as ``algorithm_name``
   and the provenance in its description. ``minari.load_dataset(id)`` reads it (with
-  ``MINARI_DATASETS_PATH`` set to the folder).
+  ``MINARI_DATASETS_PATH`` set to the folder). ``env_spec`` (what ``recover_environment()`` makes) is
+  filled when the recorded environment is a plain gymnasium one (:func:`minari_env_spec`): provider
+  ``gymnasium``, no observation preprocessing, the goal's episode cap as ``max_episode_steps``. For
+  any other goal it is left empty and the description says why: the env is not registered in
+  gymnasium (the built-in ``gradlab`` provider, ``vizdoom``, ``retro``), or gradlab's preprocessing
+  (ALE's, frame stacks, normalised observations) makes the policy's observations other than what
+  the registered env returns. The task program's reward and termination rules are gradlab's: a
+  recovered env gives the provider's native rewards.
 * **Hugging Face datasets**: a folder ``data/train-00000-of-00001.parquet`` (one row per step, the
   column names of the ``gymrec`` package's datasets: ``episode_id`` (16 bytes), ``seed``,
   ``observations``, ``actions``, ``rewards``, ``terminations``, ``truncations``, ``infos``,
@@ -42,6 +49,35 @@ def episode_uuid(manifest: DatasetManifest, index: int) -> bytes:
     return uuid.uuid5(uuid.NAMESPACE_URL, f"gradlab-dataset:{manifest.sha256}:{index}").bytes
 
 
+def minari_env_spec(manifest: DatasetManifest) -> tuple[Any, str | None]:
+    """The gymnasium ``EnvSpec`` a Minari dataset of ``manifest`` can recover, or None and why not.
+
+    Returns:
+        ``(EnvSpec, None)`` for a plain gymnasium env (see the module docstring), else ``(None, reason)``.
+    """
+    import dataclasses
+
+    import gymnasium as gym
+
+    from gradlab.contracts.environment import EnvironmentSpec
+
+    env = EnvironmentSpec.model_validate(manifest.environment)
+    if env.provider != "gymnasium":
+        return None, (f"provider {env.provider!r}: {env.env_id} is made by gradlab's {env.provider} provider, "
+                      "not registered in gymnasium, so no env_spec")
+    if env.preprocessing.get("frame_stack", 1) != 1 or env.preprocessing.get("normalize_observation", False):
+        return None, (f"{env.env_id}: the recorded observations went through gradlab's preprocessing "
+                      f"{env.preprocessing}, which the registered env does not apply, so no env_spec")
+    try:
+        spec = gym.spec(env.env_id)
+    except gym.error.Error as e:
+        return None, f"{env.env_id}: not registered in gymnasium ({e}), so no env_spec"
+    args = dict(env.provider_args)
+    cap = env.task.termination.max_episode_steps or args.pop("max_episode_steps", None) or spec.max_episode_steps
+    args.pop("max_episode_steps", None)
+    return dataclasses.replace(spec, kwargs={**spec.kwargs, **args}, max_episode_steps=cap), None
+
+
 def export_minari(manifest: DatasetManifest, folder: Path, out: Path) -> str:
     """Write the Minari dataset under ``out``; returns its dataset id.
 
@@ -64,17 +100,19 @@ def export_minari(manifest: DatasetManifest, folder: Path, out: Path) -> str:
                                      actions=steps["actions"], rewards=steps["rewards"].astype(np.float64).tolist(),
                                      terminations=steps["terminated"].tolist(), truncations=steps["truncated"].tolist()))
     agent = manifest.agent
+    env_spec, no_spec = minari_env_spec(manifest)
     old = os.environ.get("MINARI_DATASETS_PATH")
     os.environ["MINARI_DATASETS_PATH"] = str(out)
     try:
         minari.create_dataset_from_buffers(
-            dataset_id=dataset_id, buffer=buffers, algorithm_name=f"gradlab:{agent.kind}",
+            dataset_id=dataset_id, buffer=buffers, env=env_spec, algorithm_name=f"gradlab:{agent.kind}",
             author="gradlab", code_permalink=None,
             observation_space=space_from_json(manifest.observation_space),
             action_space=space_from_json(manifest.action_space),
             description=f"gradlab dataset {manifest.name} ({manifest.sha256}) of goal {manifest.goal_id}: "
                         + json.dumps({"agent": agent.model_dump(mode="json"), "environment_sha256": manifest.environment_sha256,
-                                      "goal_contract_sha256": manifest.goal_contract_sha256}, sort_keys=True),
+                                      "goal_contract_sha256": manifest.goal_contract_sha256}, sort_keys=True)
+                        + (f". No env_spec: {no_spec}." if no_spec else ""),
             data_format="hdf5",
         )
     finally:

@@ -51,6 +51,8 @@ class ChunkResult(Contract):
     rows: list[dict[str, Any]]
     files: dict[str, dict[str, Any]]
     written: dict[str, list[str | None]] = Field(description="episode index -> [steps file, frames file or null].")
+    offsets: dict[str, list[int]] = Field(description="episode index -> [step offset, observation offset] in its "
+                                          "steps file (gradlab.datasets.shard).")
     spaces: dict[str, dict[str, Any]] = Field(description="{observation, action}: space_json of one lane.")
 
 

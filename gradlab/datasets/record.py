@@ -4,168 +4,160 @@ A chunk is a slice of the recording's episode plan (a goal's evaluation manifest
 section 7). :func:`record_chunk` runs it with :func:`gradlab.evaluation.runner.run_episodes`, the
 evaluation's own loop and quota rule (each lane runs its quota of episodes; an episode a lane runs
 beyond its quota is discarded), and an :class:`EpisodeRecorder` observing every step, which writes
-each kept episode as ``episodes/<index:06d>.npz`` (+ ``frames/<index:06d>.mp4``) under the chunk's
-staging folder. :func:`record_chunk_json` is the worker job the local evaluation workers run
+the chunk's kept episodes into one shard ``episodes/chunk-<chunk:05d>.npz`` (:mod:`gradlab.datasets.shard`)
+and, with frames, ``frames/<index:06d>.mp4`` per episode under the chunk's staging folder. :func:`record_chunk_json` is the worker job the local evaluation workers run
 (:meth:`gradlab.evaluation.backends.LocalBackend.submit_job`).
 """
 
 from __future__ import annotations
 
-import io
-import json
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from pydantic import TypeAdapter
 
 from gradlab.datasets.plan import ChunkResult, RecordingPlan
 from gradlab.evaluation.manifest import EpisodeIdentity, EpisodeManifest
 from gradlab.evaluation.result import EpisodeRow
+
+_ROWS = TypeAdapter(list[EpisodeRow])  # every row's JSON in one call
 
 #: The worker job of one chunk (``LocalBackend.submit_job``).
 CHUNK_ENTRY = "gradlab.datasets.record:record_chunk_json"
 FRAMES_FPS = 30.0
 
 
-def steps_file(index: int) -> str:
-    return f"episodes/{index:06d}.npz"
+def steps_file(chunk: int) -> str:
+    """The chunk's step shard (:mod:`gradlab.datasets.shard`)."""
+    return f"episodes/chunk-{chunk:05d}.npz"
 
 
 def frames_file(index: int) -> str:
     return f"frames/{index:06d}.mp4"
 
 
-def write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    """Compressed npz written to bytes first, so the same arrays give the same bytes (no pickled objects)."""
-    buf = io.BytesIO()
-    np.savez_compressed(buf, **arrays)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(buf.getvalue())
+class _Frames:
+    """One lane's rendered frames so far, spooled to a temporary file."""
 
+    def __init__(self) -> None:
+        self.spool = tempfile.TemporaryFile()
+        self.shape: tuple[int, ...] | None = None
+        self.count = 0
 
-class _Lane:
-    """One lane's episode so far."""
+    def add(self, frame: bytes) -> None:
+        self.spool.write(frame)
+        self.count += 1
 
-    def __init__(self, frames: bool):
-        self.obs: list[np.ndarray] = []
-        self.actions: list[np.ndarray] = []
-        self.rewards: list[float] = []
-        self.raw: list[float] = []
-        self.terminated: list[bool] = []
-        self.truncated: list[bool] = []
-        self.events: list[list[bool]] = []
-        self.final_obs: np.ndarray | None = None
-        self.spool = tempfile.TemporaryFile() if frames else None
-        self.frame_shape: tuple[int, ...] | None = None
-        self.frame_count = 0
+    def pop_last(self) -> bytes:
+        size = int(np.prod(self.shape))
+        self.spool.seek(-size, 2)
+        last = self.spool.read(size)
+        self.spool.seek(-size, 2)
+        self.spool.truncate()
+        self.count -= 1
+        return last
+
+    def frames(self) -> Iterator[np.ndarray]:
+        size = int(np.prod(self.shape))
+        self.spool.seek(0)
+        for _ in range(self.count):
+            yield np.frombuffer(self.spool.read(size), dtype=np.uint8).reshape(self.shape)  # type: ignore[arg-type]
 
     def close(self) -> None:
-        if self.spool is not None:
-            self.spool.close()
+        self.spool.close()
 
 
 class EpisodeRecorder:
-    """A :class:`gradlab.evaluation.runner.StepObserver` that writes every kept episode's steps.
+    """A :class:`gradlab.evaluation.runner.StepObserver` that keeps every kept episode's steps.
+
+    Steps are kept as whole-batch arrays (:class:`gradlab.datasets.shard.StepBuffer`); :meth:`result`
+    writes them as the chunk's one shard ``episodes/chunk-<chunk:05d>.npz``. Frames, when recorded,
+    go to ``frames/<index:06d>.mp4`` as each episode ends.
 
     Args:
         venv: the vector env being stepped (``render()`` is called before every step when ``frames``).
         out_dir: the chunk's staging folder.
         frames: also write each episode's rendered frames as an MP4 (one frame before every action).
         event_names: the task program's events (``(T, E)`` bool per episode).
+        chunk: the chunk's number (names its shard).
     """
 
-    def __init__(self, venv: Any, out_dir: Path, *, frames: bool, event_names: list[str]):
+    def __init__(self, venv: Any, out_dir: Path, *, frames: bool, event_names: list[str], chunk: int = 0):
+        from gradlab.datasets.shard import StepBuffer
+
         self.venv = venv
         self.out_dir = Path(out_dir)
         self.frames = frames
         self.event_names = sorted(event_names)
-        self.lanes = [_Lane(frames) for _ in range(venv.num_envs)]
-        self.written: dict[int, tuple[str, str | None]] = {}
+        self.steps_file = steps_file(chunk)
+        self.buffer = StepBuffer(venv.num_envs, self.event_names)
+        self.lanes = [_Frames() for _ in range(venv.num_envs)] if frames else []
+        self.kept: dict[int, int] = {}  # episode index -> its position in the shard
+        self.frame_files: dict[int, str] = {}
 
     def render(self) -> None:
         """Spool every lane's current frame (call before each step when recording frames)."""
         for lane, frame in zip(self.lanes, self.venv.render(), strict=True):
             frame = np.ascontiguousarray(frame, dtype=np.uint8)
-            lane.frame_shape = lane.frame_shape or frame.shape
-            lane.spool.write(frame.tobytes())  # type: ignore[union-attr]
-            lane.frame_count += 1
+            lane.shape = lane.shape or frame.shape
+            lane.add(frame.tobytes())
 
     def started(self, obs: np.ndarray) -> None:
         if self.frames:
             self.render()  # every lane's first frame
 
     def step(self, obs: np.ndarray, actions: np.ndarray, result: Any) -> None:
-        for i, lane in enumerate(self.lanes):
-            lane.obs.append(np.array(obs[i]))
-            lane.actions.append(np.array(actions[i]))
-            lane.rewards.append(float(result.reward[i]))
-            lane.raw.append(float(result.raw_reward[i]))
-            lane.terminated.append(bool(result.terminated[i]))
-            lane.truncated.append(bool(result.truncated[i]))
-            lane.events.append([bool(result.events[name][i]) if name in result.events else False
-                                for name in self.event_names])
-            if i in result.final_obs:
-                lane.final_obs = np.array(result.final_obs[i])
+        self.buffer.step(obs, actions, result)
         if self.frames:
             self.render()  # the next step's frame (a finished lane: its next episode's first frame)
 
     def ended(self, lane_index: int, row: EpisodeRow | None) -> None:
-        lane = self.lanes[lane_index]
-        # With frames, the lane's spool holds this episode's frames and the next episode's first one.
-        next_frame = self._pop_last_frame(lane) if self.frames else None
+        position = self.buffer.ended(lane_index, row is not None)
         if row is not None:
-            self._write(lane, row)
-        fresh = _Lane(self.frames)
-        if next_frame is not None:
-            fresh.frame_shape = lane.frame_shape
-            fresh.spool.write(next_frame)  # type: ignore[union-attr]
-            fresh.frame_count = 1
+            self.kept[row.index] = position  # type: ignore[assignment]
+        if not self.frames:
+            return
+        # The lane's spool holds this episode's frames and the next episode's first one.
+        lane = self.lanes[lane_index]
+        next_frame = lane.pop_last()
+        if row is not None:
+            from gradlab.video import write_mp4
+
+            rel = frames_file(row.index)
+            (self.out_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+            write_mp4(self.out_dir / rel, lane.frames(), fps=FRAMES_FPS,
+                      metadata={"episode_index": row.index, "seed": row.seed, "length": row.length})
+            self.frame_files[row.index] = rel
+        fresh = _Frames()
+        fresh.shape = lane.shape
+        fresh.add(next_frame)
         lane.close()
         self.lanes[lane_index] = fresh
 
-    @staticmethod
-    def _pop_last_frame(lane: _Lane) -> bytes:
-        size = int(np.prod(lane.frame_shape))
-        lane.spool.seek(-size, 2)  # type: ignore[union-attr]
-        last = lane.spool.read(size)  # type: ignore[union-attr]
-        lane.spool.seek(-size, 2)  # type: ignore[union-attr]
-        lane.spool.truncate()  # type: ignore[union-attr]
-        lane.frame_count -= 1
-        return last
+    def result(self, chunk: int, rows: list[EpisodeRow], spaces: dict[str, dict[str, Any]]) -> ChunkResult:
+        """Write the shard and describe the chunk's files (sha256 and size of each, read back).
 
-    def _frames(self, lane: _Lane) -> Iterator[np.ndarray]:
-        size = int(np.prod(lane.frame_shape))
-        lane.spool.seek(0)  # type: ignore[union-attr]
-        for _ in range(lane.frame_count):
-            yield np.frombuffer(lane.spool.read(size), dtype=np.uint8).reshape(lane.frame_shape)  # type: ignore[union-attr]
+        Raises:
+            ContractViolation: no episode was kept, or a field changed dtype or shape between steps.
+        """
+        from gradlab.checkpoints.bundle import file_sha256
 
-    def _write(self, lane: _Lane, row: EpisodeRow) -> None:
-        final = lane.final_obs if lane.final_obs is not None else lane.obs[-1]
-        arrays = {
-            "actions": np.stack(lane.actions),
-            "rewards": np.asarray(lane.rewards, dtype=np.float32),
-            "raw_rewards": np.asarray(lane.raw, dtype=np.float32),
-            "terminated": np.asarray(lane.terminated, dtype=bool),
-            "truncated": np.asarray(lane.truncated, dtype=bool),
-            "events": np.asarray(lane.events, dtype=bool).reshape(len(lane.events), len(self.event_names)),
-            "event_names": np.asarray(self.event_names, dtype=str),
-            "observations": np.stack([*lane.obs, final]),
-        }
-        steps = steps_file(row.index)
-        write_npz(self.out_dir / steps, arrays)
-        frames = None
-        if self.frames:
-            from gradlab.video import write_mp4
-
-            frames = frames_file(row.index)
-            (self.out_dir / frames).parent.mkdir(parents=True, exist_ok=True)
-            write_mp4(self.out_dir / frames, self._frames(lane), fps=FRAMES_FPS,
-                      metadata={"episode_index": row.index, "seed": row.seed, "length": row.length})
-        self.written[row.index] = (steps, frames)
+        offsets, digest, size = self.buffer.write(self.out_dir / self.steps_file)
+        files = {self.steps_file: {"sha256": digest, "size_bytes": size}}
+        for rel in sorted(self.frame_files.values()):
+            path = self.out_dir / rel
+            files[rel] = {"sha256": file_sha256(path), "size_bytes": path.stat().st_size}
+        # Built from this recorder's own typed values, so not validated again (the reader validates).
+        return ChunkResult.model_construct(
+            chunk=chunk, folder=str(self.out_dir), rows=_ROWS.dump_python(rows, mode="json", by_alias=True), files=files,
+            written={str(i): [self.steps_file, self.frame_files.get(i)] for i in sorted(self.kept)},
+            offsets={str(i): list(offsets[p][:2]) for i, p in sorted(self.kept.items())}, spaces=spaces)
 
     def close(self) -> None:
+        self.buffer.close()
         for lane in self.lanes:
             lane.close()
 
@@ -189,7 +181,6 @@ def record_chunk(plan: RecordingPlan, chunk: int) -> ChunkResult:
         IntegrityError, ContractViolation: the checkpoint does not verify (as ``gradlab eval``).
         ContractViolation: see :func:`gradlab.evaluation.runner.run_episodes`.
     """
-    from gradlab.checkpoints.bundle import file_sha256
     from gradlab.contracts.environment import EnvironmentSpec
     from gradlab.datasets.plan import make_policy, space_json
     from gradlab.envs import make_vector_env
@@ -207,23 +198,16 @@ def record_chunk(plan: RecordingPlan, chunk: int) -> ChunkResult:
     except BaseException:
         venv.close()
         raise
-    recorder = EpisodeRecorder(venv, out_dir, frames=plan.frames, event_names=list(environment.task.events))
+    recorder = EpisodeRecorder(venv, out_dir, frames=plan.frames, event_names=list(environment.task.events), chunk=chunk)
     try:
         rows = run_episodes(venv, manifest, policy, deterministic=plan.agent.policy_mode == "deterministic",
                             rng=policy_rng(manifest), observer=recorder)
+        result = recorder.result(chunk, rows, {"observation": space_json(venv.single_observation_space),
+                                               "action": space_json(venv.single_action_space)})
     finally:
         recorder.close()
         venv.close()
-    files = {}
-    for steps, frames in recorder.written.values():
-        for rel in (steps, frames):
-            if rel is not None:
-                files[rel] = {"sha256": file_sha256(out_dir / rel), "size_bytes": (out_dir / rel).stat().st_size}
-    result = ChunkResult(chunk=chunk, folder=str(out_dir), rows=[r.as_json() for r in rows], files=files,
-                         written={str(i): list(w) for i, w in recorder.written.items()},
-                         spaces={"observation": space_json(venv.single_observation_space),
-                                 "action": space_json(venv.single_action_space)})
-    (out_dir / "chunk.json").write_text(json.dumps(result.model_dump(mode="json"), sort_keys=True))
+    (out_dir / "chunk.json").write_text(result.model_dump_json())  # the chunk is staged
     return result
 
 

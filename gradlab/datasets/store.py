@@ -1,7 +1,8 @@
 """The dataset store: publishing a recording, reading a dataset back, checking its files.
 
-Layout (``gradlab.stores.keys``): a recording's files go create-only (and verified: re-read and
-hashed) under ``datasets/<name>/recordings/<recording_id>/``; the manifest is written last,
+Layout (``gradlab.stores.keys``): a recording's files (one step shard per chunk,
+:mod:`gradlab.datasets.shard`, and one MP4 per episode with frames) go create-only (and verified:
+re-read and hashed) under ``datasets/<name>/recordings/<recording_id>/``; the manifest is written last,
 create-only, at ``datasets/<name>/manifest.json``. A dataset exists once its manifest does, so a
 recording killed at any point leaves no dataset (only unreferenced files under its own recording
 id), and a retry, a new recording id, writes beside them. Reads trust nothing: every file is checked
@@ -77,6 +78,7 @@ def publish_dataset(store: ObjectStore, plan: RecordingPlan, results: Sequence[C
     rows = check_exactly_once(plan, results)
     files: dict[str, DatasetFile] = {}
     written: dict[int, list[str | None]] = {}
+    offsets: dict[int, list[int]] = {}
     for result in results:
         for rel, entry in sorted(result.files.items()):
             data = (Path(result.folder) / rel).read_bytes()
@@ -85,11 +87,13 @@ def publish_dataset(store: ObjectStore, plan: RecordingPlan, results: Sequence[C
             store.put_verified(keys.dataset_file(plan.name, plan.recording_id, rel), data)
             files[rel] = DatasetFile(sha256=entry["sha256"], size_bytes=len(data))
         written.update({int(i): w for i, w in result.written.items()})
+        offsets.update({int(i): o for i, o in result.offsets.items()})
     goal = Goal.model_validate(plan.goal)
     environment = EnvironmentSpec.model_validate(plan.environment)
     episodes = [DatasetEpisode(index=r["index"], seed=r["seed"], start=r.get("start"), return_=r["return"],
                                raw_return=r["raw_return"], length=r["length"], outcome=r["outcome"], reason=r["reason"],
-                               steps_file=written[r["index"]][0], frames_file=written[r["index"]][1])
+                               steps_file=written[r["index"]][0], step_offset=offsets[r["index"]][0],
+                               observation_offset=offsets[r["index"]][1], frames_file=written[r["index"]][1])
                 for r in rows]
     manifest = DatasetManifest(
         name=plan.name, recording_id=plan.recording_id, goal_id=goal.goal_id, goal=plan.goal,
@@ -187,9 +191,36 @@ def fetch_dataset(store: ObjectStore, manifest: DatasetManifest, cache: Path) ->
     return folder
 
 
-def load_steps(folder: Path, episode: DatasetEpisode) -> dict[str, Any]:
-    """An episode's arrays from a verified local copy (:func:`fetch_dataset`); never unpickles."""
-    import numpy as np
+_SHARDS: list[Any] = []  # the process's ShardCache, made on first use (importing this module imports no numpy)
 
-    with np.load(Path(folder) / episode.steps_file, allow_pickle=False) as data:
-        return {k: data[k] for k in data.files}
+
+def load_steps(folder: Path, episode: DatasetEpisode) -> dict[str, Any]:
+    """One episode's arrays from a verified local copy (:func:`fetch_dataset`); never unpickles.
+
+    Returns:
+        The keys and shapes of :mod:`gradlab.contracts.dataset` for this episode alone (``T`` =
+        ``episode.length``): ``actions`` (T, ...), ``rewards``/``raw_rewards`` (T,) float32,
+        ``terminated``/``truncated`` (T,) bool, ``events`` (T, E) bool, ``event_names`` (E,) str,
+        ``observations`` (T + 1, ...). Format 2 arrays are views into the chunk's shard, which is
+        decompressed once while consecutive calls read the same shard; copy before writing to them.
+
+    Raises:
+        ContractViolation: the shard holds fewer rows than the episode's offsets and length say.
+    """
+    from gradlab.datasets.shard import STEP_FIELDS, ShardCache
+
+    path = Path(folder) / episode.steps_file
+    if not _SHARDS:
+        _SHARDS.append(ShardCache())
+    arrays = _SHARDS[0].get(path)
+    if episode.step_offset is None or episode.observation_offset is None:  # format 1: the episode's own file
+        return dict(arrays)
+    s, o, n = episode.step_offset, episode.observation_offset, episode.length
+    out = {k: arrays[k][s:s + n] for k in STEP_FIELDS}
+    out["observations"] = arrays["observations"][o:o + n + 1]
+    out["event_names"] = arrays["event_names"]
+    short = [k for k, v in out.items() if k != "event_names" and len(v) != (n + 1 if k == "observations" else n)]
+    if short:
+        raise ContractViolation(f"{path}: {', '.join(short)}: episode {episode.index} needs rows "
+                                f"{s}..{s + n - 1} (observations {o}..{o + n}), the shard has fewer")
+    return out

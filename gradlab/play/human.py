@@ -151,6 +151,7 @@ class HumanSession:
             enable_screen()
         self.screen = "colour screen" if callable(enable_screen) else "render"
         self.recorder = None
+        self.claim: Any = None
         self.rows: list[Any] = []
         self.published: dict[str, Any] | None = None
         self._has_starts = self.plan is not None and any(e.start is not None for e in self.plan.episodes)
@@ -199,6 +200,11 @@ class HumanSession:
         if self.plan is not None:
             from pathlib import Path
 
+            from gradlab.datasets.staging import claim_staging
+
+            # Held while this session records; staging of ended recordings of the name is removed.
+            self.claim = claim_staging(Path(self.plan.staging_dir), name=self.plan.name,
+                                       recording_id=self.plan.recording_id)
             self.recorder = EpisodeRecorder(self.venv, Path(self.plan.staging_dir) / "chunk-00000",
                                             frames=self.plan.frames, event_names=list(self.env_spec.task.events))
             self.recorder.started(self._obs)
@@ -278,22 +284,14 @@ class HumanSession:
 
     def _publish(self) -> None:
         """Store the recording: its files, then its manifest, create-only (every planned episode ended)."""
-        from pathlib import Path
-
-        from gradlab.checkpoints.bundle import file_sha256
-        from gradlab.datasets.plan import ChunkResult, space_json
+        from gradlab.datasets.plan import space_json
         from gradlab.datasets.store import publish_dataset
 
         plan, recorder = self.plan, self.recorder
         if plan is None or recorder is None:
             raise ContractViolation("HumanSession._publish: the session does not record")
-        folder = Path(plan.staging_dir) / "chunk-00000"
-        files = {rel: {"sha256": file_sha256(folder / rel), "size_bytes": (folder / rel).stat().st_size}
-                 for written in recorder.written.values() for rel in written if rel is not None}
-        result = ChunkResult(chunk=0, folder=str(folder), rows=[r.as_json() for r in self.rows], files=files,
-                             written={str(i): list(w) for i, w in recorder.written.items()},
-                             spaces={"observation": space_json(self.venv.single_observation_space),
-                                     "action": space_json(self.venv.single_action_space)})
+        result = recorder.result(0, self.rows, {"observation": space_json(self.venv.single_observation_space),
+                                                "action": space_json(self.venv.single_action_space)})
         if self._store is None:
             from gradlab.stores import open_dataset_store
 
@@ -305,4 +303,6 @@ class HumanSession:
     def close(self) -> None:
         if self.recorder is not None:
             self.recorder.close()
+        if self.claim is not None:
+            self.claim.release()
         self.venv.close()

@@ -44,7 +44,8 @@ def test_200_bandit_episodes_on_2_workers_one_task_per_chunk_each_episode_once(p
     manifest = read_dataset(open_dataset_store(), "bandit-200")
     assert [e.index for e in manifest.episodes] == list(range(200))
     assert [e.seed for e in manifest.episodes] == [e.seed for e in plan.episodes]
-    assert len({e.steps_file for e in manifest.episodes}) == len(manifest.files) == 200
+    assert sorted({e.steps_file for e in manifest.episodes}) == sorted(manifest.files) == [
+        f"episodes/chunk-{c:05d}.npz" for c in range(4)]  # one step shard per chunk
     assert all(e.length == 1 for e in manifest.episodes)  # the bandit: one step per episode
     assert not Path(plan.staging_dir).exists()
 
@@ -92,6 +93,41 @@ def test_a_killed_recording_leaves_no_dataset_and_can_be_retried(tmp_path, gradl
                           frames=False)
     publish_dataset(store, plan, [record_chunk(plan, i) for i in range(len(plan.chunks))], created_at="now")
     assert [e.index for e in read_dataset(store, "killed").episodes] == list(range(40))
+
+
+def test_a_retry_after_a_sigkill_removes_the_killed_recordings_staging_but_not_a_live_ones(tmp_path, gradlab_home):
+    """SIGKILL ``dataset record`` once a chunk is staged; the retry (the same command) publishes the dataset and
+    leaves no staging behind: not the killed recording's, not its own. A live recording of the same name (its
+    lock held by this process) and an ended one of another name keep their folders."""
+    from gradlab.datasets.staging import CLAIM_FILE, claim_staging
+
+    env = {**os.environ, "GRADLAB_DAEMON": "0"}
+    env.pop("PREFECT_API_URL", None)
+    args = [sys.executable, "-m", "gradlab.cli.app", "dataset", "record", "again", "--goal", "gradlab__bandit",
+            "--policy", "noop", "--episodes", "40", "--chunk", "10", "--no-frames", "--json"]
+    staging = gradlab_home / "datasets" / "staging"
+    proc = subprocess.Popen(args, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 600
+        while not list(staging.glob("*/chunk-*/chunk.json")):
+            assert proc.poll() is None, proc.stdout.read().decode()
+            assert time.monotonic() < deadline, "no chunk staged within 600 s"
+            time.sleep(0.2)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    killed = [p.parent for p in staging.glob(f"*/{CLAIM_FILE}")]
+    assert len(killed) == 1 and list(killed[0].glob("chunk-*/episodes/*.npz"))  # what the kill left
+    live = claim_staging(staging / "rec-live", name="again", recording_id="rec-live")  # held until released
+    other = claim_staging(staging / "rec-other", name="other", recording_id="rec-other")
+    other.release()  # ended, but of another dataset
+    try:
+        retry = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
+        assert retry.returncode == 0, retry.stderr
+        assert [e.index for e in read_dataset(open_dataset_store(), "again").episodes] == list(range(40))
+        assert sorted(p.name for p in staging.iterdir() if p.is_dir()) == ["rec-live", "rec-other"]
+    finally:
+        live.release()
 
 
 def test_eval_record_dataset_keeps_the_evaluations_episodes(prefect_harness, monkeypatch):

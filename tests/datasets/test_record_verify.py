@@ -45,11 +45,18 @@ def test_cartpole_recording_equals_the_evaluation_rows_and_replays_bit_exactly(c
     assert [(e.seed, e.return_, e.raw_return, e.length, e.outcome) for e in recorded.episodes] == \
         [(r.seed, r.return_, r.raw_return, r.length, r.outcome) for r in result.episodes]
     assert recorded.agent.kind == "checkpoint" and recorded.agent.checkpoint_sha256 == cm.sha256
-    assert recorded.determinism == "deterministic" and len(recorded.files) == 10
+    assert recorded.determinism == "deterministic"
+    assert sorted(recorded.files) == [f"episodes/chunk-{c:05d}.npz" for c in range(3)]  # one shard per chunk of 4
+    chunk = recorded.episodes[4:8]
+    assert {e.steps_file for e in chunk} == {"episodes/chunk-00001.npz"}
+    # The chunk's episodes tile its shard: steps end to end, each with one observation more.
+    spans = sorted((e.step_offset, e.observation_offset, e.length) for e in chunk)
+    assert [s for s, _, _ in spans] == [sum(n for _, _, n in spans[:i]) for i in range(4)]
+    assert [o for _, o, _ in spans] == [sum(n + 1 for _, _, n in spans[:i]) for i in range(4)]
 
     report = verify_dataset(cartpole_dataset.store, "cartpole-tiny", cache=cartpole_dataset.cache)
     assert report.ok, report
-    assert (report.files_checked, report.episodes_replayed, report.divergences) == (10, 10, [])
+    assert (report.files_checked, report.episodes_replayed, report.divergences) == (3, 10, [])
 
 
 def test_a_flipped_byte_fails_verify_naming_the_file(cartpole_dataset, tmp_path, monkeypatch):
@@ -107,7 +114,7 @@ def test_one_changed_action_names_the_first_diverging_step(cartpole_dataset, tmp
     with np.load(path, allow_pickle=False) as npz:
         arrays = {k: npz[k] for k in npz.files}
     step = min(3, episode.length - 1)
-    arrays["actions"][step] = 1 - arrays["actions"][step]
+    arrays["actions"][episode.step_offset + step] = 1 - arrays["actions"][episode.step_offset + step]
     buf = io.BytesIO()
     np.savez_compressed(buf, **arrays)
     path.write_bytes(buf.getvalue())
@@ -156,6 +163,20 @@ def test_minari_and_hf_exports_load_with_their_own_packages(cartpole_dataset, tm
     assert [len(e.observations) for e in episodes] == [e.length + 1 for e in manifest.episodes]
     assert loaded.storage.metadata["algorithm_name"] == "gradlab:checkpoint"
     assert manifest.sha256 in loaded.storage.metadata["description"]
+    # minari's own recover_environment(): the registered CartPole-v1 with the goal's 500-step cap, which
+    # replays an episode from its seed and actions to the recorded observations, rewards and end.
+    env = loaded.recover_environment()
+    try:
+        assert env.spec.id == "CartPole-v1" and env.spec.max_episode_steps == 500
+        first = episodes[0]
+        obs, _ = env.reset(seed=manifest.episodes[0].seed)
+        assert np.array_equal(obs, first.observations[0])
+        for t, action in enumerate(first.actions):
+            obs, reward, terminated, truncated, _ = env.step(int(action))
+            assert np.array_equal(obs, first.observations[t + 1]) and reward == first.rewards[t]
+        assert (terminated, truncated) == (bool(first.terminations[-1]), bool(first.truncations[-1]))
+    finally:
+        env.close()
 
     out = _cli("dataset", "export", "cartpole-tiny", "--format", "hf", "--out", str(tmp_path / "hf"),
                store_dir=folder, monkeypatch=monkeypatch)
@@ -168,6 +189,27 @@ def test_minari_and_hf_exports_load_with_their_own_packages(cartpole_dataset, tm
         by_episode[index] = by_episode.get(index, 0.0) + reward
     assert [by_episode[e.index] for e in manifest.episodes] == pytest.approx([e.return_ for e in manifest.episodes])
     assert {"observations", "actions", "terminations", "truncations", "seed", "infos", "collector"} <= set(ds.column_names)
+
+
+def test_a_minari_export_of_a_goal_gymnasium_cannot_make_says_why_it_has_no_env_spec(tmp_path, monkeypatch):
+    import minari
+
+    from gradlab.datasets.plan import plan_recording
+    from gradlab.datasets.record import record_chunk
+    from gradlab.datasets.store import publish_dataset
+
+    store_dir = tmp_path / "store"
+    plan = plan_recording("bandit-minari", goal_id="gradlab__bandit", policy="noop", episodes=4, chunk_episodes=4,
+                          frames=False)
+    publish_dataset(open_store(store_dir.as_uri()), plan, [record_chunk(plan, 0)], created_at="now")
+    out = _cli("dataset", "export", "bandit-minari", "--format", "minari", "--out", str(tmp_path / "minari"),
+               store_dir=store_dir, monkeypatch=monkeypatch)
+    assert out.exit_code == 0, out.output
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
+    loaded = minari.load_dataset("gradlab/bandit-minari-v0")
+    assert loaded.total_episodes == 4 and loaded.env_spec is None
+    assert "No env_spec: provider 'gradlab': Bandit-v0 is made by gradlab's gradlab provider, not registered in " \
+        "gymnasium" in loaded.storage.metadata["description"]
 
 
 def test_upload_sends_the_dataset_and_its_card_to_the_hub(cartpole_dataset, tmp_path, monkeypatch, hub_stand_in):
