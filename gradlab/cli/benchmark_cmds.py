@@ -46,7 +46,7 @@ def learning(
                                   "schedules keep the recipe's horizon. A seed not accepted by then counts as inf."),
     as_json: bool = typer.Option(False, "--json", help="Print the rows as one JSON document."),
 ) -> None:
-    """Env steps to the goal's acceptance, gradlab.ppo vs sb3.ppo, per seed (goal: median no more)."""
+    """Env steps to the goal's acceptance, gradlab.ppo vs sb3.ppo, per seed (parity: gradlab.ppo's median is no higher)."""
     from gradlab.benchmarks.learning import main
 
     main(ref, seeds, checkpoint_freq, as_json, max_steps=max_steps)

@@ -6,6 +6,7 @@ Backend configs use stable-baselines3's argument names (``n_steps``, ``batch_siz
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_serializer, model_validator
@@ -179,6 +180,15 @@ class RecipeTrain(Contract):
         default=None, description="Weight of each of the goal's starts (eval.starts) when training draws one per "
                                   "episode; null = uniform. Names must be the goal's starts.")
 
+    @field_validator("starts", mode="before")
+    @classmethod
+    def _no_boolean_weights(cls, weights: Any) -> Any:
+        if isinstance(weights, dict):
+            flags = sorted(str(k) for k, w in weights.items() if isinstance(w, bool))
+            if flags:
+                raise ValueError(f"numeric start weights, found true/false for {flags}")
+        return weights
+
     @field_validator("starts")
     @classmethod
     def _check_starts(cls, weights: dict[str, float] | None) -> dict[str, float] | None:
@@ -188,8 +198,10 @@ class RecipeTrain(Contract):
         if negative:
             raise ValueError(f"start weights must be >= 0, found negative weights for {negative}")
         if not weights or sum(weights.values()) <= 0:
-            raise ValueError("expected at least one start with a positive weight")
-        return weights
+            raise ValueError("at least one start with a positive weight")
+        if not math.isfinite(sum(weights.values())):
+            raise ValueError(f"finite weights with a finite sum, found {weights}")
+        return {k: float(w) for k, w in weights.items()}
 
     @model_serializer(mode="wrap")
     def _omit_absent_starts(self, handler: Any) -> dict[str, Any]:

@@ -157,6 +157,8 @@ def export_hf(manifest: DatasetManifest, folder: Path, out: Path, *, summary: di
     Raises:
         ConfigError: ``out`` exists and is not an empty folder.
     """
+    import shutil
+
     from datasets import Dataset
 
     from gradlab.datasets.hub import dataset_card
@@ -164,8 +166,18 @@ def export_hf(manifest: DatasetManifest, folder: Path, out: Path, *, summary: di
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(f"--out {out}: expected a new or empty folder")
-    (out / "data").mkdir(parents=True, exist_ok=True)
-    Dataset.from_dict(hf_columns(manifest, folder)).to_parquet(str(out / HF_SHARD))
-    (out / "gradlab_manifest.json").write_text(json.dumps(manifest.as_json(), sort_keys=True, indent=1))
-    (out / "README.md").write_text(dataset_card(manifest, summary))
+    columns = hf_columns(manifest, folder)  # reads every episode first: a bad one writes nothing
+    existed = out.exists()
+    try:
+        (out / "data").mkdir(parents=True, exist_ok=True)
+        Dataset.from_dict(columns).to_parquet(str(out / HF_SHARD))
+        (out / "gradlab_manifest.json").write_text(json.dumps(manifest.as_json(), sort_keys=True, indent=1))
+        (out / "README.md").write_text(dataset_card(manifest, summary))
+    except BaseException:
+        if existed:  # it was empty: leave it empty
+            for child in out.iterdir():
+                shutil.rmtree(child) if child.is_dir() else child.unlink()
+        else:
+            shutil.rmtree(out, ignore_errors=True)
+        raise
     return out

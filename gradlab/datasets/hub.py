@@ -22,7 +22,7 @@ def dataset_card(manifest: DatasetManifest, summary: dict[str, Any]) -> str:
 
     env_id = str(manifest.environment.get("env_id", ""))
     data = DatasetCardData(
-        tags=["gradlab", "reinforcement-learning", manifest.goal_id, env_id],
+        tags=list(dict.fromkeys(["gradlab", "reinforcement-learning", manifest.goal_id, env_id])),  # a goal named as its env once
         task_categories=["reinforcement-learning"],
         configs=[{"config_name": "default", "data_files": [{"split": "train", "path": "data/train-*.parquet"}]}],
     )

@@ -69,16 +69,19 @@ def prepare_replay(settings: Any, name: str, index: int) -> tuple[DatasetManifes
 
     Raises:
         NotFound: no such dataset in the configured dataset store, or no such episode.
-        ContractViolation: the manifest does not validate (naming the key path).
+        ContractViolation: the manifest does not validate (naming the key path), or the episode's
+            offsets do not fit its shard (naming the file), as ``verify`` and ``export`` refuse it.
         IntegrityError: a stored file differs from the manifest (naming it).
     """
-    from gradlab.datasets.store import fetch_dataset, read_dataset
+    from gradlab.datasets.store import fetch_dataset, load_steps, read_dataset
     from gradlab.stores import open_dataset_store
 
     store = open_dataset_store(settings)
     manifest = read_dataset(store, name)
-    episode_of(manifest, index)
-    return manifest, fetch_dataset(store, manifest, dataset_cache(settings))
+    episode = episode_of(manifest, index)
+    folder = fetch_dataset(store, manifest, dataset_cache(settings))
+    load_steps(folder, episode)  # before serving: the episode's rows must be in its shard
+    return manifest, folder
 
 
 def _action_meanings(environment: Any, action_space: dict[str, Any]) -> list[str]:

@@ -5,6 +5,7 @@ missing for a sticky one."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -49,6 +50,19 @@ def test_dataset_play_refuses_a_missing_dataset_an_episode_out_of_range_and_a_da
     damaged = _play("breakout-random", "--episode", "1")
     assert damaged.exit_code == 1
     assert f"{m.episodes[1].frames_file}: sha256 expected {m.files[m.episodes[1].frames_file].sha256}" in damaged.output
+
+    # An episode whose offsets point past its shard is refused before serving, as verify refuses it.
+    shutil.rmtree(copy)
+    shutil.copytree(Path(breakout_dataset.store_url.removeprefix("file://")), copy)
+    manifest_file = next(copy.rglob(f"{m.name}/manifest.json"))
+    body = json.loads(manifest_file.read_text())
+    body["episodes"][1]["step_offset"] = body["episodes"][1]["observation_offset"] = 100_000
+    manifest_file.write_text(json.dumps(body))
+    shifted = _play("breakout-random", "--episode", "1")
+    assert shifted.exit_code == 1 and "the shard has fewer" in shifted.output, shifted.output
+    out = tmp_path / "hf-export"  # and an export of it leaves no partial folder behind
+    export = CliRunner().invoke(app, ["dataset", "export", "breakout-random", "--format", "hf", "--out", str(out)])
+    assert export.exit_code == 1 and "the shard has fewer" in export.output and not out.exists(), export.output
 
 
 def test_the_goal_page_and_the_report_list_the_goals_datasets(breakout_dataset: RecordedDataset, monkeypatch,

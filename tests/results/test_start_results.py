@@ -19,8 +19,11 @@ def test_gradlab_eval_prints_each_starts_success_and_episodes(gradlab_home: Path
 
     out = CliRunner().invoke(app, ["eval", "--baseline", "noop", GOAL])
     assert out.exit_code == 0, out.output
-    # The goal demands 100% success, so the first failed episode (lane 0, the corner start) stops it.
-    assert "from start corner" in out.stdout and "success 0.000" in out.stdout and "1 episodes" in out.stdout
+    # Acceptance below 100% (no fail-fast): each start gets its half of the 8 episodes and its row.
+    assert "8 of 8" in out.stdout
+    for start in ("corner", "door"):
+        row = next(line for line in out.stdout.splitlines() if f"from start {start}" in line)
+        assert "success 0.000" in row and "4 episodes" in row, row
 
 
 def test_seed_results_and_the_report_show_per_start_success(gradlab_home: Path, tmp_path: Path) -> None:
