@@ -21,8 +21,6 @@ from gradlab.errors import Conflict, GradlabError
 from gradlab.play.human import key_map
 from gradlab.play.protocol import (
     OBS_MAGIC,
-    PROTOCOL_VERSION,
-    ErrorMessage,
     HumanHello,
     HumanReady,
     KeysCommand,
@@ -30,9 +28,7 @@ from gradlab.play.protocol import (
     frame_message,
 )
 from gradlab.play.sockets import (
-    CLOSE_FAILED,
     PlayerBusy,
-    close_socket,
     fail_socket,
     handshake,
     receive,
@@ -79,11 +75,6 @@ async def human_session(ws: Any, config: Any) -> None:
 
     hello = await handshake(ws, config, HumanHello)
     if hello is None:
-        return
-    if hello.protocol != PROTOCOL_VERSION:
-        await ws.send_text(ErrorMessage(message=f"protocol {hello.protocol} is not the server's "
-                                                f"{PROTOCOL_VERSION}: reload the page").model_dump_json())
-        await close_socket(ws, CLOSE_FAILED, "protocol mismatch")
         return
     seed = config.seed if hello.seed is None else hello.seed
     fps = HUMAN_FPS if hello.fps is None else hello.fps

@@ -16,14 +16,12 @@ from typing import Any
 
 from gradlab.errors import GradlabError
 from gradlab.play.protocol import (
-    PROTOCOL_VERSION,
-    ErrorMessage,
     ReplayCommand,
     ReplayHello,
     ReplayReady,
     frame_message,
 )
-from gradlab.play.sockets import CLOSE_FAILED, close_socket, fail_socket, handshake, receive, unless_gone
+from gradlab.play.sockets import fail_socket, handshake, receive, unless_gone
 
 logger = logging.getLogger(__name__)
 
@@ -37,11 +35,6 @@ async def replay_session(ws: Any, config: Any) -> None:
 
     hello = await handshake(ws, config, ReplayHello)
     if hello is None:
-        return
-    if hello.protocol != PROTOCOL_VERSION:
-        await ws.send_text(ErrorMessage(message=f"protocol {hello.protocol} is not the server's "
-                                                f"{PROTOCOL_VERSION}: reload the page").model_dump_json())
-        await close_socket(ws, CLOSE_FAILED, "protocol mismatch")
         return
     commands: asyncio.Queue[ReplayCommand | None] = asyncio.Queue()
     gone = asyncio.Event()

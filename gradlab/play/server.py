@@ -48,9 +48,7 @@ from gradlab.errors import (
 )
 from gradlab.play.protocol import (
     OBS_MAGIC,
-    PROTOCOL_VERSION,
     Command,
-    ErrorMessage,
     Hello,
     Ready,
     StateMessage,
@@ -59,12 +57,10 @@ from gradlab.play.protocol import (
 )
 from gradlab.play.session import verify_mode
 from gradlab.play.sockets import (
-    CLOSE_FAILED,
     CLOSE_REFUSED,  # noqa: F401 - re-exported: the close codes are part of this module's answer
     PlayerBusy,
     fail_socket,
 )
-from gradlab.play.sockets import close_socket as _close
 from gradlab.play.sockets import handshake as _handshake
 from gradlab.play.sockets import receive as _receive
 from gradlab.play.sockets import unless_gone as _unless_gone
@@ -363,11 +359,6 @@ async def _play_session(ws: Any, config: PlayConfig) -> None:
         "seed": config.seed if hello.seed is None else hello.seed,
         "deterministic": config.deterministic if hello.deterministic is None else hello.deterministic,
         "fps": config.fps if hello.fps is None else hello.fps})
-    if hello.protocol != PROTOCOL_VERSION:
-        await ws.send_text(ErrorMessage(message=f"protocol {hello.protocol} is not the server's "
-                                                f"{PROTOCOL_VERSION}: reload the page").model_dump_json())
-        await _close(ws, CLOSE_FAILED, "protocol mismatch")
-        return
     from gradlab.play.worker import WorkerFailed
 
     commands: asyncio.Queue[Command | None] = asyncio.Queue()

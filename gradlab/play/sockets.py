@@ -1,7 +1,7 @@
 """What the player's WebSockets share: the handshake, the command reader, close codes.
 
-``/api/play`` (:mod:`gradlab.play.server`) and ``/api/human`` (:mod:`gradlab.play.human_socket`)
-both check Origin and Host, read a first message with the launch token, then read the page's
+``/api/play`` (:mod:`gradlab.play.server`), ``/api/human`` (:mod:`gradlab.play.human_socket`) and
+``/api/replay`` (:mod:`gradlab.play.replay_socket`) all check Origin and Host, read a first message with the launch token, then read the page's
 commands into a queue and cancel their worker as soon as the socket closes.
 """
 
@@ -12,7 +12,7 @@ import secrets
 from typing import Any
 
 from gradlab.errors import TransientError
-from gradlab.play.protocol import Command, ErrorMessage
+from gradlab.play.protocol import PROTOCOL_VERSION, Command, ErrorMessage
 
 #: WebSocket close codes: policy violation (bad Origin or token), and the session could not run.
 CLOSE_REFUSED = 4401
@@ -26,8 +26,9 @@ class PlayerBusy(TransientError):
 
 
 async def handshake(ws: Any, config: Any, model: Any) -> Any:
-    """Origin and Host checks, then the first message as ``model`` with the launch token; None (and
-    the socket closed 4401) when any of them fails."""
+    """Origin and Host checks, then the first message as ``model`` with the launch token and this
+    server's protocol version; None (and the socket closed: 4401, or 4500 with an error message
+    for another protocol version) when any of them fails."""
     from pydantic import ValidationError
     from starlette.websockets import WebSocketDisconnect
 
@@ -44,6 +45,11 @@ async def handshake(ws: Any, config: Any, model: Any) -> Any:
         return None
     if not secrets.compare_digest(hello.token.encode(), config.token.encode()):
         await close_socket(ws, CLOSE_REFUSED, "wrong token")
+        return None
+    if hello.protocol != PROTOCOL_VERSION:
+        await ws.send_text(ErrorMessage(message=f"protocol {hello.protocol} is not the server's "
+                                                f"{PROTOCOL_VERSION}: reload the page").model_dump_json())
+        await close_socket(ws, CLOSE_FAILED, "protocol mismatch")
         return None
     return hello
 

@@ -181,3 +181,24 @@ def test_video_route_records_episodes_as_mp4(file_player: RunningPlayer, trained
     assert meta["checkpoint_sha256"] == receipt["promotion"]["sha256"] and meta["seed"] == "5"
     assert len(meta["return"].split(",")) == 3
     assert file_player.api(f"/api/runs/{receipt['run_id']}/checkpoints/{step}/video", token=None).status_code == 401
+
+
+@pytest.mark.parametrize(("path", "fields"), [
+    ("/api/play", {"run_id": "gradlab-20260101T000000-00000000", "step": 1}),
+    ("/api/human", {"goal_id": "CartPole-v1"}),
+    ("/api/replay", {"dataset": "any", "episode": 0}),
+], ids=["play", "human", "replay"])
+def test_every_websocket_refuses_another_protocol_version_with_a_message(file_player: RunningPlayer, path: str,
+                                                                        fields: dict) -> None:
+    from websockets.exceptions import ConnectionClosed
+    from websockets.sync.client import connect
+
+    with connect(f"ws://127.0.0.1:{file_player.config.port}{path}", additional_headers={"Origin": file_player.base},
+                 open_timeout=30) as ws:
+        ws.send(json.dumps({"type": "hello", "protocol": PROTOCOL_VERSION + 1, "token": file_player.token, **fields}))
+        message = json.loads(ws.recv(timeout=30))
+        assert message["type"] == "error" and "reload the page" in message["message"]
+        assert f"protocol {PROTOCOL_VERSION + 1} is not the server's {PROTOCOL_VERSION}" in message["message"]
+        with pytest.raises(ConnectionClosed) as closed:
+            ws.recv(timeout=30)
+        assert closed.value.rcvd.code == 4500
