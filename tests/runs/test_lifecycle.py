@@ -17,6 +17,7 @@ import pytest
 
 from gradlab import receipts as rules
 from gradlab.outbox import Outbox
+from gradlab.outbox.store import OutboxError
 from gradlab.receipts.lease import read_lease
 from gradlab.stores import open_stores
 from tests.runs.conftest import (
@@ -242,7 +243,10 @@ def test_the_same_seed_stops_at_the_same_step_however_slow_evaluation_is(prefect
                            and (d / "outbox.sqlite").exists() and d, 120, "the second run's directory")
 
         def trained_to_the_stop_step() -> bool:
-            last = Outbox(run_dir / "outbox.sqlite", readonly=True).last("metrics")
+            try:
+                last = Outbox(run_dir / "outbox.sqlite", readonly=True).last("metrics")
+            except OutboxError:  # the file exists before the learner has created its tables
+                return False
             return last is not None and last.step >= stop_step
 
         wait_for(trained_to_the_stop_step, 180, f"the learner at step {stop_step}")
