@@ -14,7 +14,12 @@ episode, no offsets. :func:`gradlab.datasets.store.load_steps` gives one episode
 ==================  ====================  ===========================================================
 array               shape, dtype          meaning
 ==================  ====================  ===========================================================
-``actions``         (T, *action_shape)    the provider-native action of each step (the policy's dtype)
+``actions``         (T, *action_shape)    the action of each step in the goal's action space (the
+                                          provider-native action, unless the environment has an
+                                          action profile: then the profile action's index, int64)
+``native_actions``  (T, *native_shape)    with an action profile only: the provider-native action
+                                          each profile action became (stable-retro's buttons, ALE's
+                                          full-set action, ViZDoom's button vector)
 ``rewards``         (T,) float32          the task program's shaped reward
 ``raw_rewards``     (T,) float32          the provider's native reward
 ``terminated``      (T,) bool             the episode ended for good at this step
@@ -111,6 +116,9 @@ class DatasetManifest(Contract):
     frames: bool
     observation_space: dict[str, Any] = Field(description="{type, shape, dtype[, low, high, n]}.")
     action_space: dict[str, Any]
+    native_action_space: dict[str, Any] | None = Field(
+        default=None, description="With an action profile: the provider's native action space (the "
+        "native_actions array); None without one (and then left out of the manifest and its sha256).")
     files: dict[str, DatasetFile]
     versions: dict[str, str]
     created_at: str
@@ -136,6 +144,8 @@ class DatasetManifest(Contract):
 
     def as_json(self) -> dict[str, Any]:
         doc = self.model_dump(mode="json", by_alias=True)
+        if doc.get("native_action_space") is None:  # datasets without a profile keep their identity
+            doc.pop("native_action_space", None)
         if self.format == "gradlab.dataset/1":  # as format 1 wrote it (its sha256 stays)
             for episode in doc["episodes"]:
                 del episode["step_offset"], episode["observation_offset"]

@@ -16,7 +16,8 @@
 * **Hugging Face datasets**: a folder ``data/train-00000-of-00001.parquet`` (one row per step, the
   column names of the ``gymrec`` package's datasets: ``episode_id`` (16 bytes), ``seed``,
   ``observations``, ``actions``, ``rewards``, ``terminations``, ``truncations``, ``infos``,
-  ``collector``, plus gradlab's ``episode_index``, ``step``, ``raw_rewards``), ``README.md`` (the
+  ``collector``, plus gradlab's ``episode_index``, ``step``, ``raw_rewards``; ``infos`` is JSON with
+  the step's fired ``events`` and, under an action profile, the ``native_action``), ``README.md`` (the
   dataset card, :func:`gradlab.datasets.hub.dataset_card`) and ``gradlab_manifest.json``;
   ``datasets.load_dataset(folder)`` reads it. gymrec stores rendered frames as images in
   ``observations``; gradlab's observations are the policy's arrays (frames stay MP4 files).
@@ -145,7 +146,10 @@ def hf_columns(manifest: DatasetManifest, folder: Path) -> dict[str, list[Any]]:
             cols["terminations"].append(bool(steps["terminated"][t]))
             cols["truncations"].append(bool(steps["truncated"][t]))
             fired = [n for n, on in zip(names, steps["events"][t], strict=True) if on]
-            cols["infos"].append(json.dumps({"events": fired}))
+            info: dict[str, Any] = {"events": fired}
+            if "native_actions" in steps:  # an action profile: what the provider was sent
+                info["native_action"] = np.asarray(steps["native_actions"][t]).tolist()
+            cols["infos"].append(json.dumps(info))
             cols["collector"].append(f"gradlab:{manifest.agent.kind}")
             cols["gradlab_version"].append(version)
     return cols

@@ -73,7 +73,8 @@ class _Frames:
 class EpisodeRecorder:
     """A :class:`gradlab.evaluation.runner.StepObserver` that keeps every kept episode's steps.
 
-    Steps are kept as whole-batch arrays (:class:`gradlab.datasets.shard.StepBuffer`); :meth:`result`
+    Steps are kept as whole-batch arrays (:class:`gradlab.datasets.shard.StepBuffer`), with the
+    provider-native action of each step too when the env has an action profile; :meth:`result`
     writes them as the chunk's one shard ``episodes/chunk-<chunk:05d>.npz``. Frames, when recorded,
     go to ``frames/<index:06d>.mp4`` as each episode ends.
 
@@ -87,13 +88,17 @@ class EpisodeRecorder:
 
     def __init__(self, venv: Any, out_dir: Path, *, frames: bool, event_names: list[str], chunk: int = 0):
         from gradlab.datasets.shard import StepBuffer
+        from gradlab.envs.action_profile import ProfiledBackend
 
+        backend = getattr(venv, "backend", None)
+        self.profiled: ProfiledBackend | None = backend if isinstance(backend, ProfiledBackend) else None
         self.venv = venv
         self.out_dir = Path(out_dir)
         self.frames = frames
         self.event_names = sorted(event_names)
         self.steps_file = steps_file(chunk)
-        self.buffer = StepBuffer(venv.num_envs, self.event_names)
+        self.buffer = StepBuffer(venv.num_envs, self.event_names,
+                                 native=self.profiled.native if self.profiled is not None else None)
         self.lanes = [_Frames() for _ in range(venv.num_envs)] if frames else []
         self.kept: dict[int, int] = {}  # episode index -> its position in the shard
         self.frame_files: dict[int, str] = {}
@@ -144,7 +149,10 @@ class EpisodeRecorder:
             ContractViolation: no episode was kept, or a field changed dtype or shape between steps.
         """
         from gradlab.checkpoints.bundle import file_sha256
+        from gradlab.datasets.plan import space_json
 
+        if self.profiled is not None:
+            spaces = {**spaces, "native_action": space_json(self.profiled.inner.single_action_space)}
         offsets, digest, size = self.buffer.write(self.out_dir / self.steps_file)
         files = {self.steps_file: {"sha256": digest, "size_bytes": size}}
         for rel in sorted(self.frame_files.values()):

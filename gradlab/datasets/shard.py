@@ -39,6 +39,9 @@ SPILL_BYTES = 32 * 2**20
 #: Fields with one row per step, then the one with one row per step plus one per episode.
 STEP_FIELDS = ("actions", "rewards", "raw_rewards", "terminated", "truncated", "events")
 FIELDS = (*STEP_FIELDS, "observations")
+#: A step field kept only when the environment has an action profile: the provider-native action
+#: each profile action became (``actions`` then holds the profile's indices).
+NATIVE_FIELD = "native_actions"
 _EPOCH = (1980, 1, 1, 0, 0, 0)
 
 
@@ -157,17 +160,21 @@ class StepBuffer:
 
     Args:
         n_lanes: N. event_names: the task program's events, sorted (the ``events`` columns).
+        native: with an action profile, maps (N,) profile actions to (N, *native_shape) provider-native
+            ones (:meth:`gradlab.envs.action_profile.ProfiledBackend.native`), kept as :data:`NATIVE_FIELD`.
     """
 
-    def __init__(self, n_lanes: int, event_names: list[str]):
+    def __init__(self, n_lanes: int, event_names: list[str], native: Any = None):
         self.n = n_lanes
         self.event_names = list(event_names)
+        self.native = native
+        self.step_fields = (*STEP_FIELDS, NATIVE_FIELD) if native is not None else STEP_FIELDS
         self.base = 0  # absolute step index of row 0 of the arrays
         self.used = 0  # rows in use
         self.arrays: dict[str, np.ndarray] = {}
         self.start = [0] * n_lanes  # absolute step of each lane's episode start
         self.finished: list[tuple[int, int, int, np.ndarray]] = []  # (lane, start, end, final obs) not yet gathered
-        self.columns = {k: _Column(k) for k in FIELDS}
+        self.columns = {k: _Column(k) for k in (*self.step_fields, "observations")}
         self.offsets: list[tuple[int, int, int]] = []  # per gathered episode: (step offset, observation offset, length)
         self.finals: dict[int, np.ndarray] = {}
         self.row_bytes = 0  # bytes of one buffered step, all lanes and fields
@@ -185,6 +192,9 @@ class StepBuffer:
             "terminated": np.empty((rows, n), dtype=bool), "truncated": np.empty((rows, n), dtype=bool),
             "events": np.zeros((rows, n, len(self.event_names)), dtype=bool),
         }
+        if self.native is not None:
+            native = np.asarray(self.native(actions))
+            self.arrays[NATIVE_FIELD] = np.empty((rows, *native.shape), dtype=native.dtype)
         self.row_bytes = sum(a[0].nbytes for a in self.arrays.values())
 
     def _grow(self) -> None:
@@ -202,6 +212,8 @@ class StepBuffer:
         t, a = self.used, self.arrays
         a["observations"][t] = obs
         a["actions"][t] = actions
+        if self.native is not None:
+            a[NATIVE_FIELD][t] = self.native(actions)
         a["rewards"][t] = result.reward
         a["raw_rewards"][t] = result.raw_reward
         a["terminated"][t] = result.terminated
@@ -239,7 +251,7 @@ class StepBuffer:
             first = np.cumsum(lengths) - lengths
             j = np.arange(total) - np.repeat(first, lengths)
             t_rows, l_rows = np.repeat(starts, lengths) + j, np.repeat(lanes, lengths)
-            for name in STEP_FIELDS:
+            for name in self.step_fields:
                 self.columns[name].add(a[name][t_rows, l_rows])
             # Observations: each episode's ``length`` rows, then its final observation.
             k = len(self.finished)

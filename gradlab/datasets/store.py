@@ -102,7 +102,7 @@ def publish_dataset(store: ObjectStore, plan: RecordingPlan, results: Sequence[C
         episode_plan_sha256=sha256_json([e.model_dump(mode="json") for e in plan.episodes]),
         determinism=plan.determinism, agent=plan.agent, episodes=episodes, frames=plan.frames,
         observation_space=results[0].spaces["observation"], action_space=results[0].spaces["action"],
-        files=files, versions=versions(environment.provider), created_at=created_at,
+        native_action_space=results[0].spaces.get("native_action"), files=files, versions=versions(environment.provider), created_at=created_at,
     )
     body = json.dumps(manifest.as_json(), sort_keys=True, separators=(",", ":")).encode()
     try:
@@ -201,13 +201,14 @@ def load_steps(folder: Path, episode: DatasetEpisode) -> dict[str, Any]:
         The keys and shapes of :mod:`gradlab.contracts.dataset` for this episode alone (``T`` =
         ``episode.length``): ``actions`` (T, ...), ``rewards``/``raw_rewards`` (T,) float32,
         ``terminated``/``truncated`` (T,) bool, ``events`` (T, E) bool, ``event_names`` (E,) str,
-        ``observations`` (T + 1, ...). Format 2 arrays are views into the chunk's shard, which is
+        ``observations`` (T + 1, ...), and ``native_actions`` (T, ...) when the environment has an
+        action profile. Format 2 arrays are views into the chunk's shard, which is
         decompressed once while consecutive calls read the same shard; copy before writing to them.
 
     Raises:
         ContractViolation: the shard holds fewer rows than the episode's offsets and length say.
     """
-    from gradlab.datasets.shard import STEP_FIELDS, ShardCache
+    from gradlab.datasets.shard import NATIVE_FIELD, STEP_FIELDS, ShardCache
 
     path = Path(folder) / episode.steps_file
     if not _SHARDS:
@@ -216,7 +217,7 @@ def load_steps(folder: Path, episode: DatasetEpisode) -> dict[str, Any]:
     if episode.step_offset is None or episode.observation_offset is None:  # format 1: the episode's own file
         return dict(arrays)
     s, o, n = episode.step_offset, episode.observation_offset, episode.length
-    out = {k: arrays[k][s:s + n] for k in STEP_FIELDS}
+    out = {k: arrays[k][s:s + n] for k in (*STEP_FIELDS, NATIVE_FIELD) if k in arrays}
     out["observations"] = arrays["observations"][o:o + n + 1]
     out["event_names"] = arrays["event_names"]
     short = [k for k, v in out.items() if k != "event_names" and len(v) != (n + 1 if k == "observations" else n)]

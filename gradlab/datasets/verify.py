@@ -3,7 +3,8 @@
 Re-simulation replays each episode alone on a one-lane copy of the recorded environment contract,
 reset with the episode's seed (and start), stepping the recorded actions, and requires every step's
 shaped and raw reward (float32, bit for bit), terminated, truncated, events and next observation
-(bitwise: ``np.array_equal`` on the stored dtype) to equal the recording, and the episode to end at
+(bitwise: ``np.array_equal`` on the stored dtype), and with an action profile the native action the
+profile made of the recorded action, to equal the recording, and the episode to end at
 its recorded length. The first step that differs is reported. For a ``sticky`` or ``stochastic``
 dataset a divergence is not an error: the provider draws randomness the actions do not record, so
 the report says what was and was not checked.
@@ -53,7 +54,8 @@ def replay_episode(environment: Any, episode: DatasetEpisode, steps: dict[str, n
         names = [str(n) for n in steps["event_names"]]
         length = len(steps["actions"])
         for t in range(length):
-            res = venv.step(np.asarray(steps["actions"][t:t + 1]))
+            action = np.asarray(steps["actions"][t:t + 1])
+            res = venv.step(action)
             checks = {
                 "reward": np.float32(res.reward[0]).tobytes() == np.float32(steps["rewards"][t]).tobytes(),
                 "raw reward": np.float32(res.raw_reward[0]).tobytes() == np.float32(steps["raw_rewards"][t]).tobytes(),
@@ -62,6 +64,8 @@ def replay_episode(environment: Any, episode: DatasetEpisode, steps: dict[str, n
                 "events": [bool(res.events[n][0]) if n in res.events else False for n in names]
                 == [bool(v) for v in steps["events"][t]],
             }
+            if "native_actions" in steps:  # what the profile action became, as recorded
+                checks["native action"] = np.array_equal(venv.backend.native(action)[0], steps["native_actions"][t])
             nxt = res.final_obs[0] if 0 in res.final_obs else res.obs[0]
             checks["observation"] = np.array_equal(nxt, recorded_obs[t + 1])
             bad = [k for k, good in checks.items() if not good]
