@@ -47,6 +47,12 @@ def run_recording(plan: Any, *, workers: int) -> dict:
     with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
         state = dataset_record(plan=plan.model_dump(mode="json"), workers=workers, return_state=True)
     if not state.is_completed():
+        from gradlab.datasets.store import dataset_exists
+        from gradlab.stores import open_dataset_store
+
+        if dataset_exists(open_dataset_store(), plan.name):  # another recording stored the name first
+            fail(f"dataset {plan.name}: the dataset-record flow ended {state.type.value}: {state.message}; this "
+                 "recording stored nothing (its staged files are removed)")
         fail(f"dataset {plan.name}: the dataset-record flow ended {state.type.value}: {state.message} "
              "(no dataset was stored; run the command again)")
     return state.result()

@@ -160,7 +160,8 @@ def plan_recording(name: str, *, goal_id: str, policy: str, episodes: int, base_
         check_id("dataset", name)
         dataset_prefix(name)
     except Exception as e:  # noqa: BLE001 - one message for every bad name
-        raise ConfigError(f"dataset name {name!r}: {e}") from None
+        shown = repr(name) if len(name) <= 80 else repr(name[:80]) + f"... ({len(name)} characters)"
+        raise ConfigError(f"dataset name {shown}: {e}") from None
     if episodes < 1 or chunk_episodes < 1:
         raise ConfigError(f"--episodes {episodes} / chunk size {chunk_episodes}: expected >= 1")
     settings = settings or load_settings()

@@ -63,6 +63,25 @@ def test_200_bandit_episodes_on_2_workers_one_task_per_chunk_each_episode_once(p
     assert spans[1][0] < spans[0][1]
 
 
+def test_two_recordings_of_one_name_the_later_publisher_fails_cleanly_and_removes_its_staging(prefect_harness):
+    """Both planned before either published (two commands started together): the first to publish stores
+    the dataset; the second ends Failed naming the taken name, stores nothing and keeps no staging."""
+    from flows.dataset_record import dataset_record
+    from gradlab.datasets.plan import plan_recording
+
+    first, second = (plan_recording("same-name", goal_id="gradlab__bandit", policy=agent, episodes=6, chunk_episodes=3,
+                                    frames=False) for agent in ("noop", "random"))
+    assert first.recording_id != second.recording_id
+    assert dataset_record(plan=first.model_dump(mode="json"), return_state=True).is_completed()
+    state = dataset_record(plan=second.model_dump(mode="json"), return_state=True)
+    assert state.is_failed()
+    assert state.message.endswith("dataset 'same-name' exists already (datasets are immutable: record under "
+                                  "another name)")
+    manifest = read_dataset(open_dataset_store(), "same-name")
+    assert manifest.recording_id == first.recording_id and manifest.agent.kind == "noop"
+    assert not Path(second.staging_dir).exists() and not Path(first.staging_dir).exists()
+
+
 def test_a_killed_recording_leaves_no_dataset_and_can_be_retried(tmp_path, gradlab_home):
     """SIGKILL the command once its first chunk is staged: no manifest, so no dataset; the retry records it."""
     env = {**os.environ, "GRADLAB_DAEMON": "0"}
