@@ -90,7 +90,7 @@ def _play(goal: str, action: int, *, max_steps: int, first: int | None = None) -
 
 # Action 0 is the profile's FORWARD (walk) or NOOP (corridor), or no button (the provider's default).
 @pytest.mark.parametrize(("goal", "action", "outcome", "reason", "steps"), [
-    # Standing still in the acid dies after 385 tics (96 steps): a survival goal's failure.
+    # Turning on the spot in the acid dies after 385 tics (96 steps): a survival goal's failure.
     ("VizdoomHealthGathering-v1", 1, "failure", "native_terminated", 96),
     # Monsters at skill 5 kill a player who stands still: the died event, not the vest.
     ("VizdoomDeadlyCorridor-v1", 0, "failure", "died", None),
@@ -103,7 +103,7 @@ def _play(goal: str, action: int, *, max_steps: int, first: int | None = None) -
 ])
 def test_task_contracts_end_episodes_as_the_scenarios_do(goal: str, action: int, outcome: str, reason: str,
                                                          steps: int | None) -> None:
-    episodes, terminated, truncated, _ = _play(goal, action, max_steps=600)
+    episodes, terminated, truncated, info = _play(goal, action, max_steps=600)
     (episode,) = episodes
     assert (episode.outcome, episode.reason) == (outcome, reason)
     if steps is not None:
@@ -111,6 +111,12 @@ def test_task_contracts_end_episodes_as_the_scenarios_do(goal: str, action: int,
     # A death is a termination (never bootstrapped); a time limit is a truncation (bootstrapped).
     assert (terminated[-1], truncated[-1]) == ((True, False) if outcome == "failure" else (False, True))
     assert not any(terminated[:-1]) and not any(truncated[:-1])
+    # The ending step's info is read from the game too: the death shows as no health left (these
+    # three scenarios list HEALTH).
+    if outcome == "failure":
+        assert info["dead"] is True and info["health"] <= 0.0
+    else:
+        assert info["dead"] is False
 
 
 def test_a_kill_is_a_success_read_from_the_kill_count() -> None:
