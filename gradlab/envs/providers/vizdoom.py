@@ -15,7 +15,11 @@ after each step (episode time since the start tic >= timeout), so a timeout is a
 final observation is the real frame at that moment (ViZDoom has no state once an episode has
 finished). Any other end of the episode (the monster killed, the player dead) is a termination;
 its final observation repeats the last frame seen (it is never bootstrapped from).
-``info`` holds the scenario's game variables (lower-case names) and ``dead``.
+``info`` holds the scenario's game variables (lower-case names), ``killcount`` (monsters killed
+this episode, ``GameVariable.KILLCOUNT``, whether or not the scenario lists it) and ``dead``, on
+every step: on the step that ends the episode they are read from the game directly
+(``get_game_variable`` still answers once ``get_state`` has nothing), so a task program sees the
+kill or the health that ended it.
 
 ``vectorization: auto`` steps a single lane in this process (``sync``: a worker process would only
 add a pipe round trip per step) and several lanes in worker processes (``async``: the engines then
@@ -76,7 +80,9 @@ class DoomLane:
         self.game = game
         self.frame_skip = pre.frame_skip
         self.buttons = [b.name for b in game.get_available_buttons()]
-        self.variables = [v.name.lower() for v in game.get_available_game_variables()]
+        self._variables = list(game.get_available_game_variables())
+        self.variables = [v.name.lower() for v in self._variables]
+        self._killcount = vzd.GameVariable.KILLCOUNT
         n = len(self.buttons)
         self._actions = [[0] * n] + [[1 if j == i else 0 for j in range(n)] for i in range(n)]
         self._vectors = button_vectors
@@ -95,9 +101,19 @@ class DoomLane:
         state = game.get_state()
         values = state.game_variables
         info: dict[str, Any] = dict(zip(self.variables, values.tolist(), strict=False)) if values is not None else {}
+        info["killcount"] = game.get_game_variable(self._killcount)
         info["dead"] = game.is_player_dead()
         self._raw = raw = state.screen_buffer
         return (self.frames.reset(raw) if reset else self.frames.push(raw)), info
+
+    def _final_info(self) -> dict[str, Any]:
+        """The info of the step that ended the episode: the same keys, read from the game."""
+        game = self.game
+        info: dict[str, Any] = {name: game.get_game_variable(v) for name, v in zip(self.variables, self._variables,
+                                                                                  strict=True)}
+        info["killcount"] = game.get_game_variable(self._killcount)
+        info["dead"] = game.is_player_dead()
+        return info
 
     def reset(self, *, seed: int | None = None, options: Any = None) -> tuple[np.ndarray, dict]:
         if seed is not None:
@@ -111,7 +127,7 @@ class DoomLane:
         buttons = [int(b) for b in action] if self._vectors else self._actions[action]
         reward = game.make_action(buttons, self.frame_skip)
         if game.is_episode_finished():
-            return self.frames.repeat_last(), reward, True, False, {"dead": game.is_player_dead()}
+            return self.frames.repeat_last(), reward, True, False, self._final_info()
         obs, info = self._observe(reset=False)
         return obs, reward, False, self.timeout > 0 and game.get_episode_time() - self._start >= self.timeout, info
 
