@@ -38,24 +38,31 @@ def validate(json_out: Annotated[bool, typer.Option("--json", help="Print one JS
     experiments = _experiments()
     report = experiments.validate_all()
     report.problems += _deployment_problems(experiments)
-    report.problems += _environment_problems(experiments)
+    missing: list = []
+    report.problems += _environment_problems(experiments, missing=missing)
     if json_out:
         print_json({"goals": report.goals, "recipes": report.recipes, "presets": report.presets,
-                    "errors": [p.as_json() for p in report.problems]})
+                    "errors": [p.as_json() for p in report.problems],
+                    "missing": [p.as_json() for p in missing]})
     else:
         for problem in report.problems:
             err_console.print(escape(problem.render()), highlight=False)
+        for problem in missing:
+            err_console.print(f"[yellow]missing here:[/] {escape(problem.render())}", highlight=False)
         status = "[green]ok[/]" if report.ok else f"[red]{len(report.problems)} problem(s)[/]"
-        console.print(f"{report.goals} goals, {report.recipes} recipes, {report.presets} presets: {status}")
+        lacking = f"; {len(missing)} goal(s) need a file this machine lacks (see above)" if missing else ""
+        console.print(f"{report.goals} goals, {report.recipes} recipes, {report.presets} presets: {status}{lacking}")
     if not report.ok:
         raise typer.Exit(1)
 
 
-def _environment_problems(experiments, refs: list[str] | None = None) -> list:
-    """Every goal's environment checked against its provider (env id, provider args, ROM), no emulator."""
+def _environment_problems(experiments, refs: list[str] | None = None, *, missing: list | None = None) -> list:
+    """Every goal's environment checked against its provider (env id, provider args, ROM, starts), no
+    emulator. With ``missing``, a ROM this machine lacks goes there (a contract can be valid without
+    it: ``gradlab train`` refuses it here, ``validate`` reports it apart and does not fail)."""
     from gradlab.envs.preflight import environment_problems
 
-    return environment_problems(experiments, refs)
+    return environment_problems(experiments, refs, missing=missing)
 
 
 def _deployment_problems(experiments) -> list:
@@ -69,6 +76,8 @@ def _deployment_problems(experiments) -> list:
 @goals_app.command("list")
 def goals_list(json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False) -> None:
     """List goals: id, title, project, provider, env id, evaluation mode, recipes."""
+    from gradlab.envs.preflight import missing_files
+
     experiments = _experiments()
     rows, problems = [], []
     try:
@@ -85,6 +94,7 @@ def goals_list(json_out: Annotated[bool, typer.Option("--json", help="Print one 
             "goal_id": goal_id, "title": goal.title, "project": catalog.project_of(goal_id),
             "provider": goal.train.environment.provider, "env_id": goal.train.environment.env_id,
             "evaluation_mode": goal.evaluation_mode, "recipes": experiments.recipe_ids(goal_id),
+            "missing": missing_files(goal.train.environment),
         })
     if json_out:
         print_json(rows)
@@ -92,8 +102,10 @@ def goals_list(json_out: Annotated[bool, typer.Option("--json", help="Print one 
         table = Table("goal", "title", "project", "provider", "env id", "mode", "recipes")
         for r in rows:
             table.add_row(r["goal_id"], r["title"], r["project"] or "-", r["provider"], r["env_id"],
-                          r["evaluation_mode"], ", ".join(r["recipes"]))
+                          r["evaluation_mode"], ", ".join(r["recipes"]) + (" [yellow](ROM missing)[/]" if r["missing"] else ""))
         console.print(table)
+        for message in dict.fromkeys(m for r in rows for m in r["missing"]):
+            err_console.print(f"[yellow]missing here:[/] {escape(message)}", highlight=False)
     for problem in problems:
         err_console.print(escape(problem.render()), highlight=False)
     if problems:

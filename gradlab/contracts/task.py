@@ -3,7 +3,7 @@
 The behaviour lives in :mod:`gradlab.envs.task`; these models only describe it. Semantics:
 
 * a **signal** is a named scalar read each step from the provider's ``info`` dict, from RAM where
-  the provider exposes it, or from a provider flag (``terminated``/``truncated``/``lives``...);
+  the provider exposes it (one byte, or several bytes read as one number), or from a provider flag (``terminated``/``truncated``/``lives``...);
 * an **event** is a boolean computed from one signal each step: ``equals`` (signal == value),
   ``equals_for`` (signal == value for ``steps`` consecutive steps), ``increase``/``decrease``
   (signal changed against the previous step), ``unchanged_for`` (same value for ``steps`` steps);
@@ -25,11 +25,14 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, StringConstraints, model_serializer, model_validator
+from pydantic import Field, NonNegativeInt, StringConstraints, model_serializer, model_validator
 
 from gradlab.contracts.base import Contract
 
 Outcome = Literal["success", "failure", "timeout", "ended"]
+
+#: Most RAM bytes one signal reads (a 64-bit number).
+MAX_SIGNAL_BYTES = 8
 
 
 class Signal(Contract):
@@ -37,7 +40,10 @@ class Signal(Contract):
         description="Where the value is read: the step's info dict, a RAM byte, or a provider flag."
     )
     key: str | None = Field(default=None, description="info key (source: info) or flag name (source: flag).")
-    address: int | None = Field(default=None, ge=0, description="RAM byte address (source: ram).")
+    address: NonNegativeInt | list[NonNegativeInt] | None = Field(
+        default=None, description="source: ram: a RAM byte's address, or the addresses of several bytes, most "
+        "significant first, read as one unsigned number (Σ byte_i · 256^(n-1-i); e.g. a page byte and a "
+        "position byte).")
 
     @model_validator(mode="after")
     def _check_source(self) -> Signal:
@@ -45,7 +51,15 @@ class Signal(Contract):
             raise ValueError(f"source '{self.source}' needs 'key'")
         if self.source == "ram" and self.address is None:
             raise ValueError("source 'ram' needs 'address'")
+        if isinstance(self.address, list) and not 1 <= len(self.address) <= MAX_SIGNAL_BYTES:
+            raise ValueError(f"address: expected 1 to {MAX_SIGNAL_BYTES} byte addresses, found {len(self.address)}")
         return self
+
+    def byte_addresses(self) -> tuple[int, ...]:
+        """The RAM addresses read, most significant first (one for a single byte); () off RAM."""
+        if self.address is None:
+            return ()
+        return tuple(self.address) if isinstance(self.address, list) else (self.address,)
 
 
 class Event(Contract):

@@ -227,6 +227,19 @@ class Provider:
         return [("env_id", f"provider '{self.name}' has no environment '{spec.env_id}'"
                  + (f" (did you mean {hint[0]}?)" if hint else ""))]
 
+    def missing_files(self, spec: EnvironmentSpec) -> list[str]:
+        """Files the user must supply before ``spec`` can be built on this machine (a ROM that is
+        not bundled), each as a message saying what is missing and how to add it; empty when none is
+        missing (the default). Cheap, like :meth:`check`, whose problems include these messages:
+        ``gradlab validate`` reports them apart, as this machine's lack rather than the goal's fault."""
+        return []
+
+    def static_starts(self, spec: EnvironmentSpec) -> list[str] | None:
+        """The named starts of ``spec``'s environment, when they are known without building it
+        (stable-retro's save states); None when unknown (the default), and then ``eval.starts`` is
+        checked when the environment is built."""
+        return None
+
     def make_backend(self, spec: EnvironmentSpec, *, render_mode: str | None) -> LaneBackend:
         """Build ``spec.n_envs`` lanes of ``spec``'s environment (preprocessing applied)."""
         raise NotImplementedError

@@ -139,12 +139,17 @@ def preflight(spec: EnvironmentSpec, *, steps: int = 200, seed: int = 0, target:
     return rep
 
 
-def static_check(spec: EnvironmentSpec) -> list[tuple[str, str]]:
+def static_check(spec: EnvironmentSpec, *, missing: list[str] | None = None) -> list[tuple[str, str]]:
     """What stops ``spec`` from being built on this machine, found without starting an emulator.
 
     The provider is registered and available, the env id exists in it (did-you-mean on a typo),
     ``provider_args`` are valid and the ROM it needs is present (:meth:`Provider.check`). Cheap:
     ``gradlab validate`` runs it for every goal and ``gradlab train`` before it creates a run.
+
+    Args:
+        spec: the environment.
+        missing: when given, files this machine lacks (:meth:`Provider.missing_files`: a ROM to
+            import) are appended here as messages instead of being returned as problems.
 
     Returns:
         ``[(key, message)]`` with ``key`` the field of the environment spec at fault; empty when fine.
@@ -162,9 +167,27 @@ def static_check(spec: EnvironmentSpec) -> list[tuple[str, str]]:
     try:
         from gradlab.envs.action_profile import profile_problems
 
-        return provider.check(spec) + profile_problems(provider, spec)
+        problems = provider.check(spec) + profile_problems(provider, spec)
+        if missing is not None:
+            lacking = provider.missing_files(spec)
+            missing += lacking
+            problems = [p for p in problems if p[1] not in lacking]
+        return problems
     except Exception as e:  # noqa: BLE001 - a broken third-party provider is a problem to report, not a crash
         return [("", f"{spec.provider}:{spec.env_id}: cannot be checked: {type(e).__name__}: {e}")]
+
+
+def missing_files(spec: EnvironmentSpec) -> list[str]:
+    """What this machine lacks to build ``spec`` (:meth:`Provider.missing_files`: a ROM to import),
+    as messages saying how to add it; empty when nothing is missing or the provider is unusable
+    (:func:`static_check` says why). Cheap: no emulator."""
+    from gradlab.envs.registry import get_provider
+
+    try:
+        provider = get_provider(spec.provider)
+        return provider.missing_files(spec) if provider.availability()[0] else []
+    except Exception:  # noqa: BLE001 - static_check reports a broken provider
+        return []
 
 
 #: Providers whose observations are always images (uint8 frames; gradlab.learn.ppo_net.is_image).
@@ -204,15 +227,19 @@ def training_problems(resolved: Any) -> list[tuple[str, str]]:
     return problems
 
 
-def environment_problems(experiments: Any, refs: list[str] | None = None) -> list[Any]:
+def environment_problems(experiments: Any, refs: list[str] | None = None, *,
+                         missing: list[Any] | None = None) -> list[Any]:
     """:func:`static_check` of every goal's training environment (and of a recipe's, where it
     changes the provider, env id or provider arguments), as ``ConfigProblem``s naming the file and
-    ``train.environment.<key>``.
+    ``train.environment.<key>``; and each goal's ``eval.starts`` against the starts the provider
+    knows without building the environment (:meth:`Provider.static_starts`).
 
     Args:
         experiments: a :class:`gradlab.contracts.Experiments`.
         refs: ``GOAL/RECIPE`` refs to check (their goals and recipes only); None checks every goal
             and recipe. Goals or recipes that do not compose are skipped (``validate`` reports those).
+        missing: when given, what this machine lacks to build a goal (a ROM to import) is appended
+            here as ``ConfigProblem``s, one per goal, instead of being returned as problems.
     """
     from gradlab.errors import ConfigError, ConfigProblem, NotFound
 
@@ -221,13 +248,17 @@ def environment_problems(experiments: Any, refs: list[str] | None = None) -> lis
 
         return spec.provider, spec.env_id, json.dumps(spec.provider_args, sort_keys=True, default=str)
 
-    cache: dict[tuple, list[tuple[str, str]]] = {}
+    cache: dict[tuple, tuple[list[tuple[str, str]], list[str]]] = {}
 
-    def check(spec: EnvironmentSpec) -> list[tuple[str, str]]:
+    def check(spec: EnvironmentSpec, file_of: Any, label: str) -> list[tuple[str, str]]:
         key = identity(spec)
         if key not in cache:
-            cache[key] = static_check(spec)
-        return cache[key]
+            lacking: list[str] = []
+            cache[key] = static_check(spec, missing=lacking if missing is not None else None), lacking
+        found, lacking = cache[key]
+        if missing is not None:
+            missing.extend(file_of(("env_id",), f"{label}: {message}") for message in lacking)
+        return found
 
     wanted: dict[str, list[str] | None] = {}
     if refs is None:
@@ -243,8 +274,13 @@ def environment_problems(experiments: Any, refs: list[str] | None = None) -> lis
         except (ConfigError, NotFound):
             continue
         goal_env = goal.train.environment
-        for key, message in check(goal_env):
-            problems.append(experiments.goal_problem(goal_id, ("train", "environment", *key.split(".")), message))
+
+        def goal_problem(key: tuple[str, ...], message: str, goal_id: str = goal_id) -> ConfigProblem:
+            return experiments.goal_problem(goal_id, ("train", "environment", *key), message)
+
+        for key, message in check(goal_env, goal_problem, f"goal {goal_id}"):
+            problems.append(goal_problem(tuple(key.split(".")), message))
+        problems += _start_problems(experiments, goal_id, goal)
         for recipe_id in (experiments.recipe_ids(goal_id) if recipe_ids is None else recipe_ids):
             try:
                 resolved = experiments.resolve(f"{goal_id}/{recipe_id}")
@@ -254,8 +290,30 @@ def environment_problems(experiments: Any, refs: list[str] | None = None) -> lis
                          for key, message in training_problems(resolved)]
             if identity(resolved.environment) == identity(goal_env):
                 continue
-            for key, message in check(resolved.environment):
+
+            def recipe_problem(key: tuple[str, ...], message: str, file: str = resolved.recipe_file) -> ConfigProblem:
+                return ConfigProblem(file=file, key_path=".".join(("train", "environment", *key)), message=message)
+
+            for key, message in check(resolved.environment, recipe_problem, f"recipe {goal_id}/{recipe_id}"):
                 problems.append(ConfigProblem(file=resolved.recipe_file,
                                               key_path=".".join(("train", "environment", key)).rstrip("."),
                                               message=message))
     return problems
+
+
+def _start_problems(experiments: Any, goal_id: str, goal: Any) -> list[Any]:
+    """``eval.starts`` names the provider does not know, where it knows its starts statically."""
+    from gradlab.envs.registry import get_provider
+
+    if not goal.eval.starts:
+        return []
+    try:
+        known = get_provider(goal.train.environment.provider).static_starts(goal.train.environment)
+    except Exception:  # noqa: BLE001 - static_check reports an unusable provider
+        return []
+    if known is None:
+        return []
+    return [experiments.goal_problem(goal_id, ("eval", "starts", str(i)),
+                                     f"expected one of {goal.train.environment.provider}:"
+                                     f"{goal.train.environment.env_id}'s starts {known}, found {start!r}")
+            for i, start in enumerate(goal.eval.starts) if start not in known]

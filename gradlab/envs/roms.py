@@ -182,8 +182,13 @@ def verify_imported(game: str, *, cache: Path | None = None) -> None:
                                  f"`gradlab rom import PATH`")
 
 
-def missing_rom_error(game: str) -> ConfigError:
-    return ConfigError(
+class RomMissing(ConfigError):
+    """A game stable-retro integrates, with no ROM bundled or imported on this machine."""
+
+
+def missing_rom_error(game: str) -> RomMissing:
+    """The error that says ``game``'s ROM is missing and how to import it."""
+    return RomMissing(
         f"retro:{game}: no ROM for this game. stable-retro bundles only Airstriker-Genesis-v0; import yours with "
         f"`gradlab rom import PATH` (a ROM file or a folder; verified against stable-retro's sha1 and stored "
         f"under {rom_cache_dir()})"

@@ -102,7 +102,7 @@ class VectorEnv:
                 if not self.backend.has_ram:
                     problems.append(f"task.signals.{name}.source: provider '{spec.provider}' does not expose RAM "
                                     f"for {spec.env_id}")
-                readers.append((name, "ram", int(sig.address or 0)))
+                readers.append((name, "ram", sig.byte_addresses()))
         if problems:
             raise ConfigError("; ".join(problems))
         return readers
@@ -124,7 +124,13 @@ class VectorEnv:
             else:
                 if ram is None:
                     ram = self.backend.ram()
-                out[name] = ram[:, key].astype(np.float64)
+                if max(key) >= ram.shape[1]:
+                    raise ConfigError(f"task.signals.{name}.address: {max(key)} is past the end of "
+                                      f"{self.spec.provider}:{self.spec.env_id}'s RAM ({ram.shape[1]} bytes)")
+                value = ram[:, key[0]].astype(np.float64)
+                for address in key[1:]:  # several bytes, most significant first
+                    value = value * 256.0 + ram[:, address]
+                out[name] = value
         return out
 
     # -- public API ------------------------------------------------------------------------

@@ -38,9 +38,9 @@ from gradlab.contracts.environment import EnvironmentSpec, RetroPreprocessing
 from gradlab.envs.backend import EnvInfo, LaneBackend, Provider
 from gradlab.envs.frames import FrameStack
 from gradlab.envs.lanes import AsyncLanes, SyncLanes
-from gradlab.envs.roms import missing_rom_error, register_rom_dir, rom_cache_dir, verify_imported
+from gradlab.envs.roms import RomMissing, missing_rom_error, register_rom_dir, rom_cache_dir, verify_imported
 from gradlab.envs.snapshot import Snapshot, pack, unpack
-from gradlab.errors import ConfigError, IntegrityError, NotFound
+from gradlab.errors import ConfigError, ConfigProblem, IntegrityError, NotFound
 
 logger = logging.getLogger(__name__)
 
@@ -207,9 +207,11 @@ def _make_lane(game: str, pre: RetroPreprocessing, roms_dir: str, *, lane: int, 
     return RetroLane(game, pre, roms_dir, lane=lane, render_mode=render_mode, all_buttons=all_buttons)
 
 
-def console_buttons(game: str) -> tuple[str, ...]:
-    """The console's buttons in stable-retro's MultiBinary order (Genesis: ``B A MODE START UP DOWN
-    LEFT RIGHT C Y X Z``), read from stable-retro's core table; no emulator.
+def button_slots(game: str) -> tuple[str | None, ...]:
+    """The console's button slots in stable-retro's MultiBinary order, ``None`` where a slot has no
+    button (NES: ``B None SELECT START UP DOWN LEFT RIGHT A``; Genesis: ``B A MODE START UP DOWN LEFT
+    RIGHT C Y X Z``), read from stable-retro's core table (``EMU_INFO``); no emulator. The action
+    vector stable-retro takes has one entry per slot, empty ones included.
 
     Raises:
         NotFound: the game's system (``Name-System[-vN]``) is not one stable-retro emulates.
@@ -222,7 +224,16 @@ def console_buttons(game: str) -> tuple[str, ...]:
     info = EMU_INFO.get(system)
     if not info:
         raise NotFound(f"retro:{game}: no stable-retro system '{system}'")
-    return tuple(b for b in info["buttons"] if b)
+    return tuple(info["buttons"])
+
+
+def console_buttons(game: str) -> tuple[str, ...]:
+    """The console's button names in stable-retro's order, empty slots left out (:func:`button_slots`).
+
+    Raises:
+        NotFound: the game's system is not one stable-retro emulates.
+    """
+    return tuple(b for b in button_slots(game) if b)
 
 
 class RetroProvider(Provider):
@@ -248,6 +259,10 @@ class RetroProvider(Provider):
 
             hint = difflib.get_close_matches(spec.env_id, self.env_ids(), n=1)
             raise NotFound(f"stable-retro has no game '{spec.env_id}'" + (f" (did you mean {hint[0]}?)" if hint else ""))
+        states = self.static_starts(spec) or []
+        if pre.state and pre.state not in states:
+            raise ConfigError([ConfigProblem(file="", key_path="preprocessing.state", message=(
+                f"retro:{spec.env_id}: expected one of the game's save states {states}, found {pre.state!r}"))])
         try:
             get_romfile_path(spec.env_id, inttype)
         except FileNotFoundError:
@@ -263,9 +278,27 @@ class RetroProvider(Provider):
         problems = no_args_problems(spec)
         try:
             self._check(spec.model_copy(update={"provider_args": {}}))
-        except (NotFound, ConfigError, IntegrityError) as e:  # unknown game, missing ROM, ROM with a bad hash
+        except ConfigError as e:  # a missing ROM (env_id), an unknown save state (preprocessing.state)
+            problems[:0] = [(p.key_path or "env_id", p.message) for p in e.problems]
+        except (NotFound, IntegrityError) as e:  # unknown game, ROM with a bad hash
             problems.insert(0, ("env_id", str(e)))
         return problems
+
+    def missing_files(self, spec: EnvironmentSpec) -> list[str]:
+        """The game's ROM, when stable-retro integrates the game but no ROM is bundled or imported."""
+        try:
+            self._check(spec.model_copy(update={"provider_args": {}}))
+        except RomMissing as e:
+            return [str(e)]
+        except (NotFound, ConfigError, IntegrityError):
+            return []
+        return []
+
+    def static_starts(self, spec: EnvironmentSpec) -> list[str] | None:
+        """The game's save states (``stable_retro.data.list_states``; no ROM needed)."""
+        from stable_retro.data import list_states
+
+        return sorted(list_states(spec.env_id, register_rom_dir(str(rom_cache_dir())))) or None
 
     def make_backend(self, spec: EnvironmentSpec, *, render_mode: str | None) -> LaneBackend:
         pre, roms_dir = self._check(spec)
@@ -294,8 +327,9 @@ class RetroProvider(Provider):
         return console_buttons(spec.env_id)
 
     def native_action(self, spec: EnvironmentSpec, buttons: list[str]) -> np.ndarray:
-        """(n_buttons,) int8 MultiBinary vector, 1 where the action presses the button."""
-        return np.array([b in buttons for b in console_buttons(spec.env_id)], dtype=np.int8)
+        """(n_slots,) int8 MultiBinary vector over :func:`button_slots` (empty slots included, as
+        stable-retro's action space has them), 1 where the action presses the button."""
+        return np.array([b is not None and b in buttons for b in button_slots(spec.env_id)], dtype=np.int8)
 
     def describe(self, spec: EnvironmentSpec) -> EnvInfo:
         pre, roms_dir = self._check(spec)
