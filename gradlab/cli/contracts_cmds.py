@@ -151,14 +151,25 @@ def runnable_problems(resolved) -> list:
     (unknown env id, bad provider arguments, missing ROM), or its recipe asks the learner for what
     it refuses here (:func:`gradlab.envs.preflight.training_problems`); found without starting an
     emulator. Empty when it can."""
-    from gradlab.envs.preflight import cuda_present, static_check, training_problems
+    from gradlab.envs.preflight import cuda_present, start_problems, static_check, training_problems
     from gradlab.errors import ConfigProblem
 
     env, goal_env = resolved.environment, resolved.goal.train.environment
     same = (env.provider, env.env_id, env.provider_args) == (goal_env.provider, goal_env.env_id, goal_env.provider_args)
-    file = resolved.goal_file if same else ("--set" if resolved.overrides else resolved.recipe_file)
-    problems = [ConfigProblem(file=file, key_path=".".join(("train", "environment", key)).rstrip("."), message=message)
-                for key, message in static_check(env)]
+    experiments = _experiments()
+
+    def blame(key: str, message: str) -> ConfigProblem:
+        path = ("train", "environment", *key.split("."))
+        if same:  # the goal's own environment: the fragment (and line) that set the key
+            try:
+                return experiments.goal_problem(resolved.goal.goal_id, path, message)
+            except (ConfigError, NotFound):
+                pass
+        file = resolved.goal_file if same else ("--set" if resolved.overrides else resolved.recipe_file)
+        return ConfigProblem(file=file, key_path=".".join(p for p in path if p), message=message)
+
+    problems = [blame(key, message) for key, message in static_check(env)]
+    problems += start_problems(experiments, resolved.goal.goal_id, resolved.goal)
     recipe_file = "--set" if resolved.overrides else resolved.recipe_file
     problems += [ConfigProblem(file=recipe_file, key_path=key, message=message)
                  for key, message in training_problems(resolved)]

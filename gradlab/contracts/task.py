@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, NonNegativeInt, StringConstraints, model_serializer, model_validator
+from pydantic import Field, StringConstraints, model_serializer, model_validator
 
 from gradlab.contracts.base import Contract
 
@@ -40,7 +40,7 @@ class Signal(Contract):
         description="Where the value is read: the step's info dict, a RAM byte, or a provider flag."
     )
     key: str | None = Field(default=None, description="info key (source: info) or flag name (source: flag).")
-    address: NonNegativeInt | list[NonNegativeInt] | None = Field(
+    address: int | list[int] | None = Field(
         default=None, description="source: ram: a RAM byte's address, or the addresses of several bytes, most "
         "significant first, read as one unsigned number (Σ byte_i · 256^(n-1-i); e.g. a page byte and a "
         "position byte).")
@@ -53,6 +53,8 @@ class Signal(Contract):
             raise ValueError("source 'ram' needs 'address'")
         if isinstance(self.address, list) and not 1 <= len(self.address) <= MAX_SIGNAL_BYTES:
             raise ValueError(f"address: expected 1 to {MAX_SIGNAL_BYTES} byte addresses, found {len(self.address)}")
+        if any(a < 0 for a in self.byte_addresses()):
+            raise ValueError(f"address: expected byte addresses >= 0, found {self.address}")
         return self
 
     def byte_addresses(self) -> tuple[int, ...]:

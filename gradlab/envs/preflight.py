@@ -280,7 +280,7 @@ def environment_problems(experiments: Any, refs: list[str] | None = None, *,
 
         for key, message in check(goal_env, goal_problem, f"goal {goal_id}"):
             problems.append(goal_problem(tuple(key.split(".")), message))
-        problems += _start_problems(experiments, goal_id, goal)
+        problems += start_problems(experiments, goal_id, goal)
         for recipe_id in (experiments.recipe_ids(goal_id) if recipe_ids is None else recipe_ids):
             try:
                 resolved = experiments.resolve(f"{goal_id}/{recipe_id}")
@@ -301,8 +301,9 @@ def environment_problems(experiments: Any, refs: list[str] | None = None, *,
     return problems
 
 
-def _start_problems(experiments: Any, goal_id: str, goal: Any) -> list[Any]:
-    """``eval.starts`` names the provider does not know, where it knows its starts statically."""
+def start_problems(experiments: Any, goal_id: str, goal: Any) -> list[Any]:
+    """``eval.starts`` names the provider does not know, where it knows its starts without building
+    the environment (:meth:`Provider.static_starts`), as ``ConfigProblem``s at ``eval.starts.<i>``."""
     from gradlab.envs.registry import get_provider
 
     if not goal.eval.starts:

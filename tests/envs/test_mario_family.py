@@ -193,3 +193,20 @@ def test_an_unknown_save_state_or_start_is_refused_without_the_rom(experiments_c
     assert state and all("found 'Level1-2'" in e["message"] and "Level2-1" in e["message"] for e in state)
     (start,) = [e for e in errors if e["key_path"] == "eval.starts.1"]
     assert start["file"] == f"experiments/goals/{FAMILY}/Levels_1-1_2-1/_goal.yaml" and "found 'Level9-9'" in start["message"]
+    # train checks the same before it creates anything, blaming the fragment that set the key.
+    train = gradlab("train", f"{FAMILY}/Levels_1-1_2-1/ppo", env={"GRADLAB_HOME": str(tmp_path / "home")})
+    assert train.returncode == 1
+    assert f"goals/{FAMILY}/_goal-common.yaml:" in train.stderr and "train.environment.preprocessing.state" in train.stderr
+    assert f"goals/{FAMILY}/Levels_1-1_2-1/_goal.yaml:" in train.stderr and "eval.starts.1" in train.stderr
+    assert not (tmp_path / "home" / "runs").exists()
+
+
+@pytest.mark.parametrize("address", ["[]", "[-1, 134]", "[1, 2, 3, 4, 5, 6, 7, 8, 9]"])
+def test_a_bad_ram_address_list_is_refused_naming_the_signal(experiments_copy: Path, address: str) -> None:
+    common = experiments_copy / "goals" / FAMILY / "_goal-common.yaml"
+    common.write_text(common.read_text().replace("address: [0x6D, 0x86]", f"address: {address}"))
+    out = gradlab("validate", "--json")
+    assert out.returncode == 1
+    errors = json.loads(out.stdout)["errors"]
+    assert errors and all(e["key_path"] == "train.environment.task.signals.x" and "address: expected" in e["message"]
+                          and e["file"] == f"experiments/goals/{FAMILY}/_goal-common.yaml" for e in errors)
