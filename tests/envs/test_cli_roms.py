@@ -57,7 +57,26 @@ def test_env_preflight_cli_json_and_failure():
     assert "provider_args" in rep["checks"][0]["detail"] and "bogus" in rep["checks"][0]["detail"]
 
 
-GOALS = Experiments().goal_ids()
+def _needs_a_missing_file(goal_id: str) -> bool:
+    from gradlab.envs.preflight import missing_files
+
+    return bool(missing_files(Experiments().load_goal(goal_id).train.environment))
+
+
+# Goals whose ROM is the user's (Super Mario Bros.) cannot start here; their contract is tested
+# without the game in tests/envs/test_mario_family.py, and their preflight's refusal below.
+GOALS = [g for g in Experiments().goal_ids() if not _needs_a_missing_file(g)]
+ROM_GOALS = [g for g in Experiments().goal_ids() if _needs_a_missing_file(g)]
+
+
+@pytest.mark.parametrize("goal_id", ROM_GOALS)
+def test_preflight_of_a_goal_whose_rom_is_missing_fails_at_the_build_naming_it(goal_id):
+    experiments = Experiments()
+    for recipe_id in experiments.recipe_ids(goal_id):
+        rep = preflight(experiments.resolve(f"{goal_id}/{recipe_id}").environment, steps=30,
+                        target=f"{goal_id}/{recipe_id}")
+        assert rep.ok is False and rep.checks[0]["name"] == "build"
+        assert "no ROM for this game" in rep.checks[0]["detail"] and "gradlab rom import" in rep.checks[0]["detail"]
 
 
 @pytest.mark.parametrize("goal_id", GOALS)
