@@ -23,6 +23,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.states import Failed
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from flows._futures import task_finished
 from flows._process import record_this_flow_run
 
 #: Most chunks in flight in this process (the pool's threads; ``workers`` limits further).
@@ -79,7 +80,7 @@ def dataset_record(plan: dict[str, Any], workers: int = 1) -> dict[str, Any]:
     try:
         futures: list[Any] = []
         for chunk in range(len(plan["chunks"])):
-            while sum(not f.state.is_final() for f in futures) >= max(1, workers):
+            while sum(not task_finished(f) for f in futures) >= max(1, workers):
                 time.sleep(0.1)
             futures.append(record_chunk.submit(plan, chunk))
         results = [f.result() for f in futures]

@@ -18,6 +18,7 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from flows._futures import task_finished
 from flows._process import record_this_flow_run
 
 log = logging.getLogger(__name__)
@@ -69,7 +70,7 @@ def _flow_run_id() -> str | None:
 
 def _wait_for_room(futures: list, limit: int, cancelled) -> None:
     """Block until fewer than ``limit`` seeds run, or ``cancelled`` (an Event) is set."""
-    while sum(not f.state.is_final() for f in futures) >= limit and not cancelled.wait(0.5):
+    while sum(not task_finished(f) for f in futures) >= limit and not cancelled.wait(0.5):
         pass
 
 

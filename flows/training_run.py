@@ -19,6 +19,7 @@ from prefect import flow, tags
 from prefect.states import Cancelled, Failed
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from flows._futures import task_finished
 from flows._process import record_this_flow_run
 from flows.run_artifacts import RunArtifacts
 from gradlab.runs.supervisor import CheckpointTrack
@@ -29,22 +30,14 @@ log = logging.getLogger(__name__)
 
 
 class _Done:
-    """A Prefect future seen through the ``done()/result()`` protocol the supervisor uses.
-
-    ``done()`` asks the task runner's own future (a ``concurrent.futures.Future``) when there is
-    one: ``PrefectFuture.state`` of an unfinished task reads the task run from the API, one request
-    per future per driver tick, and sees its end only once Prefect's events have reached the server
-    (~0.3 s later here).
-    """
+    """A Prefect future seen through the ``done()/result()`` protocol the supervisor uses; ``done()`` is
+    :func:`flows._futures.task_finished` (the task runner's own future, not the API's state)."""
 
     def __init__(self, future: Any):
         self.future = future
 
     def done(self) -> bool:
-        wrapped = getattr(self.future, "wrapped_future", None)
-        if wrapped is not None and hasattr(wrapped, "done"):
-            return wrapped.done()
-        return self.future.state.is_final()
+        return task_finished(self.future)
 
     def result(self) -> Any:
         return self.future.result(raise_on_failure=True)
