@@ -389,6 +389,13 @@ class Experiments:
             environment = EnvironmentSpec.model_validate(merged_env)
         except ValidationError as e:
             problems += validation_problems(e, EnvironmentSpec, comp, prefix=("train", "environment"))
+        archive = recipe.train.archive_curriculum
+        if environment is not None and archive is not None and archive.cell.kind == "signals":
+            known = list(environment.task.signals)
+            if not archive.cell.signals or any(name not in known for name in archive.cell.signals):
+                problems.append(comp.problem(("train", "curriculum", "archive", "cell", "signals"), (
+                    f"expected signals of the goal's task program ({', '.join(known) or 'none'}), "
+                    f"found {list(archive.cell.signals)}")))
         if problems:
             raise ConfigError(_positions_for_set(problems))
         assert environment is not None

@@ -149,6 +149,43 @@ class Backend(Contract):
         return BACKEND_CONFIGS[self.id].model_validate(self.config)  # type: ignore[return-value]
 
 
+class ArchiveCurriculum(Contract):
+    """``train.curriculum.archive``: a share of training episodes starts from archived states.
+
+    The archive is filled from the run's own target-origin episodes (a provider state captured
+    where a new cell is first seen, at most ``reservoir_size`` cells); an episode starts from an
+    archived cell with probability ``share``, chosen by ``priority_metric``. ``value_error`` is the
+    mean |A_t| (raw GAE, Schulman et al. 2016, before minibatch normalisation) over a completed
+    archive-origin trajectory, kept per cell as an EMA with rate ``ema_rate`` (docs/ARCHITECTURE.md
+    section 12a). ``gradlab.ppo`` only; the provider must capture its lanes' state.
+    """
+
+    share: float = Field(ge=0.0, lt=1.0, description="Probability that an episode starts from an archived cell.")
+    cell: CellConfig = Field(default_factory=CellConfig, description="The cell function (as gradlab.go_explore's).")
+    reservoir_size: int = Field(default=1000, ge=1, description="Most cells kept; past it the weakest is evicted.")
+    priority_metric: Literal["value_error", "uniform"] = Field(
+        default="value_error", description="value_error: cells weighted by the EMA of mean |A_t|; uniform: equal weights.")
+    ema_rate: float = Field(default=0.1, gt=0.0, le=1.0,
+                            description="Weight of a new trajectory's mean |A_t| in the cell's priority EMA.")
+
+
+class Curriculum(Contract):
+    """``train.curriculum``: where training episodes start besides the goal's own reset."""
+
+    archive: ArchiveCurriculum | None = None
+
+    @model_serializer(mode="wrap")
+    def _omit_absent_archive(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)
+        if data.get("archive") is None:
+            data.pop("archive", None)
+        return data
+
+
+#: Backends that run ``train.curriculum`` (the rollout restores archived states into its lanes).
+CURRICULUM_BACKENDS = ("gradlab.ppo",)
+
+
 class EnvironmentOverrides(Contract):
     """Changes a recipe makes to the goal's training environment (mirrored into evaluation)."""
 
@@ -179,6 +216,8 @@ class RecipeTrain(Contract):
     starts: dict[str, float] | None = Field(
         default=None, description="Weight of each of the goal's starts (eval.starts) when training draws one per "
                                   "episode; null = uniform. Names must be the goal's starts.")
+    curriculum: Curriculum | None = Field(
+        default=None, description="Where training episodes start besides a reset (gradlab.ppo only); null = none.")
 
     @field_validator("starts", mode="before")
     @classmethod
@@ -203,13 +242,27 @@ class RecipeTrain(Contract):
             raise ValueError(f"finite weights with a finite sum, found {weights}")
         return {k: float(w) for k, w in weights.items()}
 
+    @model_validator(mode="after")
+    def _curriculum_backend(self) -> RecipeTrain:
+        if self.curriculum is not None and self.curriculum.archive is not None \
+                and self.backend.id not in CURRICULUM_BACKENDS:
+            raise ValueError(f"train.curriculum.archive: runs on {', '.join(CURRICULUM_BACKENDS)} only, "
+                             f"found backend {self.backend.id} (its rollout cannot restore archived states)")
+        return self
+
     @model_serializer(mode="wrap")
     def _omit_absent_starts(self, handler: Any) -> dict[str, Any]:
-        # A recipe without start weights keeps the recipe_sha256 it had before the key existed.
+        # A recipe without start weights or a curriculum keeps the recipe_sha256 it had before the keys existed.
         data = handler(self)
-        if data.get("starts") is None:
-            data.pop("starts", None)
+        for key in ("starts", "curriculum"):
+            if data.get(key) is None:
+                data.pop(key, None)
         return data
+
+    @property
+    def archive_curriculum(self) -> ArchiveCurriculum | None:
+        """``curriculum.archive`` when the recipe sets it, else None."""
+        return self.curriculum.archive if self.curriculum is not None else None
 
     def start_weights(self, goal_starts: list[str]) -> dict[str, float] | None:
         """Probability of each of the goal's starts for a training episode, summing to 1, in the

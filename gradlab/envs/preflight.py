@@ -201,12 +201,30 @@ def cuda_present() -> bool:
     return Path("/proc/driver/nvidia/version").exists() or Path("/dev/nvidiactl").exists()
 
 
+def state_capture_problem(env: EnvironmentSpec) -> str | None:
+    """Why ``env``'s lanes cannot capture their state, known from the spec alone; None when they may.
+
+    ViZDoom never captures (its save/load are savegame files); ale-py's native vector env does not
+    (``provider_args.single_lanes: true`` gives lanes that do). Other providers are asked when the
+    env is built (``LaneBackend.state_problem``, docs/ARCHITECTURE.md section 12a).
+    """
+    if env.provider == "vizdoom":
+        return (f"restores provider states, which {env.provider}:{env.env_id} cannot capture (ViZDoom's "
+                "save/load are savegame files without a step-exact replay guarantee)")
+    if env.provider == "ale" and not (env.provider_args or {}).get("single_lanes"):
+        return (f"restores provider states, which {env.provider}:{env.env_id} cannot capture in ale-py's native "
+                "vector env; set train.environment.provider_args.single_lanes: true")
+    return None
+
+
 def training_problems(resolved: Any) -> list[tuple[str, str]]:
     """Recipe settings the learner would refuse for this environment, found without building it.
 
     ``gradlab.ppo`` with ``precision: fp16-amp`` on CPU (``train.device: cpu``, or ``auto`` where
     the learner picks the CPU: vector observations, or no NVIDIA driver), and
-    ``train.normalize.observation`` on image observations (ALE, ViZDoom, retro): the same messages
+    ``train.normalize.observation`` on image observations (ALE, ViZDoom, retro), and
+    ``train.curriculum.archive`` where the lanes cannot capture their state
+    (:func:`state_capture_problem`): the same messages
     :class:`gradlab.learn.ppo.PPOBackend` gives when it sets up (docs/ARCHITECTURE.md section 3).
 
     Returns:
@@ -216,6 +234,8 @@ def training_problems(resolved: Any) -> list[tuple[str, str]]:
     if train.backend.id != "gradlab.ppo":
         return []
     problems: list[tuple[str, str]] = []
+    if train.archive_curriculum is not None and (why := state_capture_problem(env)) is not None:
+        problems.append(("train.curriculum.archive", why))
     images = env.provider in IMAGE_PROVIDERS
     if train.backend.config.get("precision") == "fp16-amp" and (
             train.device == "cpu" or (train.device == "auto" and not (images and cuda_present()))):

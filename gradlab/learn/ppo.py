@@ -43,6 +43,10 @@ progress, every RNG stream, episode windows, optimizer hyperparameters) and
 ``sb3.ppo`` writes them, the lane state (``lanes.json`` + ``lanes.npz`` + ``last_obs.npy``: a
 resumed run continues the same episodes) and the normalisation statistics (``vecnormalize.json``,
 ``train.normalize`` with VecNormalize's rules): :mod:`gradlab.learn.ppo_checkpoint`.
+
+``train.curriculum.archive`` (docs/ARCHITECTURE.md section 12a): a share of episodes starts from
+states archived from the run's own episodes, prioritised by the mean |A_t| of their last
+trajectories; :mod:`gradlab.learn.ppo_curriculum`.
 """
 
 from __future__ import annotations
@@ -107,6 +111,7 @@ class PPOBackend:
         self.normaliser: Normaliser | None = None
         self._obs: Any = None
         self._lanes_note = False
+        self.curriculum: Any = None
 
     @staticmethod
     def make_env(spec: RunSpec) -> Any:
@@ -183,6 +188,11 @@ class PPOBackend:
             torch.cuda.manual_seed_all(spec.seed)
         self.venv = venv
         self.obs_space, self.action_space = venv.single_observation_space, venv.single_action_space
+        self.curriculum = None
+        if train.archive_curriculum is not None:
+            from gradlab.learn.ppo_curriculum import ArchiveCurriculumRunner
+
+            self.curriculum = ArchiveCurriculumRunner(spec, venv)
         self.net = build_network(self.obs_space, self.action_space, train.policy_model).to(self.device)
         if self.net.nature_cnn:
             # oneDNN's (and cuDNN's) faster convolution layout: fp32 forward + backward of 256 Breakout
@@ -240,6 +250,8 @@ class PPOBackend:
             return
         obs = self.venv.reset()
         self._obs = self.normaliser.reset(obs) if self.normaliser is not None else obs
+        if self.curriculum is not None:
+            self.curriculum.begin()
 
     # -- phases ----------------------------------------------------------------------------------
     def collect(self) -> bool:
@@ -291,7 +303,12 @@ class PPOBackend:
         return metrics
 
     def rollout_metrics(self) -> dict[str, float]:
-        return {**self.rollout.metrics(), **self.episodes.metrics()}
+        """The rollout's reward and episode metrics; with an archive curriculum ``train/episode/*``
+        count target-origin episodes only, plus ``train/curriculum/archive/*`` and the returns by origin."""
+        out = {**self.rollout.metrics(), **self.episodes.metrics()}
+        if self.curriculum is not None:
+            out.update(self.curriculum.metrics(self.episodes))
+        return out
 
     # -- checkpoint files (gradlab.learn.ppo_checkpoint) ------------------------------------------
     def policy_files(self) -> tuple[dict[str, Any], Any]:

@@ -13,7 +13,9 @@ pickle:
   (``state.<index>.<name>``);
 * as ``sb3.ppo`` writes them, the lane state (``lanes.json`` + ``lanes.npz`` + ``last_obs.npy``: a
   resumed run continues the same episodes) and the normalisation statistics
-  (``vecnormalize.json``): :mod:`gradlab.learn.ppo_state`.
+  (``vecnormalize.json``): :mod:`gradlab.learn.ppo_state`;
+* with ``train.curriculum.archive``, ``curriculum.json`` and the archived states
+  (``states/<sha256>.bin``): :mod:`gradlab.learn.ppo_curriculum`.
 
 Each function takes the set-up :class:`gradlab.learn.ppo.PPOBackend` as ``b``.
 """
@@ -114,6 +116,8 @@ def save(b: Any, folder: Path) -> None:
         "progress_remaining": float(b.progress_remaining), "ent_coef": float(b.ent_coef),
         "env_state": env_state, "optimizer": opt_meta, "episodes": b.episodes.as_json(), "rng": rng_state(),
     }
+    if b.curriculum is not None:  # resume/curriculum.json + resume/states/ (gradlab.learn.ppo_curriculum)
+        b.curriculum.save(resume)
     if b._scaler is not None:
         state["grad_scaler"] = {k: (float(v) if isinstance(v, float) else v) for k, v in b._scaler.state_dict().items()}
     (resume / STATE_FILE).write_text(json.dumps(state))
@@ -214,6 +218,7 @@ def restore(b: Any, checkpoint: Path) -> bool:
         ContractViolation: the checkpoint is of another backend or its tensors do not fit; a
             normalising recipe's ``vecnormalize.json`` is missing or does not fit; a lane-state
             file is malformed or does not fit this env (each naming the file).
+        IntegrityError: an archived state blob of the curriculum is corrupted (naming it).
     """
     from safetensors.torch import load_file
 
@@ -240,6 +245,8 @@ def restore(b: Any, checkpoint: Path) -> bool:
     b.progress_remaining = float(state["progress_remaining"])
     b.ent_coef = float(state["ent_coef"])
     b.episodes = EpisodeStats.from_json(state["episodes"])
+    if b.curriculum is not None:
+        b.curriculum.restore(resume, lanes_restored=restored)
     if b._scaler is not None and "grad_scaler" in state:
         b._scaler.load_state_dict(state["grad_scaler"])
     set_rng_state(state["rng"])

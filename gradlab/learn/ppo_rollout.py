@@ -14,7 +14,9 @@
 * two lane groups (:mod:`gradlab.envs.groups`) overlap one group's env step with the other's
   forward pass; normalisation (``train.normalize``) applies ``VecNormalize``'s order
   (:class:`gradlab.learn.ppo_state.Normaliser`);
-* :func:`compute_gae` is SB3's recursion, on the backend's device.
+* :func:`compute_gae` is SB3's recursion, on the backend's device;
+* with ``train.curriculum.archive`` the backend's :class:`gradlab.learn.ppo_curriculum.ArchiveCurriculumRunner`
+  sees every step's result (episodes by origin, archived starts, new cells) and the raw advantages.
 """
 
 from __future__ import annotations
@@ -69,7 +71,9 @@ def collect_rollout(b: Any) -> None:
     finished episodes to ``b.episodes``, and sets ``b._obs`` (the observations the next rollout
     starts from), ``b.advantages`` and ``b.returns`` ((n_steps, n_envs) float32 on ``b.device``)
     and ``b.rollout`` (its reward statistics: the env's rewards before normalisation; ``steps`` =
-    n_steps * n_envs; ``env_seconds``). Leaves ``b.num_timesteps`` to the caller. Runs under
+    n_steps * n_envs; ``env_seconds``). Leaves ``b.num_timesteps`` to the caller. With an archive
+    curriculum (``b.curriculum``) finished episodes are counted by origin and archived states may
+    replace reset observations (:mod:`gradlab.learn.ppo_curriculum`). Runs under
     ``torch.no_grad``; with bf16 on a CPU the policy steps run on ``b._rollout_net``, refreshed
     from ``b.net`` first.
     """
@@ -98,6 +102,9 @@ def collect_rollout(b: Any) -> None:
     batched = not net.nature_cnn
     obs = b._obs
     env_s = 0.0
+    cur = b.curriculum
+    if cur is not None:
+        cur.begin_rollout()
 
     def act(t: int, sl: slice) -> np.ndarray:
         """Actions of lanes ``sl`` at step ``t`` (their observations into the rollout tensors)."""
@@ -136,8 +143,11 @@ def collect_rollout(b: Any) -> None:
                 with ctx():
                     v = value_fn(final).float()
                 boot[torch.as_tensor(truncated, device=b.device)] = gamma * v
-            for ep in res.episodes:
-                b.episodes.add(ep.as_json())  # raw and shaped returns: never normalised
+            if cur is None:
+                for ep in res.episodes:
+                    b.episodes.add(ep.as_json())  # raw and shaped returns: never normalised
+        if cur is not None:  # episodes by origin, archived starts and new cells (gradlab.learn.ppo_curriculum)
+            cur.after_step(t, sl.start or 0, res, next_obs, b.episodes, norm)
         return next_obs
 
     groups = getattr(b.venv, "groups", None)
@@ -184,6 +194,8 @@ def collect_rollout(b: Any) -> None:
         adv, ret = compute_gae(b.buf_rewards + b.buf_boot, b.buf_values, b.buf_dones,
                                last_values.float(), gamma, cfg.gae_lambda)
     b.advantages, b.returns = adv, ret
+    if cur is not None:
+        cur.after_gae(adv)  # raw GAE, before the update normalises advantages per minibatch
     steps = cfg.n_steps * b.venv.num_envs
     b.rollout = RolloutStats(env_seconds=env_s)
     b.rollout.add_rewards(raw_rewards.ravel() if norm is not None else b.buf_rewards.cpu().numpy().ravel())

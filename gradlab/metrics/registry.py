@@ -167,6 +167,23 @@ EXPLORATION: tuple[MetricSpec, ...] = (
 )
 """Search backends' metrics (gradlab.learn.go_explore, gradlab.learn.jerk, gradlab.explore.archive)."""
 
+CURRICULUM: tuple[MetricSpec, ...] = (
+    MetricSpec("train/episode/return/shaped/from/target/mean", "Mean shaped return of the last 100 finished target-origin episodes (begun by the goal's own reset); emitted with train.curriculum.archive.", "reward", _ROLL),
+    MetricSpec("train/episode/return/raw/from/target/mean", "Mean raw (provider-native) return of the last 100 finished target-origin episodes; emitted with train.curriculum.archive.", "reward", _ROLL),
+    MetricSpec("train/episode/return/shaped/from/archive/mean", "Mean shaped return of the last 100 finished archive-origin episodes (begun from an archived state; counted from the archived episode's reset).", "reward", _ROLL),
+    MetricSpec("train/episode/return/raw/from/archive/mean", "Mean raw (provider-native) return of the last 100 finished archive-origin episodes.", "reward", _ROLL),
+    MetricSpec("train/curriculum/archive/episode_count", "Archive-origin episodes finished since the run started (not in train/episode/count).", "count", _ROLL),
+    MetricSpec("train/curriculum/archive/cell_count", "Cells the curriculum's archive holds now (at most reservoir_size).", "count", _ROLL),
+    MetricSpec("train/curriculum/archive/blob_bytes", "Bytes of the distinct provider-state blobs the curriculum's archive references.", "bytes", _ROLL),
+    MetricSpec("train/curriculum/archive/start_count", "Episodes begun from an archived cell since the run started.", "count", _ROLL),
+    MetricSpec("train/curriculum/archive/start_share", "Share of the episodes begun since the run started that began from an archived cell.", "frac", _ROLL),
+    MetricSpec("train/curriculum/archive/priority/tried_cell_count", "Archived cells with a priority (an archive-origin trajectory from them completed).", "count", _ROLL),
+    MetricSpec("train/curriculum/archive/priority/mean", "Mean priority (EMA of a trajectory's mean abs raw GAE advantage) over the tried cells; 0 before one.", "reward", _ROLL),
+    MetricSpec("train/curriculum/archive/priority/max", "Largest priority over the tried cells; 0 before one.", "reward", _ROLL),
+    MetricSpec("train/curriculum/archive/priority/update_count", "Completed archive-origin trajectories folded into a cell's priority since the run started.", "count", _ROLL),
+)
+"""Archive curriculum metrics (gradlab.learn.ppo_curriculum, gradlab.explore.curriculum)."""
+
 _SUP = "per supervisor event"
 
 ORCHESTRATION: tuple[MetricSpec, ...] = (
@@ -181,7 +198,7 @@ ORCHESTRATION: tuple[MetricSpec, ...] = (
 )
 """Metrics the supervisor flow emits about the run's orchestration (owner: flows/training_run)."""
 
-REGISTRY: tuple[MetricSpec, ...] = TRAINING + EVALUATION + EARLY_STOP + EXPLORATION + ORCHESTRATION
+REGISTRY: tuple[MetricSpec, ...] = TRAINING + EVALUATION + EARLY_STOP + EXPLORATION + CURRICULUM + ORCHESTRATION
 """Every registered metric, all parts together."""
 
 
