@@ -20,8 +20,9 @@ BUNDLE_FILES = frozenset({
     POLICY_FILE, WEIGHTS_FILE, POLICY_SPEC_FILE,
     *(f"{RESUME_DIR}/{name}" for name in ("state.json", "optimizer.pt", "optimizer.safetensors", "vecnormalize.json",
                                           "early_stop.json", "lanes.json", "lanes.npz", "last_obs.npy",
-                                          # the search backends' state (docs/ARCHITECTURE.md section 12a)
-                                          "search.json", "archive.json")),
+                                          # the search backends' and the archive curriculum's state
+                                          # (docs/ARCHITECTURE.md section 12a)
+                                          "search.json", "archive.json", "curriculum.json")),
 })
 #: The one family of names beside :data:`BUNDLE_FILES`: provider state blobs, named by their sha256.
 BUNDLE_BLOB = re.compile(rf"^{RESUME_DIR}/states/[0-9a-f]{{64}}\.bin$")
