@@ -10,6 +10,20 @@ module's scenarios; everything started here is stopped at the end, failures incl
 Scenario (a): host A's flow run is paused (SIGSTOP of every process of host A) past its lease; a
 new attempt of the same run runs on host B; host A resumes (SIGCONT): A is fenced out and stops,
 B finishes, exactly one promotion, nothing of A's is accepted after its lease expired.
+
+Scenario (b): host A is cut off from the stores (its route to the S3 server resets every
+connection) right after its learner started; its lease expires, host B runs a new attempt to the
+end, and A's route comes back: no write of A after its lease expired is accepted, A stops and
+says it was superseded.
+
+Scenario (c): host A's worker, flow run and learner are killed after A published two
+checkpoints, the newest of them then corrupted in the store; host B retries the run: it waits for
+A's lease to expire (it cannot see A's pids), passes over the corrupted checkpoint, resumes from
+the newest that verifies, and finishes with the one promotion.
+
+Scenario (d): eight queued runs over both hosts at the pool's concurrency (one flow run per
+worker): every one sealed ``succeeded`` with one promotion, both hosts used, and the server on
+PostgreSQL never met ``database is locked``.
 """
 
 from __future__ import annotations
@@ -34,7 +48,8 @@ import pytest
 from gradlab import receipts as rules
 from gradlab.contracts.run_spec import new_run_id
 from gradlab.outbox import Outbox
-from gradlab.stores import Stores, open_store
+from gradlab.stores import Stores, keys, open_store
+from tests.netlink import Link
 from tests.runs.conftest import wait_for
 from tests.s3server import free_port, running_s3_server
 
@@ -124,6 +139,15 @@ class Host:
                 os.kill(pid, sig)
         return pids
 
+    def kill_all(self) -> None:
+        """SIGKILL every process of the host (worker, flow runs, learners) and reap the worker."""
+        self.signal_all(signal.SIGCONT)
+        wait_for(lambda: not self.signal_all(signal.SIGKILL), 60, f"{self.name}'s processes gone")
+        if self.worker is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.worker.wait(timeout=10)
+            self.worker = None
+
     def stop(self) -> None:
         self.signal_all(signal.SIGCONT)
         self.signal_all(signal.SIGKILL)
@@ -140,6 +164,7 @@ class Deployment:
     database_url: str
     env: dict[str, str]
     stores: Stores
+    s3_port: int
     hosts: dict[str, Host] = field(default_factory=dict)
 
     def cli(self, *args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
@@ -159,8 +184,8 @@ class Deployment:
             return any(w.name == name and str(getattr(w.status, "value", w.status)) == "ONLINE"
                        for w in client.read_workers_for_work_pool("gradlab-local"))
 
-    def queue_run(self, run_id: str, *overrides: str) -> str:
-        params = ["-p", "recipe=gradlab__bandit/ppo", "-p", f"run_id={run_id}",
+    def queue_run(self, run_id: str, *overrides: str, recipe: str = "gradlab__bandit/ppo") -> str:
+        params = ["-p", f"recipe={recipe}", "-p", f"run_id={run_id}",
                   "-p", f"overrides={json.dumps(list(overrides))}"]
         out = self.cli("prefect", "deployment", "run", "training-run/local", *params)
         assert out.returncode == 0, out.stdout + out.stderr
@@ -204,7 +229,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
         stack.callback(lambda: (os.killpg(server.pid, signal.SIGKILL), server.wait(timeout=30)))
         env = {**base, "GRADLAB_HOME": str(root / "operator"), "GRADLAB_CONFIG": str(root / "operator" / "config.toml")}
         stores = Stores(*(open_store(s3.url(n)) for n in ("control", "eval", "model")))
-        dep = Deployment(api_url=api_url, database_url=database_url, env=env, stores=stores)
+        dep = Deployment(api_url=api_url, database_url=database_url, env=env, stores=stores, s3_port=s3.port)
         wait_for(lambda: _healthy(api_url), 180,
                  f"Prefect server on PostgreSQL at {api_url} (log: {root / 'server.log'})")
         created = dep.cli("gradlab.cli.app", "pools", "create", "--json")
@@ -271,26 +296,8 @@ def test_a_paused_host_is_fenced_out_and_the_other_host_finishes(deployment: Dep
     wait_for(lambda: not any(pid for pid in _host_processes(a.home) if _is_learner(pid)), 60,
              "host A's learner to stop")
 
-    attempts = rules.list_attempts(stores, run_id)
-    assert [(x.attempt_id, x.epoch, x.flow_run_id) for x in attempts] == [("attempt-001", 1, first),
-                                                                          ("attempt-002", 2, second)]
-    old = rules.read_terminal(stores, run_id, "attempt-001")
-    new = rules.read_terminal(stores, run_id, "attempt-002")
-    assert old.outcome == "superseded" and (old.superseded_by.attempt_id, old.superseded_by.epoch) == ("attempt-002", 2)
-    assert old.superseded_by.lease_expired_at == expired.expires_at
-    assert new.outcome == "succeeded" and new.epoch == 2, new.reason
-    promotion = rules.read_promotion(stores, run_id)
-    assert (promotion.attempt_id, promotion.epoch) == ("attempt-002", 2)
-    assert new.promotion.sha256 == promotion.checkpoint_sha256
-    # Nothing of host A's was accepted after its lease expired: every publication, evaluation and
-    # the stop request are attempt 2's (A had published nothing before its pause).
-    assert {(p.attempt_id, p.epoch) for p in rules.list_publications(stores, run_id)} == {("attempt-002", 2)}
-    records = [rec for _, rec in rules.list_evaluations(stores, run_id) if rec is not None]
-    assert records and {(r.attempt_id, r.epoch) for r in records} == {("attempt-002", 2)}
-    stop = rules.read_stop_request(stores, run_id)
-    assert stop is None or (stop.attempt_id, stop.epoch) == ("attempt-002", 2)
-    held = rules.read_lease(stores.control, run_id).lease
-    assert (held.holder, held.generation, held.released) == ("attempt-002", 2, True)
+    # Nothing of host A's was accepted after its lease expired (A had published nothing before its pause).
+    _fenced_out_and_taken_over(stores, run_id, (first, second), expired)
     # Host A said why it stopped, and wrote no receipt of its own.
     assert not (a.home / "runs" / run_id / "attempts" / "attempt-001.json").exists()
     assert "superseded" in (stale.state.message or "").lower(), stale.state.message
@@ -301,6 +308,30 @@ def test_a_paused_host_is_fenced_out_and_the_other_host_finishes(deployment: Dep
         return any("superseded" in log.message.lower() for log in logs)
 
     wait_for(said_superseded, 120, "host A's flow run logs to say it was superseded")
+
+
+def _fenced_out_and_taken_over(stores: Stores, run_id: str, flow_runs: tuple[str, str], expired) -> None:
+    """Attempt 1 (flow run ``flow_runs[0]``, lease ``expired``) was sealed ``superseded`` by attempt 2
+    (``flow_runs[1]``), which succeeded with the one promotion; every publication, evaluation and the
+    stop request are attempt 2's, and it released the lease."""
+    attempts = rules.list_attempts(stores, run_id)
+    assert [(x.attempt_id, x.epoch, x.flow_run_id) for x in attempts] == [("attempt-001", 1, flow_runs[0]),
+                                                                          ("attempt-002", 2, flow_runs[1])]
+    old = rules.read_terminal(stores, run_id, "attempt-001")
+    new = rules.read_terminal(stores, run_id, "attempt-002")
+    assert old.outcome == "superseded" and (old.superseded_by.attempt_id, old.superseded_by.epoch) == ("attempt-002", 2)
+    assert old.superseded_by.lease_expired_at == expired.expires_at
+    assert new.outcome == "succeeded" and new.epoch == 2, new.reason
+    promotion = rules.read_promotion(stores, run_id)
+    assert (promotion.attempt_id, promotion.epoch) == ("attempt-002", 2)
+    assert new.promotion.sha256 == promotion.checkpoint_sha256
+    assert {(p.attempt_id, p.epoch) for p in rules.list_publications(stores, run_id)} == {("attempt-002", 2)}
+    records = [rec for _, rec in rules.list_evaluations(stores, run_id) if rec is not None]
+    assert records and {(r.attempt_id, r.epoch) for r in records} == {("attempt-002", 2)}
+    stop = rules.read_stop_request(stores, run_id)
+    assert stop is None or (stop.attempt_id, stop.epoch) == ("attempt-002", 2)
+    held = rules.read_lease(stores.control, run_id).lease
+    assert (held.holder, held.generation, held.released) == ("attempt-002", 2, True)
 
 
 def _flow_run_logs(flow_run_id: str):
@@ -314,3 +345,159 @@ def _is_learner(pid: int) -> bool:
         return b"gradlab.learn" in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
+
+
+@pytest.mark.timeout(1800)
+def test_a_host_cut_off_from_the_stores_is_fenced_out_and_none_of_its_late_writes_is_accepted(
+        deployment: Deployment) -> None:
+    stores = deployment.stores
+    a, b = deployment.hosts["host-a"], deployment.hosts["host-b"]
+    a.kill_all()
+    b.kill_all()
+    link = Link(deployment.s3_port)
+    direct = a.env["GRADLAB_S3_ENDPOINT_URL"]
+    a.env["GRADLAB_S3_ENDPOINT_URL"] = link.endpoint_url  # host A reaches the stores only through the link
+    try:
+        a.start_worker()
+        wait_for(lambda: deployment.online("host-a"), 120, "host A's worker online")
+        run_id = new_run_id()
+        # Checkpoints far apart: host A is cut off before it could publish one.
+        first = deployment.queue_run(run_id, "train.timesteps=2000000", "train.checkpoint_freq=32768")
+        started = wait_for(lambda: _learner_started(a, run_id), 180, "host A's learner started")
+        link.cut()
+        assert (started.payload["attempt"], started.payload["epoch"]) == ("attempt-001", 1)
+        expired = wait_for(lambda: (held := rules.read_lease(stores.control, run_id)) and not held.lease.is_live()
+                           and held.lease, 3 * LEASE_TTL_S + 60, "host A's lease to expire")
+        assert (expired.holder, expired.generation) == ("attempt-001", 1)
+
+        b.start_worker()
+        wait_for(lambda: deployment.online("host-b"), 120, "host B's worker online")
+        second = deployment.queue_run(run_id, "train.timesteps=2000000", "train.checkpoint_freq=32768")
+        done = deployment.final(second, 600)
+        assert done.state.type.value == "COMPLETED", done.state.message
+        link.restore()  # host A's route comes back
+        stale = deployment.final(first, 300)
+        assert stale.state.type.value != "COMPLETED"
+        wait_for(lambda: not any(pid for pid in _host_processes(a.home) if _is_learner(pid)), 120,
+                 "host A's learner to stop")
+    finally:  # host A's worker knows only the link: it goes, and the next one gets the direct route
+        a.kill_all()
+        link.close()
+        a.env["GRADLAB_S3_ENDPOINT_URL"] = direct
+    # Nothing host A tried once its route came back was accepted.
+    _fenced_out_and_taken_over(stores, run_id, (first, second), expired)
+    assert "superseded" in (stale.state.message or "").lower(), stale.state.message
+
+
+def _only(deployment: Deployment, name: str) -> Host:
+    """Host ``name`` with a live worker and the other host's processes gone, so that only ``name`` takes runs."""
+    for other, host in deployment.hosts.items():
+        if other != name:
+            host.kill_all()
+    host = deployment.hosts[name]
+    if host.worker is None or host.worker.poll() is not None:
+        host.start_worker()
+    wait_for(lambda: deployment.online(name), 120, f"{name}'s worker online")
+    return host
+
+
+@pytest.mark.timeout(1800)
+def test_a_killed_host_is_retried_on_the_other_which_resumes_from_the_newest_verifying_checkpoint(
+        deployment: Deployment) -> None:
+    stores = deployment.stores
+    a = _only(deployment, "host-a")
+    b = deployment.hosts["host-b"]
+    run_id = new_run_id()
+    # CartPole's checkpoints below ~40k steps are far from its acceptance (return 475): two of them
+    # are published before anything could be promoted.
+    first = deployment.queue_run(run_id, "train.checkpoint_freq=4096", recipe="CartPole-v1/ppo")
+    published = wait_for(lambda: len(pubs := rules.list_publications(stores, run_id)) >= 2 and pubs, 300,
+                         "two checkpoints published by host A")
+    a.kill_all()  # the host dies: worker, flow run, learner, evaluation workers
+    assert rules.read_promotion(stores, run_id) is None
+    published = sorted(rules.list_publications(stores, run_id), key=lambda p: p.step)
+    assert {(p.attempt_id, p.epoch) for p in published} == {("attempt-001", 1)}
+    newest, below = published[-1], published[-2]
+    key = keys.checkpoint_file(run_id, newest.step, newest.sha256, "policy.safetensors")
+    data, etag = stores.model.get_with_etag(key)
+    stores.model.put_if_match(key, data[:-1] + bytes([data[-1] ^ 0xFF]), etag)  # a bad copy in the store
+    assert rules.read_lease(stores.control, run_id).lease.holder == "attempt-001"
+
+    b.start_worker()
+    wait_for(lambda: deployment.online("host-b"), 120, "host B's worker online")
+    second = deployment.queue_run(run_id, recipe="CartPole-v1/ppo")
+    done = deployment.final(second, 600)
+    assert done.state.type.value == "COMPLETED", done.state.message
+
+    attempts = rules.list_attempts(stores, run_id)
+    assert [(x.attempt_id, x.epoch, x.flow_run_id) for x in attempts] == [("attempt-001", 1, first),
+                                                                          ("attempt-002", 2, second)]
+    retry = attempts[1]
+    assert retry.mode == "resume"
+    assert (retry.resume_from.step, retry.resume_from.sha256) == (below.step, below.sha256)
+    [skipped] = retry.skipped_checkpoints
+    assert skipped.startswith(f"step {newest.step}: {stores.model.url(key)}: sha256 expected"), skipped
+    started = _learner_started(b, run_id)
+    assert (started.payload["attempt"], started.payload["epoch"]) == ("attempt-002", 2)
+    assert started.payload["step"] == below.step  # the learner went on from the checkpoint it was given
+    old = rules.read_terminal(stores, run_id, "attempt-001")
+    new = rules.read_terminal(stores, run_id, "attempt-002")
+    # Host B sealed attempt 1 once its lease expired (no pid of A's was judged), naming its successor
+    # and the checkpoints attempt 1 had published.
+    assert old.outcome == "superseded", old.reason
+    assert (old.superseded_by.attempt_id, old.superseded_by.epoch) == ("attempt-002", 2)
+    assert old.superseded_by.lease_expired_at is not None
+    assert [(c.step, c.sha256) for c in old.checkpoints] == [(p.step, p.sha256) for p in published]
+    assert new.outcome == "succeeded" and new.epoch == 2, new.reason
+    promotion = rules.read_promotion(stores, run_id)
+    assert (promotion.attempt_id, promotion.epoch) == ("attempt-002", 2)
+    assert promotion.checkpoint_step > below.step and new.promotion.sha256 == promotion.checkpoint_sha256
+    # Attempt 1's checkpoints stay its own; the retry published only above where it resumed.
+    later = [p for p in rules.list_publications(stores, run_id) if p.attempt_id == "attempt-002"]
+    assert later and all(p.epoch == 2 and p.step > below.step for p in later)
+    held = rules.read_lease(stores.control, run_id).lease
+    assert (held.holder, held.generation, held.released) == ("attempt-002", 2, True)
+
+
+@pytest.mark.timeout(1800)
+def test_eight_queued_runs_over_both_hosts_all_succeed_on_postgres(deployment: Deployment) -> None:
+    stores = deployment.stores
+    for name, host in deployment.hosts.items():
+        if host.worker is None or host.worker.poll() is not None:
+            host.start_worker()
+        wait_for(lambda name=name: deployment.online(name), 120, f"{name}'s worker online")
+    run_ids = [new_run_id() for _ in range(8)]
+    flow_runs = [deployment.queue_run(run_id) for run_id in run_ids]
+    for flow_run_id in flow_runs:
+        done = deployment.final(flow_run_id, 900)
+        assert done.state.type.value == "COMPLETED", (flow_run_id, done.state.message)
+    ran_on = {name: [r for r in run_ids if (host.home / "runs" / r).is_dir()] for name, host in deployment.hosts.items()}
+    assert sorted(r for runs in ran_on.values() for r in runs) == sorted(run_ids), ran_on  # each on one host
+    assert all(ran_on.values()), ran_on  # both hosts took runs
+    for run_id, flow_run_id in zip(run_ids, flow_runs, strict=True):
+        [attempt] = rules.list_attempts(stores, run_id)
+        assert (attempt.attempt_id, attempt.epoch, attempt.flow_run_id) == ("attempt-001", 1, flow_run_id)
+        receipt = rules.read_terminal(stores, run_id, "attempt-001")
+        assert receipt.outcome == "succeeded", receipt.reason
+        promotion = rules.read_promotion(stores, run_id)
+        assert (promotion.attempt_id, promotion.epoch) == ("attempt-001", 1)
+        assert receipt.promotion.sha256 == promotion.checkpoint_sha256
+    server_log = (Path(deployment.env["GRADLAB_HOME"]).parent / "server.log").read_text(errors="replace")
+    assert "database is locked" not in server_log
+    # Prefect's own records of these runs are in PostgreSQL, each completed.
+    rows = _psql(deployment.database_url, "SELECT id, state_type FROM flow_run WHERE id IN ({})".format(
+        ", ".join(f"'{f}'" for f in flow_runs)))
+    assert sorted(rows) == sorted((f, "COMPLETED") for f in flow_runs)
+
+
+def _psql(database_url: str, query: str) -> list[tuple[str, ...]]:
+    """Rows of ``query`` on the deployment's PostgreSQL database (psql, unaligned, tab-separated)."""
+    from urllib.parse import urlsplit
+
+    url = urlsplit(database_url.replace("postgresql+asyncpg", "postgresql", 1))
+    psql = _pg_bin("psql")
+    assert psql is not None
+    out = subprocess.run([psql, "-h", url.hostname, "-p", str(url.port), "-U", url.username, "-d", url.path.lstrip("/"),
+                          "-At", "-F", "\t", "-c", query], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return [tuple(line.split("\t")) for line in out.stdout.splitlines() if line]
