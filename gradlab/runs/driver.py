@@ -13,6 +13,11 @@ request, a metric delivery), the driver stops its learner within the grace perio
 nothing more: no receipt (its successor sealed it ``superseded``), no release, no metrics. It
 returns that receipt, or raises :class:`Superseded` while the successor has not sealed it yet.
 
+A learner that has not exited ``stop_wait_s`` after the supervisor asked it to stop (an accepted
+checkpoint) is stopped as a cancel stops it (SIGTERM, then SIGKILL of its group at the end of the
+grace period); the receipt's reason and ``learner.stop_reason`` say so, and the run is judged on
+what was published and evaluated as if the learner had stopped.
+
 Lease time is measured on ``CLOCK_BOOTTIME``, which counts a suspended machine (a closed laptop
 lid) and a stopped process alike: after a pause the first thing a tick does is confirm the lease.
 """
@@ -52,6 +57,36 @@ def cancel_by_user(reason: str = "interrupted by the user (Ctrl-C)") -> None:
     USER_CANCEL.set()
 
 log = logging.getLogger(__name__)
+
+DEFAULT_STOP_WAIT_S = 120.0
+#: Environment variable overriding how long a learner gets to act on a stop request before it is
+#: stopped by signals (seconds; a compliant learner stops after its current update and a final checkpoint).
+STOP_WAIT_ENV = "GRADLAB_STOP_WAIT_S"
+#: ``learner.stop_reason`` of a learner stopped by signals after ignoring its stop request.
+KILLED_AFTER_STOP_REQUEST = "killed_after_stop_request"
+
+
+def stop_wait_s() -> float:
+    """Seconds a learner gets to act on its stop request: ``GRADLAB_STOP_WAIT_S``, else 120 s.
+
+    Raises:
+        ContractViolation: the variable is not a number of seconds > 0.
+    """
+    import os
+
+    from gradlab.errors import ContractViolation
+
+    raw = os.environ.get(STOP_WAIT_ENV)
+    if not raw:
+        return DEFAULT_STOP_WAIT_S
+    try:
+        wait = float(raw)
+    except ValueError:
+        wait = -1.0
+    if not wait > 0:
+        raise ContractViolation(f"{STOP_WAIT_ENV}: expected seconds > 0, found {raw!r}")
+    return wait
+
 
 #: Free bytes below which the run directory's filesystem counts as full (one checkpoint does not fit).
 _FULL_BELOW_BYTES = 64 * 1024
@@ -111,6 +146,8 @@ class AttemptDriver:
     deliver_every_s: float = 0.5
     cancel_poll_s: float = 2.0
     grace_s: float = 10.0
+    #: Seconds the learner gets to act on a stop request before it is stopped by signals (:func:`stop_wait_s`).
+    stop_wait_s: float = field(default_factory=stop_wait_s)
     max_parallel_evals: int = 1
     supervisor: Supervisor = field(init=False)
 
@@ -149,6 +186,8 @@ class AttemptDriver:
         self._delivered_at = 0.0
         self.cancelled_reason: str | None = None
         self.lease_lost: str | None = None
+        #: Set when the learner ignored its stop request and was stopped by signals: what the receipt says.
+        self.learner_killed: str | None = None
 
     # -- the loop ---------------------------------------------------------------------------------
     def run(self) -> TerminalReceipt:
@@ -176,6 +215,8 @@ class AttemptDriver:
                 if learner_exit is None and time.monotonic() - self._delivered_at >= self.deliver_every_s:
                     sup.deliver_metrics()
                     self._delivered_at = time.monotonic()
+                if learner_exit is None:
+                    self._enforce_stop()
                 if learner_exit is None and (code := self.learner.exit_code()) is not None:  # type: ignore[union-attr]
                     learner_exit = code
                     sup.freeze()
@@ -209,6 +250,22 @@ class AttemptDriver:
             return self._finish(learner_exit)
         except LeaseLost as e:  # the promotion (or a last delivery) was refused: superseded
             return self._superseded(str(e))
+
+    def _enforce_stop(self) -> None:
+        """Stop a learner by signals that has not exited ``stop_wait_s`` after its stop request."""
+        sup = self.supervisor
+        asked = sup.stop_asked_at
+        if asked is None or self.learner is None or self.learner_killed is not None:
+            return
+        waited = sup.clock() - asked
+        if waited < self.stop_wait_s or self.learner.exit_code() is not None:
+            return
+        log.warning("run %s: the learner did not act on its stop request (%s) within %.0f s: stopping it by signals",
+                    self.spec.run_id, sup.stop_reason, waited)
+        code = self.learner.stop(sup.stop_reason, grace_s=self.grace_s, request=False)
+        how = "SIGTERM" if code == -15 else "SIGKILL of its process group" if code == -9 else f"exit code {code}"
+        self.learner_killed = (f"the learner ignored its stop request ({sup.stop_reason}) for {waited:.0f} s and "
+                               f"was stopped by {how} within the {self.grace_s:.0f} s grace period")
 
     def _check_cancel(self) -> None:
         if USER_CANCEL.is_set():
@@ -298,11 +355,14 @@ class AttemptDriver:
     def _finish(self, learner_exit: int | None) -> TerminalReceipt:
         sup = self.supervisor
         finished = sup.learner_finished or self._earlier_finish()
+        killed = self.learner_killed
+        if killed is not None and finished is None:  # stopped as asked, by signals: judged on what it published
+            finished = {"stop_reason": KILLED_AFTER_STOP_REQUEST, "final_step": sup.last_step or None}
         stop_reason = finished.get("stop_reason") if finished else None
         final_step = finished.get("final_step") if finished else (sup.last_step or None)
         failures = sup.publish_failures()
         evaluated = sup.evaluate
-        if finished is None or (learner_exit not in (0, None)):
+        if finished is None or (learner_exit not in (0, None) and killed is None):
             outcome, reason = "failed", (f"the learner exited with code {learner_exit} before finishing"
                                          f"{self._disk_full()}{self._learner_said(learner_exit)}")
         elif failures:
@@ -327,6 +387,8 @@ class AttemptDriver:
             outcome, reason = "stopped", f"stopped by {stop_reason} at step {final_step}; no checkpoint was accepted"
         else:
             outcome, reason = "failed", f"no checkpoint met the acceptance rule by step {final_step} ({stop_reason})"
+        if killed is not None:
+            reason = f"{reason}; {killed}"
         return self._seal(outcome, reason, final_step, drained=sup.drained(),
                           learner=LearnerExit(exit_code=learner_exit, stop_reason=stop_reason))
 

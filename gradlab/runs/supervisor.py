@@ -393,6 +393,11 @@ class Supervisor:
         self.ask_stop(f"accepted:{step}")
         self._emit({"orchestration/eval/result_to_stop_seconds": self._stop_written_at - self._first_accept_at}, step)
 
+    @property
+    def stop_asked_at(self) -> float | None:
+        """When (on :attr:`clock`) the learner was asked to stop; None while it was not."""
+        return self._stop_written_at if self.stop_reason is not None else None
+
     def ask_stop(self, reason: str) -> None:
         """Ask the learner to stop at its next safe boundary (once; the first reason wins)."""
         if self.stop_reason is not None:

@@ -267,3 +267,35 @@ def test_the_same_seed_stops_at_the_same_step_however_slow_evaluation_is(prefect
     waits = [e.payload["eval_wait"] for e in Outbox(run_dir / "outbox.sqlite", readonly=True).read(kind="metrics")
              if "eval_wait" in e.payload]
     assert waits and max(w["wait_s"] for w in waits) > 0  # it did wait, and said how long
+
+
+@pytest.mark.slow
+def test_a_learner_that_ignores_its_stop_request_and_sigterm_is_killed_and_the_receipt_says_so(
+        prefect_api: str, gradlab_home: Path) -> None:
+    """A learner frozen (SIGSTOP: it reads no stop request and acts on no SIGTERM) at its first
+    checkpoint: once that checkpoint is accepted the learner gets GRADLAB_STOP_WAIT_S to stop, then
+    SIGTERM, then SIGKILL at the end of the grace period; the run is promoted on what it
+    published, and the receipt says how the learner ended."""
+    env = {**gradlab_env(prefect_api), "GRADLAB_STOP_WAIT_S": "3"}
+    proc = start_gradlab(["train", "gradlab__bandit/ppo", "--set", "train.timesteps=2000000", "--json"], env)
+    learner = None
+    try:
+        outbox = wait_for(lambda: (d := only_run_dir(gradlab_home)) and _outbox(d), 120, "the run's outbox")
+        started = wait_for(lambda: outbox.last("learner_started"), 120, "the learner started")
+        learner = int(started.payload["pid"])
+        wait_for(lambda: outbox.last("checkpoint_ready"), 120, "the learner's first checkpoint")
+        os.kill(learner, signal.SIGSTOP)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+        if learner is not None and pid_alive(learner):
+            os.kill(learner, signal.SIGKILL)
+    assert proc.returncode == 0, err[-3000:]
+    receipt = last_json_line(out)
+    assert receipt["outcome"] == "succeeded", receipt["reason"]
+    assert receipt["learner"] == {"exit_code": -9, "stop_reason": "killed_after_stop_request"}
+    assert "the learner ignored its stop request (accepted:" in receipt["reason"]
+    assert "was stopped by SIGKILL of its process group within the 10 s grace period" in receipt["reason"]
+    promotion = rules.read_promotion(open_stores(), receipt["run_id"])
+    assert promotion is not None and promotion.checkpoint_step == receipt["promotion"]["checkpoint_step"]
+    assert not pid_alive(learner)
