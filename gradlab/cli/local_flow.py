@@ -85,8 +85,11 @@ def run_flow(**params):
         params: the ``training-run`` flow's parameters (:func:`flows.training_run.training_run`).
 
     Returns:
-        (the terminal receipt JSON, else the one sealed in the receipt store, else None; the flow
-        run's final Prefect state).
+        (the terminal receipt JSON of the attempt this flow ran: a run that succeeded returns it, a
+        Failed or Cancelled state carries it, and the receipt store's copy of that attempt's receipt
+        is preferred (the authority; for an attempt superseded while it ran, the receipt its
+        successor sealed, not the successor's own); else the latest attempt's stored receipt, else
+        None; the flow run's final Prefect state).
     """
     from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
@@ -95,14 +98,28 @@ def run_flow(**params):
     # The engine joins a heartbeat thread at flow end (~1 s, docs/ARCHITECTURE.md, field notes): off for local runs.
     with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
         state = training_run(**params, return_state=True)
-    receipt = state.result(raise_on_failure=False) if state.is_completed() else None
+    receipt = state.result(raise_on_failure=False) if state.is_completed() else _carried_receipt(state)
+    if isinstance(receipt, dict) and not state.is_completed():
+        receipt = stored_receipt(receipt["run_id"], receipt["attempt_id"]) or receipt
     if not isinstance(receipt, dict):
         receipt = stored_receipt(params["run_id"]) if params.get("run_id") else None
     return receipt, state
 
 
-def stored_receipt(run_id: str) -> dict | None:
-    """The terminal receipt of the run's latest attempt from the receipt store.
+def _carried_receipt(state) -> dict | None:
+    """The receipt a Failed or Cancelled training-run state carries (``RunNotSucceeded``), or None."""
+    from flows.training_run import RunNotSucceeded
+
+    try:
+        data = state.result(raise_on_failure=False)
+    except Exception:  # noqa: BLE001 - no result to read (a crash): the receipt store answers
+        return None
+    receipt = getattr(data, "receipt", None) if isinstance(data, RunNotSucceeded) else None
+    return receipt if isinstance(receipt, dict) and {"run_id", "attempt_id"} <= receipt.keys() else None
+
+
+def stored_receipt(run_id: str, attempt_id: str | None = None) -> dict | None:
+    """The terminal receipt of attempt ``attempt_id`` (default: the run's latest) from the receipt store.
 
     Returns:
         The receipt JSON; None when it is not sealed or the store cannot be read (said on stderr).
@@ -111,7 +128,12 @@ def stored_receipt(run_id: str) -> dict | None:
     from gradlab.stores import open_stores
 
     try:
-        return latest_terminal_receipt(open_stores(), run_id)
+        if attempt_id is None:
+            return latest_terminal_receipt(open_stores(), run_id)
+        from gradlab.receipts.terminal import read_terminal
+
+        receipt = read_terminal(open_stores(), run_id, attempt_id)
+        return None if receipt is None else receipt.model_dump(mode="json")
     except Exception as e:  # noqa: BLE001 - reported as 'no receipt'
         err_console.print(f"cannot read the receipt store: {escape(str(e))}")
     return None

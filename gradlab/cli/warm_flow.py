@@ -13,8 +13,10 @@ The command (:func:`gradlab.cli.warm_handoff.hand_off`, called by ``gradlab trai
 cheap option checks and before anything imports Prefect or torch) sends ``{"op": "run", "argv", "env", "cwd"}`` with its
 stdin, stdout and stderr (``SCM_RIGHTS``); the zygote checks the peer's uid (``SO_PEERCRED``) and
 forks a child that takes those descriptors, the environment and the working directory, starts a
-session of its own, and runs the ``gradlab`` command line with the same arguments, in-process as
-the command would have (so the output, the ``--json`` line and the exit code are the same). The
+session of its own, sets its signals as a fresh interpreter's (SIGPIPE ignored:
+:func:`gradlab.learn.zygote_server.reset_signals`), and runs the ``gradlab`` command line with the
+same arguments, in-process as the command would have (so the output, the ``--json`` line and the
+exit code are the same, and a run paused past the keep-alive of its server connections goes on). The
 requester confirms (``go`` → ``ok``, as for a learner), then only relays: SIGINT, SIGTERM, SIGHUP
 and SIGQUIT go to the child, whose handlers are the command's own (first Ctrl-C: cancel, sealed
 ``cancelled``); the child reports ``{"exit": N}`` on the connection once its output is flushed; a
@@ -123,8 +125,7 @@ def _become_flow(argv: list[str], env: dict[str, str], cwd: str, stdio: list[int
     def setup() -> None:
         listener.close()
         os.setsid()
-        for sig in (signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE, signal.SIGHUP, signal.SIGQUIT):
-            signal.signal(sig, signal.SIG_DFL)
+        zygote_server.reset_signals(signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP, signal.SIGQUIT)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         for target, fd in enumerate(stdio):
             os.dup2(fd, target)

@@ -259,6 +259,21 @@ class Zygote:
         return None
 
 
+def reset_signals(*signals: signal.Signals) -> None:
+    """In a forked child: ``signals`` back to their default action, then SIGPIPE and SIGXFSZ
+    ignored, as CPython's start-up leaves them in every interpreter (a command or learner started
+    as a process of its own has them so).
+
+    A write to a closed pipe or socket then raises ``BrokenPipeError`` where the writer can
+    handle it (Prefect's events client reconnects when the server dropped its websocket while the
+    run was paused) instead of ending the process without a word."""
+    for sig in signals:
+        signal.signal(sig, signal.SIG_DFL)
+    for sig in (signal.SIGPIPE, getattr(signal, "SIGXFSZ", None)):
+        if sig is not None:
+            signal.signal(sig, signal.SIG_IGN)
+
+
 def set_up_then_wait_for_go(setup: Callable[[], None], ready_w: int, go_r: int, *, what: str) -> None:
     """In a child forked by :meth:`Zygote._fork_confirmed`: run ``setup``, report it on ``ready_w``
     (b"1", or ``"<what> setup failed: ..."`` and exit 1), then block until the requester's go on
@@ -284,8 +299,7 @@ def _become_learner(argv: list[str], env: dict[str, str], cwd: str, log_path: st
         for s in close:
             s.close()  # the child's copies only: the zygote keeps serving its own
         os.setsid()
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGPIPE):
-            signal.signal(sig, signal.SIG_DFL)
+        reset_signals(signal.SIGTERM, signal.SIGINT, signal.SIGCHLD)
         out = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
