@@ -60,6 +60,15 @@ def train(
     if wandb == "online" and not _wandb_key_configured():
         fail("--wandb online: no W&B API key (set WANDB_API_KEY, [wandb] api_key_ref = \"env:NAME\" in the config "
              "file, or run `wandb login`); use --wandb offline to keep metrics locally and sync later")
+    from gradlab.errors import GradlabError
+    from gradlab.receipts.lease import lease_ttl_s
+    from gradlab.runs.timeouts import stop_wait_s
+
+    try:  # the environment's run settings, before anything is created
+        lease_ttl_s()
+        stop_wait_s()
+    except GradlabError as e:
+        fail(str(e))
     from gradlab.cli import warm_handoff
 
     code = warm_handoff.hand_off(_command_line(ref, seed, overrides, wandb, eval_backend, no_eval, json_out, init_from,

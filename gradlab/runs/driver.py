@@ -41,6 +41,7 @@ from gradlab.runs.operations.opening import AttemptPlan
 from gradlab.runs.paths import RunPaths
 from gradlab.runs.process import LearnerProcess
 from gradlab.runs.supervisor import CheckpointTrack, Future, JournalSink, Supervisor, WandbMetricSink
+from gradlab.runs.timeouts import stop_wait_s
 from gradlab.stores import Stores
 
 #: Set by ``gradlab train``'s Ctrl-C handler (:func:`cancel_by_user`): the attempt supervised in
@@ -58,34 +59,8 @@ def cancel_by_user(reason: str = "interrupted by the user (Ctrl-C)") -> None:
 
 log = logging.getLogger(__name__)
 
-DEFAULT_STOP_WAIT_S = 120.0
-#: Environment variable overriding how long a learner gets to act on a stop request before it is
-#: stopped by signals (seconds; a compliant learner stops after its current update and a final checkpoint).
-STOP_WAIT_ENV = "GRADLAB_STOP_WAIT_S"
 #: ``learner.stop_reason`` of a learner stopped by signals after ignoring its stop request.
 KILLED_AFTER_STOP_REQUEST = "killed_after_stop_request"
-
-
-def stop_wait_s() -> float:
-    """Seconds a learner gets to act on its stop request: ``GRADLAB_STOP_WAIT_S``, else 120 s.
-
-    Raises:
-        ContractViolation: the variable is not a number of seconds > 0.
-    """
-    import os
-
-    from gradlab.errors import ContractViolation
-
-    raw = os.environ.get(STOP_WAIT_ENV)
-    if not raw:
-        return DEFAULT_STOP_WAIT_S
-    try:
-        wait = float(raw)
-    except ValueError:
-        wait = -1.0
-    if not wait > 0:
-        raise ContractViolation(f"{STOP_WAIT_ENV}: expected seconds > 0, found {raw!r}")
-    return wait
 
 
 #: Free bytes below which the run directory's filesystem counts as full (one checkpoint does not fit).

@@ -131,3 +131,27 @@ def folder_bytes(path: Path) -> int:
     if not path.is_dir():
         return 0
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+DEFAULT_STOP_WAIT_S = 120.0
+#: Environment variable overriding how long a learner gets to act on a stop request before it is
+#: stopped by signals (seconds; a compliant learner stops after its current update and a final checkpoint).
+STOP_WAIT_ENV = "GRADLAB_STOP_WAIT_S"
+
+
+def stop_wait_s() -> float:
+    """Seconds a learner gets to act on its stop request: ``GRADLAB_STOP_WAIT_S``, else 120 s.
+
+    Raises:
+        ConfigError: the variable is not a number of seconds > 0.
+    """
+    raw = os.environ.get(STOP_WAIT_ENV)
+    if not raw:
+        return DEFAULT_STOP_WAIT_S
+    try:
+        wait = float(raw)
+    except ValueError:
+        wait = -1.0
+    if not wait > 0:
+        raise ConfigError(f"{STOP_WAIT_ENV}: expected seconds > 0, found {raw!r}")
+    return wait

@@ -101,3 +101,17 @@ def test_reconcile_and_retry_of_an_unknown_run_say_where_they_looked(gradlab_hom
 @pytest.fixture(autouse=True)
 def _wide_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COLUMNS", "400")  # rich wraps error lines at the terminal width otherwise
+
+
+@pytest.mark.parametrize(("name", "value", "expected"), [
+    ("GRADLAB_STOP_WAIT_S", "abc", "expected seconds > 0, found 'abc'"),
+    ("GRADLAB_STOP_WAIT_S", "-5", "expected seconds > 0, found '-5'"),
+    ("GRADLAB_LEASE_TTL_S", "1", "expected seconds >= 3, found '1'"),
+])
+def test_train_refuses_a_bad_run_setting_before_anything_is_created(gradlab_home: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                     name: str, value: str, expected: str) -> None:
+    monkeypatch.setenv(name, value)
+    result = CliRunner().invoke(app, ["train", "gradlab__bandit/ppo"])
+    assert result.exit_code == 1, result.output
+    assert f"{name}: {expected}" in result.output
+    assert not (gradlab_home / "runs").exists() or not any((gradlab_home / "runs").iterdir())
