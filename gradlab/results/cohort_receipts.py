@@ -102,8 +102,9 @@ def build_cohort_receipt(stores, *, cohort_id: str, recipe: str, overrides: Sequ
         outcome = None
         try:
             attempts = list_attempts(stores, item["run_id"])
-            receipt = next((r for a in reversed(attempts)
-                            if (r := read_terminal(stores, item["run_id"], a.attempt_id))), None)
+            # The run's outcome is its latest attempt's: an earlier attempt's (superseded, crashed)
+            # is not the run's while a later one has not sealed.
+            receipt = read_terminal(stores, item["run_id"], attempts[-1].attempt_id) if attempts else None
             outcome = receipt.outcome if receipt is not None else None
         except NotFound:
             pass

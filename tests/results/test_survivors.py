@@ -112,3 +112,28 @@ def test_every_seed_is_scored_by_one_rule_and_a_seed_left_out_is_named(stores, g
                                    deployment=None, flow_run_id=None, created_at=T0)
     assert receipt.scoring_rule == SCORING_RULE
     assert [r.scored_by for r in receipt.runs] == ["promoted", "best evaluated", "not scored"]
+
+
+def test_a_run_whose_latest_attempt_is_not_sealed_has_no_outcome_in_the_cohort_receipt(stores) -> None:
+    """Seed 1's first attempt sealed ``failed``; a second attempt opened and has not sealed: the run
+    has no outcome yet (the first attempt's is not the run's), and once it seals, that is the outcome."""
+    from gradlab.receipts.io import dump_model
+    from gradlab.receipts.models import Attempt, TerminalReceipt
+    from gradlab.results.cohort_receipts import build_cohort_receipt
+    from gradlab.stores import keys
+
+    run_id = IDS[1]
+    stores.control.put_create_only(keys.attempt(run_id, "attempt-002"), dump_model(Attempt(
+        run_id=run_id, attempt_id="attempt-002", number=2, mode="resume", host="test", pid=2, started_at=T0)))
+
+    def outcomes(cohort_id: str) -> list:
+        receipt = build_cohort_receipt(stores, cohort_id=cohort_id, recipe="gradlab__bandit/ppo", overrides=[],
+                                       seeds=[0, 1, 2], launched=[{"run_id": r, "seed": i} for i, r in enumerate(IDS)],
+                                       deployment=None, flow_run_id=None, created_at=T0)
+        return [r.outcome for r in receipt.runs]
+
+    assert outcomes("cohort-20260103T000000-00000001") == ["succeeded", None, "cancelled"]
+    first = TerminalReceipt.model_validate_json(stores.control.get(keys.terminal(run_id, "attempt-001")))
+    second = first.model_copy(update={"attempt_id": "attempt-002", "outcome": "succeeded"})
+    stores.control.put_create_only(keys.terminal(run_id, "attempt-002"), dump_model(second))
+    assert outcomes("cohort-20260103T000000-00000002") == ["succeeded", "succeeded", "cancelled"]
