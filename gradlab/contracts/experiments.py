@@ -392,10 +392,16 @@ class Experiments:
         archive = recipe.train.archive_curriculum
         if environment is not None and archive is not None and archive.cell.kind == "signals":
             known = list(environment.task.signals)
-            if not archive.cell.signals or any(name not in known for name in archive.cell.signals):
-                problems.append(comp.problem(("train", "curriculum", "archive", "cell", "signals"), (
-                    f"expected signals of the goal's task program ({', '.join(known) or 'none'}), "
-                    f"found {list(archive.cell.signals)}")))
+            where = ("train", "curriculum", "archive", "cell", "signals")
+            if not archive.cell.signals:
+                problems.append(comp.problem(where, (
+                    f"expected the signals the cells are made of, some of the goal's ({', '.join(known)}), or "
+                    "cell.kind: frame; found none" if known else
+                    "expected cell.kind: frame (the goal's task program has no signals to make cells of); found none")))
+            elif unknown := [name for name in archive.cell.signals if name not in known]:
+                problems.append(comp.problem(where, (
+                    f"expected signals of the goal's task program ({', '.join(known) or 'none'}); "
+                    f"found {', '.join(unknown)}, which it lacks")))
         if problems:
             raise ConfigError(_positions_for_set(problems))
         assert environment is not None

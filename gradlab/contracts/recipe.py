@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_serializer, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_serializer, model_validator
 
 from gradlab.contracts.base import Contract, validate_nested
 
@@ -242,13 +242,16 @@ class RecipeTrain(Contract):
             raise ValueError(f"finite weights with a finite sum, found {weights}")
         return {k: float(w) for k, w in weights.items()}
 
-    @model_validator(mode="after")
-    def _curriculum_backend(self) -> RecipeTrain:
-        if self.curriculum is not None and self.curriculum.archive is not None \
-                and self.backend.id not in CURRICULUM_BACKENDS:
-            raise ValueError(f"train.curriculum.archive: runs on {', '.join(CURRICULUM_BACKENDS)} only, "
-                             f"found backend {self.backend.id} (its rollout cannot restore archived states)")
-        return self
+    @field_validator("curriculum", mode="after")
+    @classmethod
+    def _curriculum_backend(cls, curriculum: Curriculum | None, info: ValidationInfo) -> Curriculum | None:
+        backend = info.data.get("backend")
+        if curriculum is not None and curriculum.archive is not None and backend is not None \
+                and backend.id not in CURRICULUM_BACKENDS:
+            raise ValueError(f"no archive curriculum with backend {backend.id}: it runs on "
+                             f"{', '.join(CURRICULUM_BACKENDS)} only (the {backend.id} rollout cannot restore "
+                             "archived states)")
+        return curriculum
 
     @model_serializer(mode="wrap")
     def _omit_absent_starts(self, handler: Any) -> dict[str, Any]:

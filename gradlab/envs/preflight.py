@@ -224,7 +224,7 @@ def training_problems(resolved: Any) -> list[tuple[str, str]]:
     the learner picks the CPU: vector observations, or no NVIDIA driver), and
     ``train.normalize.observation`` on image observations (ALE, ViZDoom, retro), and
     ``train.curriculum.archive`` where the lanes cannot capture their state
-    (:func:`state_capture_problem`): the same messages
+    (:func:`state_capture_problem`) or with frame cells on vector observations: the same messages
     :class:`gradlab.learn.ppo.PPOBackend` gives when it sets up (docs/ARCHITECTURE.md section 3).
 
     Returns:
@@ -234,8 +234,13 @@ def training_problems(resolved: Any) -> list[tuple[str, str]]:
     if train.backend.id != "gradlab.ppo":
         return []
     problems: list[tuple[str, str]] = []
-    if train.archive_curriculum is not None and (why := state_capture_problem(env)) is not None:
+    archive = train.archive_curriculum
+    if archive is not None and (why := state_capture_problem(env)) is not None:
         problems.append(("train.curriculum.archive", why))
+    elif archive is not None and archive.cell.kind == "frame" and env.provider not in IMAGE_PROVIDERS:
+        problems.append(("train.curriculum.archive.cell.kind",
+                         f"frame cells need image observations, and {env.provider}:{env.env_id} gives vectors; "
+                         "use cell.kind: signals"))
     images = env.provider in IMAGE_PROVIDERS
     if train.backend.config.get("precision") == "fp16-amp" and (
             train.device == "cpu" or (train.device == "auto" and not (images and cuda_present()))):

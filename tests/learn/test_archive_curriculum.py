@@ -65,14 +65,26 @@ def test_a_recipe_without_a_curriculum_keeps_its_hash_and_sb3_is_refused():
     assert "curriculum" not in plain.model_dump(mode="json")["train"]
     assert recipe_sha256(plain) == recipe_sha256(_recipe({"curriculum": None}))
     assert recipe_sha256(plain) != recipe_sha256(_recipe({"curriculum": {"archive": {"share": 0.25}}}))
-    with pytest.raises(ValidationError, match=r"train\.curriculum\.archive: runs on gradlab\.ppo only, found backend sb3\.ppo"):
+    with pytest.raises(ValidationError, match=r"curriculum\n.*no archive curriculum with backend sb3\.ppo: it runs on "
+                                              r"gradlab\.ppo only"):
         Recipe.model_validate({"recipe_id": "r", "train": {"timesteps": 10, "backend": {"id": "sb3.ppo"},
                                                            "curriculum": {"archive": {"share": 0.25}}}})
 
 
 def test_cell_signals_the_goal_lacks_are_refused_at_resolve():
-    with pytest.raises(ConfigError, match=r"train\.curriculum\.archive\.cell\.signals.*found \['x', 'lives'\]"):
+    with pytest.raises(ConfigError, match=r"train\.curriculum\.archive\.cell\.signals.*found lives, which it lacks"):
         _spec(["train.curriculum.archive.share=0.5", "train.curriculum.archive.cell.signals=[x,lives]"])
+    with pytest.raises(ConfigError, match=r"cell\.signals: expected the signals the cells are made of, some of the "
+                                          r"goal's \(x, y, has_key, room\), or cell\.kind: frame; found none"):
+        _spec(["train.curriculum.archive.share=0.5"])
+
+
+def test_frame_cells_on_vector_observations_are_refused_before_a_run_is_created():
+    resolved = Experiments().resolve(f"{GOAL}/ppo", ["train.curriculum.archive.share=0.5",
+                                                     "train.curriculum.archive.cell.kind=frame"])
+    assert training_problems(resolved) == [("train.curriculum.archive.cell.kind",
+                                            "frame cells need image observations, and gradlab:KeyDoor-v0 gives "
+                                            "vectors; use cell.kind: signals")]
 
 
 def test_a_provider_without_state_capture_is_refused_naming_the_key_and_the_provider():
