@@ -31,7 +31,7 @@ def print_summary(receipt: dict, elapsed_s: float) -> None:
     table = Table(show_header=False, box=None)
     table.add_row("run", receipt["run_id"] + f" ({receipt['attempt_id']})")
     table.add_row("outcome", f"[{colour}]{receipt['outcome']}[/]: {escape(receipt['reason'])}")
-    table.add_row("final step", str(receipt["final_step"]))
+    table.add_row("final step", "unknown (the learner reported no step)" if receipt["final_step"] is None else str(receipt["final_step"]))
     table.add_row("checkpoints", str(len(receipt["checkpoints"])))
     evals = receipt["evaluations"]
     table.add_row("evaluations", ", ".join(f"{e['checkpoint_step']}: {e['status']}"
