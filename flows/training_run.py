@@ -23,7 +23,7 @@ from flows._futures import task_finished
 from flows._process import record_this_flow_run
 from flows.run_artifacts import RunArtifacts
 from gradlab.runs.supervisor import CheckpointTrack
-from gradlab.runs.timeouts import folder_bytes, task_timeouts
+from gradlab.runs.timeouts import check_run_environment, folder_bytes, task_timeouts
 from tasks import run_tasks
 
 log = logging.getLogger(__name__)
@@ -287,6 +287,7 @@ def training_run(
     from gradlab.stores import open_stores
 
     settings = load_settings()
+    check_run_environment()  # a bad lease TTL or stop wait fails the flow before an attempt is opened
     secure_home(settings)  # a deployment's worker writes private files too
     record_this_flow_run(settings)  # the daemon tells a killed flow process from a live one
     stores = open_stores(settings)

@@ -149,8 +149,9 @@ def runnable_or_exit(resolved) -> None:
 def runnable_problems(resolved) -> list:
     """Why ``resolved`` cannot train on this machine: its training environment cannot be built
     (unknown env id, bad provider arguments, missing ROM), or its recipe asks the learner for what
-    it refuses here (:func:`gradlab.envs.preflight.training_problems`); found without starting an
-    emulator. Empty when it can."""
+    it refuses here (:func:`gradlab.envs.preflight.training_problems`, and a minibatch larger than
+    the rollout: :func:`gradlab.learn.backend_config.validate_backend_config`); found without
+    starting an emulator. Empty when it can."""
     from gradlab.envs.preflight import cuda_present, start_problems, static_check, training_problems
     from gradlab.errors import ConfigProblem
 
@@ -174,6 +175,15 @@ def runnable_problems(resolved) -> list:
     problems += [ConfigProblem(file=recipe_file, key_path=key, message=message)
                  for key, message in training_problems(resolved)]
     train = resolved.recipe.train
+    if train.backend.id in ("sb3.ppo", "sb3.a2c", "gradlab.ppo"):  # the rollout's shape against the lanes
+        from gradlab.learn.backend_config import validate_backend_config
+
+        try:
+            validate_backend_config(train, env.n_envs)
+        except ConfigError as e:
+            for line in str(e).splitlines():
+                key, _, message = line.partition(": ")
+                problems.append(ConfigProblem(file=recipe_file, key_path=key, message=message))
     if train.backend.id == "gradlab.ppo" and train.device == "cuda" and not cuda_present():
         # This machine only (so not in `validate`: a recipe for a GPU pool validates on a laptop);
         # gradlab.ppo's own message at set-up (sb3.* fall back to the CPU by themselves).

@@ -87,10 +87,15 @@ def retry(
     from gradlab import receipts as rules
     from gradlab.cli.local_flow import configure_prefect, run_flow
     from gradlab.cli.run_display import LiveProgress, print_summary
-    from gradlab.errors import NotFound
+    from gradlab.errors import ConfigError, NotFound
     from gradlab.receipts.lease import read_lease
+    from gradlab.runs.timeouts import check_run_environment
     from gradlab.settings import load_settings
 
+    try:  # the environment's run settings, before an attempt is opened or a learner started
+        check_run_environment()
+    except ConfigError as e:
+        fail(str(e))
     stores = open_stores_or_exit()
     view = run_view_or_exit(stores, run_id)
     if view["receipt"] is not None and view["receipt"]["outcome"] == "succeeded":

@@ -60,14 +60,12 @@ def train(
     if wandb == "online" and not _wandb_key_configured():
         fail("--wandb online: no W&B API key (set WANDB_API_KEY, [wandb] api_key_ref = \"env:NAME\" in the config "
              "file, or run `wandb login`); use --wandb offline to keep metrics locally and sync later")
-    from gradlab.errors import GradlabError
-    from gradlab.receipts.lease import lease_ttl_s
-    from gradlab.runs.timeouts import stop_wait_s
+    from gradlab.errors import ConfigError
+    from gradlab.runs.timeouts import check_run_environment
 
     try:  # the environment's run settings, before anything is created
-        lease_ttl_s()
-        stop_wait_s()
-    except GradlabError as e:
+        check_run_environment()
+    except ConfigError as e:
         fail(str(e))
     from gradlab.cli import warm_handoff
 

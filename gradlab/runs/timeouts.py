@@ -143,7 +143,7 @@ def stop_wait_s() -> float:
     """Seconds a learner gets to act on its stop request: ``GRADLAB_STOP_WAIT_S``, else 120 s.
 
     Raises:
-        ConfigError: the variable is not a number of seconds > 0.
+        ConfigError: the variable is not a finite number of seconds > 0.
     """
     raw = os.environ.get(STOP_WAIT_ENV)
     if not raw:
@@ -152,6 +152,24 @@ def stop_wait_s() -> float:
         wait = float(raw)
     except ValueError:
         wait = -1.0
-    if not wait > 0:
-        raise ConfigError(f"{STOP_WAIT_ENV}: expected seconds > 0, found {raw!r}")
+    if not 0 < wait < float("inf"):
+        raise ConfigError(f"{STOP_WAIT_ENV}: expected a finite number of seconds > 0, found {raw!r}")
     return wait
+
+
+def check_run_environment() -> None:
+    """Check the environment variables a run's attempt reads (``GRADLAB_LEASE_TTL_S``,
+    ``GRADLAB_STOP_WAIT_S``) before anything is created: ``gradlab train``, ``gradlab runs retry``
+    and the training-run flow call it first.
+
+    Raises:
+        ConfigError: naming the variable, what was expected and what was found.
+    """
+    from gradlab.errors import ContractViolation
+    from gradlab.receipts.lease import lease_ttl_s
+
+    try:
+        lease_ttl_s()
+    except ContractViolation as e:
+        raise ConfigError(str(e)) from None
+    stop_wait_s()

@@ -104,8 +104,8 @@ def _wide_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize(("name", "value", "expected"), [
-    ("GRADLAB_STOP_WAIT_S", "abc", "expected seconds > 0, found 'abc'"),
-    ("GRADLAB_STOP_WAIT_S", "-5", "expected seconds > 0, found '-5'"),
+    ("GRADLAB_STOP_WAIT_S", "abc", "expected a finite number of seconds > 0, found 'abc'"),
+    ("GRADLAB_STOP_WAIT_S", "inf", "expected a finite number of seconds > 0, found 'inf'"),
     ("GRADLAB_LEASE_TTL_S", "1", "expected seconds >= 3, found '1'"),
 ])
 def test_train_refuses_a_bad_run_setting_before_anything_is_created(gradlab_home: Path, monkeypatch: pytest.MonkeyPatch,
@@ -114,4 +114,23 @@ def test_train_refuses_a_bad_run_setting_before_anything_is_created(gradlab_home
     result = CliRunner().invoke(app, ["train", "gradlab__bandit/ppo"])
     assert result.exit_code == 1, result.output
     assert f"{name}: {expected}" in result.output
+    assert not (gradlab_home / "runs").exists() or not any((gradlab_home / "runs").iterdir())
+
+
+@pytest.mark.parametrize(("name", "value"), [("GRADLAB_STOP_WAIT_S", "abc"), ("GRADLAB_LEASE_TTL_S", "soon")])
+def test_retry_refuses_a_bad_run_setting_before_an_attempt_is_opened(gradlab_home: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                     name: str, value: str) -> None:
+    stores = open_stores()
+    run_id = _opened_run(stores)
+    monkeypatch.setenv(name, value)
+    out = _gradlab("runs", "retry", run_id)
+    assert out.exit_code == 1, out.output
+    assert f"{name}: expected" in out.output and "Traceback" not in out.output
+    assert rules.list_attempts(stores, run_id) == []  # no attempt spent on it
+
+
+def test_train_refuses_a_minibatch_larger_than_the_rollout_before_anything_is_created(gradlab_home: Path) -> None:
+    out = _gradlab("train", "gradlab__keydoor/ppo", "--set", "train.environment.n_envs=1")
+    assert out.exit_code == 1, out.output
+    assert "train.backend.config.batch_size: expected at most n_steps * n_envs = 128, found 256" in out.output
     assert not (gradlab_home / "runs").exists() or not any((gradlab_home / "runs").iterdir())
