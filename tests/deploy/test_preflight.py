@@ -49,7 +49,7 @@ def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerS
         mp.setenv("GRADLAB_CONFIG", str(home / "config.toml"))
         mp.delenv("PREFECT_API_URL", raising=False)
         settings = load_settings()
-    state = start_server(settings)
+    state = start_server(settings, idle_s=0)
     try:
         yield state
     finally:

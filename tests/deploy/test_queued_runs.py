@@ -123,7 +123,7 @@ def queue(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Queue]:
         mp.delenv("PREFECT_API_URL", raising=False)
         settings = load_settings()
     with session_environ():  # its warm learner imports with the environment the workers get
-        server = start_server(settings, timeout_s=120)
+        server = start_server(settings, timeout_s=120, idle_s=0)
     env = {**subprocess_env(), "GRADLAB_HOME": str(home), "GRADLAB_CONFIG": str(home / "config.toml"),
            "PREFECT_API_URL": server.api_url, "PREFECT_HOME": str(home / "prefect-client"),
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_WORKER_QUERY_SECONDS": "1",

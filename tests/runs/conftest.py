@@ -35,7 +35,10 @@ def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[s
     try:
         settings = load_settings()
         with session_environ():  # its warm learner imports with the environment commands get
-            state = start_server(settings, timeout_s=float(os.environ.get("GRADLAB_SERVER_START_TIMEOUT_S") or 120))
+            # Never idle-stopped: the suite's commands reach it by PREFECT_API_URL, which the idle clock
+            # does not count, and a loaded machine's session outlasts the 30 min default.
+            state = start_server(settings, timeout_s=float(os.environ.get("GRADLAB_SERVER_START_TIMEOUT_S") or 120),
+                                 idle_s=0)
     finally:
         if old is None:
             os.environ.pop("GRADLAB_HOME", None)
