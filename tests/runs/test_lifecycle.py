@@ -42,6 +42,15 @@ def _outbox(run_dir: Path) -> Outbox | None:
         return None
 
 
+def _last(run_dir: Path, kind: str):
+    """The outbox's last ``kind`` event, or None while there is none (or the outbox has no tables yet)."""
+    try:
+        outbox = _outbox(run_dir)
+        return outbox.last(kind) if outbox is not None else None
+    except OutboxError:
+        return None
+
+
 def _trained_a_little(home: Path) -> Path | None:
     """The run directory once its attempt is open and its learner has reported a metric."""
     run_dir = only_run_dir(home)
@@ -280,10 +289,10 @@ def test_a_learner_that_ignores_its_stop_request_and_sigterm_is_killed_and_the_r
     proc = start_gradlab(["train", "gradlab__bandit/ppo", "--set", "train.timesteps=2000000", "--json"], env)
     learner = None
     try:
-        outbox = wait_for(lambda: (d := only_run_dir(gradlab_home)) and _outbox(d), 120, "the run's outbox")
-        started = wait_for(lambda: outbox.last("learner_started"), 120, "the learner started")
+        run_dir = wait_for(lambda: only_run_dir(gradlab_home), 120, "the run's folder")
+        started = wait_for(lambda: _last(run_dir, "learner_started"), 120, "the learner started")
         learner = int(started.payload["pid"])
-        wait_for(lambda: outbox.last("checkpoint_ready"), 120, "the learner's first checkpoint")
+        wait_for(lambda: _last(run_dir, "checkpoint_ready"), 120, "the learner's first checkpoint")
         os.kill(learner, signal.SIGSTOP)
         out, err = proc.communicate(timeout=300)
     finally:
