@@ -74,7 +74,10 @@ def _stop_outside_a_write(pids: list[int], outbox: Path) -> None:
     paused between writes)."""
     for _ in range(200):
         for pid in pids:
-            os.kill(pid, signal.SIGSTOP)
+            try:
+                os.kill(pid, signal.SIGSTOP)
+            except ProcessLookupError:
+                pass  # a short-lived helper of the run (a subprocess that already ended)
         probe = sqlite3.connect(str(outbox), timeout=0.2, isolation_level=None)
         try:
             probe.execute("BEGIN IMMEDIATE")  # takes the write lock only when nobody holds it
