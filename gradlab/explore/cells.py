@@ -90,3 +90,16 @@ def make_cell_function(cell: Any, signal_names: list[str]) -> SignalCells | Fram
         raise ConfigError(f"train.backend.config.cell.signals: expected signals of the goal's task program "
                           f"({', '.join(signal_names) or 'none'}), found {list(cell.signals)}")
     return SignalCells(names=tuple(cell.signals), bins=dict(cell.bins))
+
+
+def progress_of(signals: Mapping[str, Any], names: list[str]) -> float:
+    """The goal's progress at one step: the sum of the signals ``names`` (the task program's
+    ``progress``) in ``signals``; a missing, non-numeric or non-finite value counts 0."""
+    total = 0.0
+    for name in names:
+        try:
+            v = float(signals.get(name))  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            continue
+        total += v if np.isfinite(v) else 0.0
+    return total

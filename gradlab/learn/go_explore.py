@@ -37,7 +37,7 @@ from gradlab.envs.snapshot import generator_state, set_generator_state
 from gradlab.errors import ConfigError, IntegrityError
 from gradlab.explore.archive import Archive
 from gradlab.explore.blobs import blob_sha256, read_blob, write_blobs
-from gradlab.explore.cells import make_cell_function
+from gradlab.explore.cells import make_cell_function, progress_of
 from gradlab.learn.backend_config import validate_backend_config
 from gradlab.learn.search_backend import STATE_FILE, STATES_DIR, SearchBackend
 from gradlab.learn.stats import EpisodeStats, RolloutStats
@@ -79,14 +79,7 @@ class GoExploreBackend(SearchBackend):
 
     # -- the search ------------------------------------------------------------------------
     def _progress_of(self, signals: dict[str, Any]) -> float:
-        total = 0.0
-        for name in self.progress_names:
-            try:
-                v = float(signals.get(name))  # type: ignore[arg-type]
-            except (TypeError, ValueError):
-                continue
-            total += v if np.isfinite(v) else 0.0
-        return total
+        return progress_of(signals, self.progress_names)
 
     def _go(self, lane: int) -> None:
         """Restore a selected cell into ``lane`` and start exploring from it."""

@@ -32,7 +32,7 @@ import numpy as np
 
 from gradlab.checkpoints.manifest import POLICY_FILE, RESUME_DIR
 from gradlab.errors import ContractViolation
-from gradlab.learn.ppo_state import VECNORMALIZE_FILE, restore_lanes, save_lanes
+from gradlab.learn.ppo_state import VECNORMALIZE_FILE, read_required_json, restore_lanes, save_lanes
 from gradlab.learn.resume_state import LANES_SAVED, load_resume_policy, rng_state, set_rng_state
 from gradlab.learn.stats import EpisodeStats
 from gradlab.learn.warm_start import check_warm_start_tensors, read_warm_start_parent
@@ -226,13 +226,7 @@ def restore(b: Any, checkpoint: Path) -> bool:
     state = load_resume_policy(checkpoint, b.id, b.net)
     if b.normaliser is not None:
         path = resume / VECNORMALIZE_FILE
-        if not path.is_file():
-            raise ContractViolation(f"{path}: missing, but this recipe normalises observations or rewards")
-        try:
-            data = json.loads(path.read_text())
-        except ValueError as e:
-            raise ContractViolation(f"{path}: not JSON ({e})") from None
-        b.normaliser.load(data, path)
+        b.normaliser.load(read_required_json(path, "this recipe normalises observations or rewards"), path)
     restored = False
     if state.get("env_state") == LANES_SAVED:
         b._obs = restore_lanes(resume, b.venv, obs_shape=tuple(b.obs_space.shape))

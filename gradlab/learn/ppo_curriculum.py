@@ -41,8 +41,9 @@ import numpy as np
 
 from gradlab.errors import ConfigError, ContractViolation
 from gradlab.explore.blobs import read_blob, write_blobs
-from gradlab.explore.cells import make_cell_function
+from gradlab.explore.cells import make_cell_function, progress_of
 from gradlab.explore.curriculum import CurriculumArchive
+from gradlab.learn.ppo_state import read_required_json
 from gradlab.learn.stats import EpisodeStats
 
 CURRICULUM_FILE = "curriculum.json"
@@ -120,14 +121,7 @@ class ArchiveCurriculumRunner:
         self._segments = []
 
     def _progress(self, signals: dict[str, Any]) -> float:
-        total = 0.0
-        for name in self.progress_names:
-            try:
-                v = float(signals.get(name))  # type: ignore[arg-type]
-            except (TypeError, ValueError):
-                continue
-            total += v if np.isfinite(v) else 0.0
-        return total
+        return progress_of(signals, self.progress_names)
 
     def after_step(self, t: int, offset: int, res: Any, next_obs: np.ndarray, target_episodes: EpisodeStats,
                    normaliser: Any = None) -> None:
@@ -201,12 +195,7 @@ class ArchiveCurriculumRunner:
                 fit this run (naming ``curriculum.json``).
         """
         path = resume / CURRICULUM_FILE
-        if not path.is_file():
-            raise ContractViolation(f"{path}: missing, but this recipe sets {KEY}")
-        try:
-            data = json.loads(path.read_text())
-        except ValueError as e:
-            raise ContractViolation(f"{path}: not JSON ({e})") from None
+        data = read_required_json(path, f"this recipe sets {KEY}")
         needed = sorted({c["state"] for c in data.get("archive", {}).get("cells", [])})
         blobs = {sha: read_blob(resume / STATES_DIR, sha) for sha in needed}
         self.state.load_json(data, blobs, where=str(path))

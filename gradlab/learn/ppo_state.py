@@ -22,6 +22,7 @@ Every file is listed with its sha256 in the checkpoint manifest like the rest of
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -223,3 +224,17 @@ def restore_lanes(resume: Path, venv: Any, *, obs_shape: tuple[int, ...]) -> np.
     obs = read_last_obs(resume, n_envs=venv.num_envs, obs_shape=obs_shape)
     lane_state.restore(resume, venv)
     return obs
+
+
+def read_required_json(path: Path, why: str) -> Any:
+    """The JSON of a resume file the recipe needs (``why``: what in the recipe needs it).
+
+    Raises:
+        ContractViolation: naming ``path``: missing, or not JSON.
+    """
+    if not path.is_file():
+        raise ContractViolation(f"{path}: missing, but {why}")
+    try:
+        return json.loads(path.read_text())
+    except ValueError as e:
+        raise ContractViolation(f"{path}: not JSON ({e})") from None
