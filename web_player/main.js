@@ -48,7 +48,8 @@ document.addEventListener("click", (ev) => {
   const a = ev.target.closest("a[data-nav]");
   if (!a || ev.button !== 0 || ev.metaKey || ev.ctrlKey || ev.shiftKey) return;
   ev.preventDefault();
-  navigate(new URL(a.href).pathname);
+  const url = new URL(a.href);
+  navigate(url.pathname + url.search); // a query (?cell=, ?seed=) travels with the link
 });
 window.addEventListener("popstate", render);
 token(); // keep the token of the launch URL for this tab

@@ -280,19 +280,32 @@ class Catalog:
             raise NotFound(f"run {run_id}: no checkpoint at step {step} (steps: {', '.join(map(str, steps)) or 'none'})")
         i = steps.index(step)
         error = None
+        archive = False
         try:
             from gradlab import receipts as rules
             from gradlab.evaluation.runner import parse_spec
+            from gradlab.play.archive import ARCHIVE_BACKEND
 
             pinned = self.pinned.get((run_id, step))
             spec = pinned.spec if pinned is not None else rules.read_run_spec(self.stores, run_id)
-            parse_spec(spec, source=f"run {run_id} spec")
+            archive = parse_spec(spec, source=f"run {run_id} spec").recipe.train.backend.id == ARCHIVE_BACKEND
         except GradlabError as e:
             error = str(e)
         return PlaybackPage(run_id=run_id, project=page.project, goal_id=page.goal_id, recipe_id=page.recipe_id,
                             step=step, sha256=row.sha256, promoted=row.promoted,
                             previous_step=steps[i - 1] if i > 0 else None,
-                            next_step=steps[i + 1] if i + 1 < len(steps) else None, error=error)
+                            next_step=steps[i + 1] if i + 1 < len(steps) else None, error=error, archive=archive)
+
+    def archive_page(self, run_id: str, step: int) -> Any:
+        """The archive of the search checkpoint at ``step`` (:func:`gradlab.play.archive.archive_page`).
+
+        Raises:
+            NotFound: no such checkpoint, or it keeps no archive. IntegrityError: it does not verify.
+        """
+        from gradlab.play.archive import archive_page
+
+        resolved = self.resolve(run_id, step)
+        return archive_page(run_id, step, resolved.path, resolved.spec)
 
     def resolve(self, run_id: str, step: int | None) -> Any:
         """The verified local checkpoint folder and run spec (downloaded and verified when needed).

@@ -168,6 +168,53 @@ class PlaybackPage(Payload):
     previous_step: int | None
     next_step: int | None
     error: str | None = Field(default=None, description="Why this checkpoint cannot be played (contract, integrity).")
+    archive: bool = Field(default=False, description="A search checkpoint with an archive of cells "
+                                                     "(``/api/runs/{run}/checkpoints/{step}/archive``).")
+
+
+class ArchiveCell(BaseModel):
+    """One cell of a search checkpoint's archive (:mod:`gradlab.play.archive`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    key: str
+    coordinates: dict[str, int] | None = Field(description="Signal cells: the binned value per cell signal; "
+                                                            "frame cells: None.")
+    return_: float = Field(alias="return", description="Shaped return of the best program that reached it.")
+    length: int = Field(description="Steps of that program.")
+    progress: float
+    visits: int
+    selections: int
+    parent: str | None
+    lineage: bool = Field(description="On the best successful trajectory's lineage.")
+
+
+class ArchiveBest(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    return_: float = Field(alias="return")
+    length: int
+    progress: float
+    cell: str | None
+
+
+class ArchivePage(Payload):
+    """A ``gradlab.go_explore`` checkpoint's archive: its cells best first, counts and the best lineage."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    run_id: str
+    step: int
+    cell_kind: str = Field(description="'signals' (coordinates per cell) or 'frame' (downscaled frames: none).")
+    coordinates: list[str] = Field(description="The cell signals, in key order (empty for frame cells).")
+    cell_count: int
+    cells_left_out: int = Field(description="Cells past the page's limit (the weakest), not listed.")
+    max_cells: int
+    visit_count: int
+    selection_count: int
+    best: ArchiveBest | None = Field(description="The best successful trajectory, None before one is found.")
+    lineage: list[str] = Field(description="Cell keys from the start cell to the best trajectory's cell.")
+    cells: list[ArchiveCell]
 
 
 # -- WebSocket -------------------------------------------------------------------------------
@@ -184,6 +231,9 @@ class Hello(BaseModel):
     seed: int | None = Field(default=None, ge=0, description="None: the launch's --seed.")
     deterministic: bool | None = Field(default=None, description="None: the launch's mode.")
     fps: float | None = Field(default=None, ge=0.0, le=1000.0, description="None: the launch's --fps.")
+    cell: str | None = Field(default=None, min_length=1, max_length=512,
+                             description="Replay this archive cell's program instead of the checkpoint's "
+                                         "(gradlab.go_explore checkpoints).")
 
 
 class Command(BaseModel):
@@ -218,6 +268,8 @@ class Ready(BaseModel):
     worker_pid: int | None = Field(default=None, description="The playback worker's process id (shown in the page).")
     screen: str = Field(default="render", description="What the frames show: 'colour screen' (kept apart from the "
                                                       "observation, ALE) or the provider's 'render'.")
+    program: dict[str, Any] | None = Field(default=None, description="An action program's replay: {'length': steps, "
+                                           "'cell': archive cell key or None}; None for a network policy.")
 
 
 class StepMessage(BaseModel):
@@ -230,7 +282,7 @@ class StepMessage(BaseModel):
     t: int
     probs: list[float] | None
     action: Any
-    value: float
+    value: float | None = Field(description="V(s) after the step; None for an action program (it has no value).")
     value_acted: float | None
     reward_raw: float
     reward_shaped: float

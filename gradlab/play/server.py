@@ -16,7 +16,8 @@ Security (docs/ARCHITECTURE.md section 12):
 Pages (``/``, ``/projects/{p}``, ``/projects/{p}/goals/{g}``, ``/runs/{run}``,
 ``/runs/{run}/checkpoints/{step}``, ``/human/{goal}``, ``/datasets/{name}``,
 ``/datasets/{name}/episodes/{k}``) all serve ``index.html``; the page reads its route from the URL
-and the data from the mirroring ``/api/...`` routes; ``/api/runs/{run}/checkpoints/{step}/video``
+and the data from the mirroring ``/api/...`` routes (``/api/runs/{run}/checkpoints/{step}/archive``: a search
+checkpoint's archive, :mod:`gradlab.play.archive`); ``/api/runs/{run}/checkpoints/{step}/video``
 records episodes as MP4 in a worker of its own (the page's video button). ``/api/play`` is the playback WebSocket: one
 playback worker process per connection (:mod:`gradlab.play.worker`); ``/api/human`` the human-play
 WebSocket (:mod:`gradlab.play.human_socket`), one worker per connection too; ``/api/replay`` shows a
@@ -267,6 +268,11 @@ def create_app(config: PlayConfig) -> Any:
     def api_playback(run_id: str, step: int) -> Any:
         return page(cat.playback_page, run_id, step)
 
+    @app.get("/api/runs/{run_id}/checkpoints/{step}/archive", dependencies=auth)
+    def api_archive(run_id: str, step: int) -> Any:
+        """A search checkpoint's archive (cells, counts, the best lineage); 404 for any other checkpoint."""
+        return page(cat.archive_page, run_id, step)
+
     @app.get("/api/runs/{run_id}/checkpoints/{step}/video", dependencies=auth)
     def api_video(run_id: str, step: int, episodes: int = 1, seed: Annotated[int | None, Query(ge=0)] = None,
                   deterministic: bool | None = None) -> Any:
@@ -370,7 +376,7 @@ async def _play_session(ws: Any, config: PlayConfig) -> None:
         worker = await asyncio.to_thread(config.take_worker)
         info = await _unless_gone(gone, asyncio.to_thread(
             worker.load, resolved.path, resolved.spec, verify=verify_mode(resolved),
-            deterministic=hello.deterministic, seed=hello.seed))
+            deterministic=hello.deterministic, seed=hello.seed, cell=hello.cell))
         if info is None:
             return
         await asyncio.to_thread(config.prestart)  # the next session's worker warms meanwhile
@@ -379,7 +385,8 @@ async def _play_session(ws: Any, config: PlayConfig) -> None:
                                  action_meanings=info["action_meanings"], gamma=info["gamma"],
                                  signals=info["signals"], events=info["events"], seed=hello.seed,
                                  deterministic=hello.deterministic, fps=hello.fps,
-                                 worker_pid=worker.pid, screen=info.get("screen", "render")).model_dump_json())
+                                 worker_pid=worker.pid, screen=info.get("screen", "render"),
+                                 program=info.get("program")).model_dump_json())
         await _drive(ws, worker, hello, commands, gone)
     except WebSocketDisconnect:
         pass

@@ -102,7 +102,8 @@ class StepReport:
         probs: (n_actions,) action probabilities at the observation the step acted on, or None
             for non-Discrete action spaces and for the reset.
         action: the action taken (int for Discrete; a list otherwise), None at reset.
-        value: V(s) of the observation shown (the next observation after the step).
+        value: V(s) of the observation shown (the next observation after the step); None for an
+            action program.
         value_acted: V(s) of the observation the step acted on (what return-to-go is compared to).
         reward_raw, reward_shaped: the provider's reward and the task program's (0 at reset).
         episode_return, episode_raw_return: sums over the episode so far (shaped, raw).
@@ -117,7 +118,7 @@ class StepReport:
     frame: np.ndarray
     probs: list[float] | None
     action: Any
-    value: float
+    value: float | None
     value_acted: float | None
     reward_raw: float
     reward_shaped: float
@@ -156,15 +157,23 @@ class PlaybackSession:
         spec: the run spec JSON (``gradlab.contracts.run_spec.RunSpec``) the checkpoint belongs to.
         deterministic: greedy actions (True) or sampled ones.
         seed: the seed of the first episode.
+        cell: replay the action program that reached this cell of the checkpoint's archive
+            (``gradlab.go_explore`` checkpoints, :func:`gradlab.play.archive.cell_program`) instead
+            of the checkpoint's own program.
+
+    An action program (a search backend's checkpoint) is replayed open loop from each reset:
+    step ``t`` takes ``actions[t]``, action 0 past its end (as evaluation replays it); its action
+    distribution is all on that action and it has no value, so ``value`` is None.
 
     Raises:
         IntegrityError: a checkpoint file does not match its manifest (named). NotFound: not a
             checkpoint. ContractViolation: the run spec does not validate (key paths named), or the
-            checkpoint's goal/environment hashes differ from the spec's.
+            checkpoint's goal/environment hashes differ from the spec's, or ``cell`` was given for a
+            checkpoint without an archive. NotFound: no such cell in the archive.
     """
 
     def __init__(self, checkpoint_dir: Path, spec: dict[str, Any], *, deterministic: bool = True, seed: int = 0,
-                 verify: str = "full"):
+                 verify: str = "full", cell: str | None = None):
         from gradlab.checkpoints import load_policy, verify_checkpoint
         from gradlab.envs import make_vector_env
         from gradlab.errors import ContractViolation
@@ -183,6 +192,20 @@ class PlaybackSession:
                                         f"the run spec says {getattr(self.run_spec, key)}")
         self.manifest = manifest
         self.policy = load_policy(Path(checkpoint_dir), verify=False)  # verified just above
+        from gradlab.checkpoints.program import ProgramPolicy
+
+        #: The action program replayed open loop (None for a network policy), and the cell it reaches.
+        self.program: np.ndarray | None = None
+        self.cell = cell
+        if isinstance(self.policy, ProgramPolicy):
+            self.program = self.policy.actions
+        if cell is not None:
+            from gradlab.play.archive import cell_program
+
+            if self.program is None:
+                raise ContractViolation(f"{checkpoint_dir}: cell {cell!r}: only a search checkpoint's archive has "
+                                        "cells to replay")
+            self.program = np.asarray(cell_program(Path(checkpoint_dir), cell), dtype=np.int64)
         env_spec = self.run_spec.eval_environment.model_copy(update={"n_envs": 1})
         self.env_spec = env_spec
         self.venv = make_vector_env(env_spec, seed=seed, lane_seeds=[seed], render_mode="rgb_array")
@@ -190,23 +213,40 @@ class PlaybackSession:
         if callable(enable_screen):  # a provider whose render is the observation keeps its colour screen apart
             enable_screen()
         self.screen = "colour screen" if callable(enable_screen) else "render"
-        self.gamma = float(self.run_spec.recipe.train.backend.typed_config().gamma)
+        # A search backend has no discount: its returns-to-go are undiscounted sums.
+        self.gamma = float(getattr(self.run_spec.recipe.train.backend.typed_config(), "gamma", 1.0))
         self.deterministic = deterministic
-        self.discrete = self.policy.spec.action_space.type == "Discrete"
+        self.discrete = self.program is not None or self.policy.spec.action_space.type == "Discrete"
         self.action_meanings = self._action_meanings()
         self.seed = seed
         self._obs: np.ndarray | None = None
-        self._value_obs = 0.0
+        self._value_obs: float | None = 0.0
         self._rewards: list[float] = []
-        self._values: list[float] = []
+        self._values: list[float | None] = []
         self._return = 0.0
         self._raw_return = 0.0
         self.t = 0
         self._rng = np.random.default_rng(seed)
 
     def _action_meanings(self) -> list[str]:
-        n = int(self.policy.spec.action_space.n or 0) if self.discrete else 0
+        if self.program is not None:
+            n = int(self.policy.spec.n_actions)
+        else:
+            n = int(self.policy.spec.action_space.n or 0) if self.discrete else 0
         return action_meanings(self.env_spec, n)
+
+    @property
+    def n_actions(self) -> int:
+        return len(self.action_meanings)
+
+    def _value(self, obs: np.ndarray) -> float | None:
+        """V(s) of one observation batch's lane 0; None for an action program."""
+        return None if self.program is not None else float(self.policy.value(obs)[0])
+
+    def _program_action(self) -> int:
+        """The program's action at episode step ``t`` (0 past its end)."""
+        assert self.program is not None
+        return int(self.program[self.t]) if self.t < len(self.program) else 0
 
     # -- stepping ------------------------------------------------------------------------
     def reset(self, seed: int | None = None) -> StepReport:
@@ -232,7 +272,7 @@ class PlaybackSession:
         self._rewards, self._values = [], []
         self._return = self._raw_return = 0.0
         self.t = 0
-        self._value_obs = float(self.policy.value(obs)[0])
+        self._value_obs = self._value(obs)
         image, numbers = observation_view(obs[0])
         return StepReport(t=0, frame=frame, probs=self._probs(obs), action=None, value=self._value_obs,
                           value_acted=None, reward_raw=0.0, reward_shaped=0.0, episode_return=0.0,
@@ -241,6 +281,10 @@ class PlaybackSession:
     def _probs(self, obs: np.ndarray) -> list[float] | None:
         if not self.discrete:
             return None
+        if self.program is not None:  # open loop: all of its probability on the program's next action
+            probs = [0.0] * self.n_actions
+            probs[self._program_action()] = 1.0
+            return probs
         return [float(p) for p in self.policy.action_probs(obs)[0]]
 
     def step(self) -> StepReport:
@@ -257,7 +301,10 @@ class PlaybackSession:
         obs = self._obs
         probs = self._probs(obs)
         value_acted = self._value_obs
-        action = self.policy.act(obs, deterministic=self.deterministic, rng=self._rng)
+        if self.program is not None:
+            action = np.array([self._program_action()], dtype=np.int64)
+        else:
+            action = self.policy.act(obs, deterministic=self.deterministic, rng=self._rng)
         res = self.venv.step(action)
         self._obs = res.obs
         raw, shaped = float(res.raw_reward[0]), float(res.reward[0])
@@ -276,7 +323,7 @@ class PlaybackSession:
         if res.episodes:
             rec = res.episodes[0]
             truncated = bool(res.truncated[0])
-            bootstrap = float(self.policy.value(res.final_obs[0][None])[0]) if truncated else 0.0
+            bootstrap = (self._value(res.final_obs[0][None]) or 0.0) if truncated else 0.0
             rtg = returns_to_go(np.asarray(self._rewards), gamma=self.gamma, bootstrap=bootstrap)
             episode = {"outcome": rec.outcome, "reason": rec.reason, "length": rec.length, "return": rec.return_,
                        "raw_return": rec.raw_return, "seed": rec.seed, "terminated": bool(res.terminated[0]),
@@ -289,7 +336,7 @@ class PlaybackSession:
                                 reward_components=components)
             self._begin(self._obs, frame=frame)
             return report
-        self._value_obs = float(self.policy.value(self._obs)[0])
+        self._value_obs = self._value(self._obs)
         return StepReport(t=self.t, frame=frame, probs=probs, action=act_json, value=self._value_obs,
                           value_acted=value_acted, reward_raw=raw, reward_shaped=shaped,
                           episode_return=self._return, episode_raw_return=self._raw_return,

@@ -6,7 +6,7 @@ emulator that segfaults) stops only its worker, and the server keeps answering. 
 processes; nothing read from a store goes through it). Frames are JPEG-encoded in the worker, so
 the server only forwards bytes.
 
-Commands (parent → worker): ``("load", (checkpoint_dir, spec, deterministic, seed, verify))`` or
+Commands (parent → worker): ``("load", (checkpoint_dir, spec, deterministic, seed, verify, cell))`` or
 ``("human", (environment, plan | None, seed, (store URL, endpoint) | None))`` (a person plays: :mod:`gradlab.play.human`)
 or ``("replay", (folder, manifest sha256, episode index))`` (a recorded episode: :mod:`gradlab.play.replay`) once,
 then ``("reset", seed | None)``, ``("step", n)``, ``("act", action)`` (human), ``("mode", deterministic)``, ``("record", (out, episodes, fps, seed))``,
@@ -94,11 +94,11 @@ def _main(conn: Any) -> None:
                         "provider": session.env_spec.provider, "screen": session.screen,
                         "signals": list(session.env_spec.task.signals), "recording": session.recording}))
                     break
-                checkpoint_dir, spec, deterministic, seed, verify = arg
+                checkpoint_dir, spec, deterministic, seed, verify, cell = arg
                 from gradlab.play.session import PlaybackSession
 
                 session = PlaybackSession(Path(checkpoint_dir), spec, deterministic=deterministic, seed=seed,
-                                          verify=verify)
+                                          verify=verify, cell=cell)
             except Exception as e:  # noqa: BLE001 - reported to the parent as one line
                 conn.send(("error", f"{type(e).__name__}: {e}"))
                 continue
@@ -108,6 +108,7 @@ def _main(conn: Any) -> None:
                 "env_id": session.env_spec.env_id, "provider": session.env_spec.provider,
                 "checkpoint_sha256": session.manifest.sha256, "checkpoint_step": session.manifest.step,
                 "screen": session.screen,
+                "program": None if session.program is None else {"length": len(session.program), "cell": session.cell},
             }))
 
         def pack(report: Any) -> tuple[dict[str, Any], bytes, bytes | None]:
@@ -204,7 +205,7 @@ class PlaybackWorker:
             self._warm = True
 
     def load(self, checkpoint_dir: Path, spec: dict[str, Any], *, deterministic: bool = True, seed: int = 0,
-             verify: str = "full", timeout_s: float = 180.0) -> dict[str, Any]:
+             verify: str = "full", cell: str | None = None, timeout_s: float = 180.0) -> dict[str, Any]:
         """Build the session (the worker verifies the checkpoint before loading it); returns its info.
 
         Args:
@@ -212,12 +213,13 @@ class PlaybackWorker:
             deterministic, seed: the initial action mode and first episode seed.
             verify: ``full`` (every manifest file) or ``weights_only`` (a published repository's
                 policy files, already checked against its ``gradlab.json``).
+            cell: replay this archive cell's program (a ``gradlab.go_explore`` checkpoint).
 
         Raises:
             WorkerFailed: the session could not be built (the worker's one-line reason; the worker
                 then waits for another load), or the worker died or stayed silent.
         """
-        return self._load(("load", (str(checkpoint_dir), spec, deterministic, seed, verify)), timeout_s)
+        return self._load(("load", (str(checkpoint_dir), spec, deterministic, seed, verify, cell)), timeout_s)
 
     def load_human(self, environment: dict[str, Any], *, plan: dict[str, Any] | None, seed: int = 0,
                    store: tuple[str, str | None] | None = None, timeout_s: float = 180.0) -> dict[str, Any]:

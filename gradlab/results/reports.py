@@ -4,8 +4,9 @@
 ``<project>/<goal>.html``: the goal's contract summary, the leaders table (cohort IQM with its 95%
 stratified-bootstrap interval), learning curves across seeds (median and interquartile band per
 cohort), steps and wall time to acceptance per seed, the promoted checkpoints with the command
-that plays them, and the goal's datasets with the command that plays their episodes (a goal with
-datasets and no sealed run gets a page too). Images are PNGs embedded as ``data:`` URLs and there
+that plays them, the search runs' curves (archive cells and best progress, or JERK's retained
+sequences and best return, over emulator frames), and the goal's datasets with the command that
+plays their episodes (a goal with datasets and no sealed run gets a page too). Images are PNGs embedded as ``data:`` URLs and there
 is no script, stylesheet or font from elsewhere: a page opens with no network. Pages carry no build time, so the same stores
 and journals build the same bytes (and the same content hash).
 
@@ -39,6 +40,12 @@ REPORTS_PREFIX = "reports/"
 INDEX_KEY = "reports/index.json"
 #: Metrics drawn across seeds on each goal page.
 CURVE_METRICS = ("train/episode/return/shaped/mean", "eval/episode/return/mean")
+#: A search backend's curves on its goal page (archive cells and best progress, or JERK's retained
+#: sequences and best return), drawn over emulator frames.
+SEARCH_METRICS = {
+    "gradlab.go_explore": ("train/algorithm/go_explore/archive/cell_count", "train/algorithm/go_explore/best/progress"),
+    "gradlab.jerk": ("train/algorithm/jerk/retained/count", "train/algorithm/jerk/best/return_mean"),
+}
 _STYLE = """body{font-family:system-ui,sans-serif;margin:2rem;max-width:1200px;color:#222}
 table{border-collapse:collapse;margin:.5rem 0 1.5rem}td,th{border:1px solid #ccc;padding:.25rem .5rem;text-align:left}
 th{background:#f3f3f3}code{background:#f6f6f6;padding:0 .2rem}img{max-width:100%}img.curves{width:100%;height:auto}
@@ -138,6 +145,69 @@ def _curves_figure(goal_id: str, groups: dict[str, list], empty: dict[str, str] 
     return fig if drawn else None
 
 
+def frames_per_step(spec: dict) -> int:
+    """Emulator frames per agent step of a run spec JSON: its environment's ``frame_skip`` (1 for
+    providers without one)."""
+    try:
+        return max(1, int((spec.get("environment") or {}).get("preprocessing", {}).get("frame_skip", 1)))
+    except (TypeError, ValueError, AttributeError):
+        return 1
+
+
+def _search_html(settings, stores, goal_id: str, results: Sequence[cohorts_mod.SeedResult]) -> str:
+    """The search runs' section of a goal page: per backend, archive size and best progress (Go-Explore)
+    or retained sequences and best return (JERK) per seed over emulator frames; '' without search runs."""
+    from matplotlib.figure import Figure
+
+    from gradlab import receipts as rules
+    from gradlab.results.curves import metric_label, run_curves, sensible_limits
+
+    by_backend: dict[str, list] = defaultdict(list)
+    for r in results:
+        try:
+            spec = rules.read_run_spec(stores, r.run_id)
+        except GradlabError:  # the spec only tells a search run apart: without it the run is not one here
+            continue
+        backend = ((spec.get("recipe") or {}).get("train") or {}).get("backend", {}).get("id")
+        if backend in SEARCH_METRICS:
+            by_backend[backend].append((r, frames_per_step(spec)))
+    parts = []
+    for backend, runs in sorted(by_backend.items()):
+        metrics = SEARCH_METRICS[backend]
+        fig = Figure(figsize=(13, 3.8), layout="constrained")
+        axes = fig.subplots(1, len(metrics), squeeze=False).ravel()
+        skips = sorted({skip for _, skip in runs})
+        drawn = False
+        for ax, metric in zip(axes, metrics, strict=True):
+            xs: list[float] = []
+            ys: list[float] = []
+            for i, (r, skip) in enumerate(runs):
+                try:
+                    curves = run_curves(settings, stores, [r.run_id], [metric], relative=True)
+                except GradlabError:  # a journal that cannot be read: the learning curves' note names it
+                    continue
+                for c in curves:
+                    x = [v * skip for v in c.x]
+                    ax.plot(x, c.y, linestyle=_DASHES[i % len(_DASHES)], color=f"C{i % 10}", linewidth=1.4,
+                            label=f"{cohorts_mod.cohort_label(r.recipe_id, r.overrides)} seed {r.seed}")
+                    xs += x
+                    ys += list(c.y)
+            ax.set_title(metric, fontsize=10)
+            ax.set_xlabel(f"emulator frames (env steps x frame skip {', '.join(map(str, skips))})", fontsize=9)
+            ax.set_ylabel(metric_label(metric), fontsize=9)
+            ax.grid(alpha=0.3)
+            if xs:
+                drawn = True
+                sensible_limits(ax, xs, ys)
+                ax.legend(fontsize=8, frameon=False)
+        name = backend.removeprefix("gradlab.")
+        parts.append(f"<h2>Search: {_e(name)}</h2>")
+        parts.append(f"<img class='curves' id='search-{_e(name)}' alt='{_e(name)} search curves of {_e(goal_id)}' "
+                     f"src='{_png(fig)}'>" if drawn else "<p class='note'>no search curves: no journal on this machine "
+                     "holds these runs</p>")
+    return "".join(parts)
+
+
 def _contract_html(goal_id: str) -> str:
     try:
         goal = cohorts_mod._experiments().load_goal(goal_id)
@@ -199,6 +269,7 @@ def goal_page(settings, stores, goal_id: str, results: Sequence[cohorts_mod.Seed
     fig = _curves_figure(goal_id, groups, empty)
     parts.append(f"<img class='curves' alt='learning curves of {_e(goal_id)}' src='{_png(fig)}'>" if fig is not None
                  else "<p class='note'>no curves: no journal on this machine holds these runs</p>")
+    parts.append(_search_html(settings, stores, goal_id, results))
     parts += [f"<p class='note warning'>left out: {_e(n)}</p>" for n in left_out]
     starts = sorted({name for r in results for name, _ in r.start_success})  # a goal with several starts
     parts.append("<h2>Seeds: steps and time to acceptance</h2><table id='seeds'><tr><th>recipe</th><th>seed</th>"

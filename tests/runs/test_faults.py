@@ -34,6 +34,14 @@ def _learner_pid(run_dir: Path) -> int:
     return int(event.payload["pid"])
 
 
+def _local_checkpoints(outbox: Path) -> int:
+    """Checkpoints the learner has written (0 while its outbox is still being created)."""
+    try:
+        return len(Outbox(outbox, readonly=True).read(kind="checkpoint_ready", limit=10))
+    except Exception:  # noqa: BLE001 - the learner is still creating its tables: none yet
+        return 0
+
+
 def _publications(run_id: str) -> list[tuple[int, str]]:
     return [(p.step, p.sha256) for p in rules.list_publications(open_stores(), run_id)]
 
@@ -60,8 +68,15 @@ def test_sigkill_of_the_learner_then_retry_resumes_to_the_planned_steps(prefect_
     try:
         run_dir = _started_run(gradlab_home)
         run_id = run_dir.name
+        # Freeze the learner as soon as it has written two checkpoints, so it is killed mid-run
+        # however far ahead of the publications it is on a loaded machine (the bandit trains fast).
+        outbox = run_dir / "outbox.sqlite"
+        wait_for(lambda: _local_checkpoints(outbox) >= 2, 120, "two local checkpoints", interval_s=0.02)
+        learner = _learner_pid(run_dir)
+        os.kill(learner, signal.SIGSTOP)
+        assert Outbox(outbox, readonly=True).last("learner_finished") is None
         wait_for(lambda: len(_publications(run_id)) >= 2, 120, "two published checkpoints")
-        os.kill(_learner_pid(run_dir), signal.SIGKILL)
+        os.kill(learner, signal.SIGKILL)
         out, err = proc.communicate(timeout=120)
     finally:
         proc.kill()

@@ -35,8 +35,8 @@ function open(path, hello, handlers) {
   };
 }
 
-export function openPlayback({ runId, step, seed, deterministic, fps }, handlers) {
-  return open("/api/play", { run_id: runId, step, seed, deterministic, fps }, handlers);
+export function openPlayback({ runId, step, seed, deterministic, fps, cell }, handlers) {
+  return open("/api/play", { run_id: runId, step, seed, deterministic, fps, ...(cell ? { cell } : {}) }, handlers);
 }
 
 // A recorded episode of a dataset: its steps in the ready message, then frames on request ({type: "frames"}).

@@ -1,5 +1,5 @@
 // The playback page: controls, the WebSocket session and every panel.
-import { getJson, token } from "../net/api.js";
+import { getJson, pageUrl, token } from "../net/api.js";
 import { openPlayback } from "../net/socket.js";
 import { crumbs, encGoal, link, showError } from "../nav.js";
 import { panelGrid } from "../layout.js";
@@ -10,6 +10,7 @@ import { rewardPanel } from "../panels/reward.js";
 import { eventsPanel } from "../panels/events.js";
 import { episodePanel } from "../panels/episode.js";
 import { scrubberPanel } from "../panels/scrubber.js";
+import { archivePanel } from "../panels/archive.js";
 
 const enc = encodeURIComponent;
 const MAX_RETAINED = 5000;
@@ -64,6 +65,18 @@ export async function playbackView(run, step) {
 
   const grid = panelGrid(main);
   const b = grid.bodies;
+  const cell = params.get("cell");
+  if (page.archive) {
+    // A search checkpoint: its archive below the panels; a cell's replay is this page with ?cell=KEY.
+    const archive = await getJson(`/runs/${enc(run)}/checkpoints/${step}/archive`);
+    archivePanel(main, archive, {
+      replaying: cell,
+      onReplay(key) {
+        history.pushState(null, "", pageUrl(`/runs/${enc(run)}/checkpoints/${step}?cell=${enc(key)}`));
+        window.dispatchEvent(new PopStateEvent("popstate"));
+      },
+    });
+  }
   const game = gamePanel(b.game);
   const episode = episodePanel(b.episode);
   const value = valuePanel(b.value);
@@ -121,7 +134,7 @@ export async function playbackView(run, step) {
   }
 
   const session = openPlayback({
-    runId: run, step, seed: num(seed), deterministic: params.has("mode") ? det.checked : null, fps: num(fps),
+    runId: run, step, seed: num(seed), deterministic: params.has("mode") ? det.checked : null, fps: num(fps), cell,
   }, {
     message(msg) {
       if (msg.type === "ready") {
@@ -134,7 +147,10 @@ export async function playbackView(run, step) {
         seed.value = String(msg.seed);
         fps.value = String(msg.fps);
         det.checked = msg.deterministic;
-        status.textContent = `${msg.env_id} · sha256 ${msg.checkpoint_sha256.slice(0, 12)} · γ ${msg.gamma} · worker pid ${msg.worker_pid}`;
+        const program = msg.program
+          ? ` · action program of ${msg.program.length} steps${msg.program.cell ? ` to cell ${msg.program.cell}` : ""} (no value function)`
+          : "";
+        status.textContent = `${msg.env_id} · sha256 ${msg.checkpoint_sha256.slice(0, 12)} · γ ${msg.gamma}${program} · worker pid ${msg.worker_pid}`;
       } else if (msg.type === "step") {
         const last = steps[steps.length - 1];
         if (msg.t === 0 || (last && last.msg.episode) || steps.length >= MAX_RETAINED) newEpisode();
@@ -143,6 +159,11 @@ export async function playbackView(run, step) {
         pending.set(msg.seq, s);
         state.lastSeq = msg.seq;
         if (msg.episode) { episode.finished(msg.episode); value.finished(msg.episode); }
+        // A cell's replay pauses where its program ends: the cell is reached there.
+        if (info && info.program && info.program.cell && msg.t === info.program.length && playing && !msg.episode) {
+          session.send({ type: "pause" });
+          state.reachedCell = msg.signals;
+        }
       } else if (msg.type === "state") {
         playing = msg.playing;
         play.textContent = playing ? "Pause" : "Play";

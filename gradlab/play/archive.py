@@ -1,0 +1,144 @@
+"""A search run's archive as the player shows it: cells, counts, the best lineage, a cell's program.
+
+A ``gradlab.go_explore`` checkpoint keeps its archive in ``resume/archive.json``
+(:mod:`gradlab.explore.archive`, docs/ARCHITECTURE.md section 12a). The player reads it from a
+resolved checkpoint folder, its bytes checked against the sha256 the manifest lists for it first
+(JSON only; nothing is unpickled), and serves
+
+* :func:`archive_page`: every cell with its coordinates (signal cells: the binned value of each
+  signal the recipe's ``cell.signals`` names; frame cells have none), return, length, progress,
+  visit and selection counts and whether it is on the best lineage;
+* :func:`cell_program`: the action program from reset that reached one cell, which playback
+  replays open loop (:class:`gradlab.play.session.PlaybackSession` ``cell=``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from gradlab.errors import IntegrityError, NotFound
+from gradlab.play.protocol import ArchiveBest, ArchiveCell, ArchivePage
+
+#: The one backend whose checkpoints hold an archive of cells.
+ARCHIVE_BACKEND = "gradlab.go_explore"
+#: Cells an archive page lists at most (the best by return, then progress); the page says how many were left out.
+MAX_CELLS_SHOWN = 5000
+#: Longest cell key accepted from a request (signal keys name a few signals; frame keys are 24 hex digits).
+MAX_CELL_KEY = 512
+
+
+def read_archive(folder: Path) -> dict[str, Any]:
+    """The archive JSON of a search checkpoint, its bytes verified against the manifest.
+
+    Args:
+        folder: a checkpoint folder (``manifest.json`` beside ``resume/archive.json``).
+
+    Returns:
+        The parsed ``gradlab.archive/1`` object (``cells``, ``best``, ``counters``...).
+
+    Raises:
+        NotFound: the checkpoint holds no archive (not a ``gradlab.go_explore`` checkpoint).
+        IntegrityError: the file's sha256 or size is not the manifest's, or it is not an archive.
+    """
+    from gradlab.checkpoints import read_manifest
+    from gradlab.checkpoints.manifest import RESUME_DIR
+    from gradlab.explore.archive import FORMAT
+    from gradlab.learn.go_explore import ARCHIVE_FILE
+
+    folder = Path(folder)
+    manifest = read_manifest(folder)
+    rel = f"{RESUME_DIR}/{ARCHIVE_FILE}"
+    entry = manifest.files.get(rel)
+    if entry is None:
+        raise NotFound(f"{folder}: no archive ({rel} is not in the manifest; only {ARCHIVE_BACKEND} "
+                       f"checkpoints keep one, this is {manifest.backend_id})")
+    path = folder / rel
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise IntegrityError(f"{path}: listed in the manifest but unreadable ({e.strerror})") from None
+    digest = hashlib.sha256(data).hexdigest()
+    if len(data) != entry.size_bytes or digest != entry.sha256:
+        raise IntegrityError(f"{path}: sha256 expected {entry.sha256}, found {digest}")
+    try:
+        archive = json.loads(data)
+    except ValueError as e:
+        raise IntegrityError(f"{path}: not JSON ({e})") from None
+    if not isinstance(archive, dict) or archive.get("format") != FORMAT or not isinstance(archive.get("cells"), list):
+        raise IntegrityError(f"{path}: expected an archive of format {FORMAT}")
+    return archive
+
+
+def _coordinates(key: str, names: list[str]) -> dict[str, int] | None:
+    """A signal cell's binned values (``x=3;y=1`` -> {"x": 3, "y": 1}); None for frame cells or ``nan``."""
+    if not names:
+        return None
+    out: dict[str, int] = {}
+    for part in key.split(";"):
+        name, _, value = part.partition("=")
+        try:
+            out[name] = int(value)
+        except ValueError:
+            return None
+    return out if list(out) == names else None
+
+
+def archive_page(run_id: str, step: int, folder: Path, spec: dict[str, Any]) -> ArchivePage:
+    """The archive of a resolved search checkpoint as the player's page.
+
+    Args:
+        run_id, step: what the page is of. folder: the verified local checkpoint folder.
+        spec: its run spec JSON (the recipe's ``cell`` config names the coordinates).
+
+    Raises:
+        NotFound, IntegrityError: as :func:`read_archive`.
+    """
+    from gradlab.evaluation.runner import parse_spec
+
+    archive = read_archive(folder)
+    run_spec = parse_spec(spec, source=f"run {run_id} spec")
+    cell_cfg = getattr(run_spec.recipe.train.backend.typed_config(), "cell", None)
+    kind = cell_cfg.kind if cell_cfg is not None else "signals"
+    names = list(cell_cfg.signals) if cell_cfg is not None and kind == "signals" else []
+    cells = archive["cells"]
+    by_key = {c["key"]: c for c in cells}
+    best = archive.get("best")
+    lineage: list[str] = []
+    key = best.get("cell") if best else None
+    while key is not None and key in by_key and key not in lineage:
+        lineage.append(key)
+        key = by_key[key].get("parent")
+    on_lineage = set(lineage)
+    ranked = sorted(cells, key=lambda c: (-c["return_"], -c["progress"], c["length"], c["key"]))
+    shown = ranked[:MAX_CELLS_SHOWN]
+    rows = [ArchiveCell(key=c["key"], coordinates=_coordinates(c["key"], names), return_=c["return_"],
+                        length=c["length"], progress=c["progress"], visits=c["visits"], selections=c["selections"],
+                        parent=c.get("parent"), lineage=c["key"] in on_lineage) for c in shown]
+    counters = archive.get("counters", {})
+    return ArchivePage(
+        run_id=run_id, step=step, cell_kind=kind, coordinates=names, cell_count=len(cells),
+        cells_left_out=len(cells) - len(shown), max_cells=int(archive.get("max_cells", 0)),
+        visit_count=int(counters.get("visit", 0)), selection_count=int(counters.get("selection", 0)),
+        best=(ArchiveBest(return_=best["return_"], length=best["length"], progress=best["progress"],
+                          cell=best.get("cell")) if best else None),
+        lineage=list(reversed(lineage)), cells=rows)
+
+
+def cell_program(folder: Path, key: str) -> list[int]:
+    """The action program from reset that reached cell ``key`` of a search checkpoint's archive.
+
+    Raises:
+        NotFound: no archive, or no such cell in it (naming the key and the cell count).
+        IntegrityError: as :func:`read_archive`; a program that is not a list of action indices.
+    """
+    archive = read_archive(folder)
+    cell = next((c for c in archive["cells"] if c.get("key") == key), None)
+    if cell is None:
+        raise NotFound(f"{folder}: no cell {key!r} in its archive ({len(archive['cells'])} cells)")
+    actions = cell.get("actions")
+    if not isinstance(actions, list) or not all(isinstance(a, int) and a >= 0 for a in actions):
+        raise IntegrityError(f"{folder}: cell {key!r} has no program of action indices")
+    return actions

@@ -1,0 +1,110 @@
+// A search checkpoint's archive: signal cells on a grid (the first two cell signals as x and y, one
+// grid per value of the others), shaded by visits, the best lineage outlined; every cell in a
+// sortable table. Clicking a cell or its "replay" button replays the program that reached it.
+import { dataTable } from "../table.js";
+
+const SVG = "http://www.w3.org/2000/svg";
+const CELL_PX = 26;
+const MAX_TABLE_ROWS = 500;
+
+function svgEl(tag, attrs = {}) {
+  const e = document.createElementNS(SVG, tag);
+  Object.entries(attrs).forEach(([k, v]) => e.setAttribute(k, String(v)));
+  return e;
+}
+
+function el(tag, attrs = {}, text = "") {
+  const e = document.createElement(tag);
+  Object.entries(attrs).forEach(([k, v]) => e.setAttribute(k, v));
+  if (text) e.textContent = text;
+  return e;
+}
+
+const fmt = (x) => (Number.isInteger(x) ? String(x) : x.toFixed(3));
+
+// One grid per combination of the coordinates past the first two (e.g. has_key=0, has_key=1).
+function grids(container, page, replaying, onReplay) {
+  const [xs, ys, ...rest] = page.coordinates;
+  const placed = page.cells.filter((c) => c.coordinates);
+  if (!placed.length || !xs) return 0;
+  const yName = ys || null;
+  const facet = (c) => rest.map((n) => `${n}=${c.coordinates[n]}`).join(" ") || "all cells";
+  const facets = new Map();
+  placed.forEach((c) => { const k = facet(c); if (!facets.has(k)) facets.set(k, []); facets.get(k).push(c); });
+  const xv = placed.map((c) => c.coordinates[xs]);
+  const yv = placed.map((c) => (yName ? c.coordinates[yName] : 0));
+  const x0 = Math.min(...xv), x1 = Math.max(...xv), y0 = Math.min(...yv), y1 = Math.max(...yv);
+  const w = (x1 - x0 + 1) * CELL_PX, h = (y1 - y0 + 1) * CELL_PX;
+  const maxVisits = Math.max(1, ...placed.map((c) => c.visits));
+  const best = page.best ? page.best.cell : null;
+  const row = el("div", { class: "archive-grids" });
+  [...facets.keys()].sort().forEach((name) => {
+    const fig = el("figure", { class: "archive-grid", "data-facet": name });
+    const svg = svgEl("svg", { width: w, height: h, viewBox: `0 0 ${w} ${h}`, role: "img",
+      "aria-label": `archive cells, ${xs} across${yName ? `, ${yName} down` : ""}, ${name}` });
+    facets.get(name).forEach((c) => {
+      const shade = Math.log1p(c.visits) / Math.log1p(maxVisits);
+      const r = svgEl("rect", {
+        x: (c.coordinates[xs] - x0) * CELL_PX + 1, y: ((yName ? c.coordinates[yName] : 0) - y0) * CELL_PX + 1,
+        width: CELL_PX - 2, height: CELL_PX - 2, rx: 2,
+        fill: `rgba(79, 163, 255, ${(0.2 + 0.8 * shade).toFixed(3)})`,
+        class: `cell${c.lineage ? " lineage" : ""}${c.key === best ? " best" : ""}${c.key === replaying ? " replaying" : ""}`,
+        "data-key": c.key,
+      });
+      const title = svgEl("title");
+      title.textContent = `${c.key}\nreturn ${fmt(c.return)} in ${c.length} steps · progress ${fmt(c.progress)}\n` +
+        `visits ${c.visits} · selections ${c.selections}${c.lineage ? " · best lineage" : ""}`;
+      r.append(title);
+      r.addEventListener("click", () => onReplay(c.key));
+      svg.append(r);
+    });
+    const cap = el("figcaption", { class: "muted" }, `${name} · ${facets.get(name).length} cells`);
+    fig.append(svg, cap);
+    row.append(fig);
+  });
+  container.append(row);
+  return placed.length;
+}
+
+export function archivePanel(container, page, { replaying, onReplay }) {
+  const section = el("section", { id: "archive", "data-cells": String(page.cell_count) });
+  const best = page.best
+    ? `best: return ${fmt(page.best.return)} in ${page.best.length} steps (lineage of ${page.lineage.length} cells)`
+    : "no successful trajectory yet";
+  section.append(el("h2", {}, `Archive · ${page.cell_count} cells · ${page.visit_count} visits · ` +
+    `${page.selection_count} selections · ${best}`));
+  const note = page.cell_kind === "frame"
+    ? "Frame cells (downscaled frames) have no coordinates: the table lists them."
+    : `Shade: visits (log). Outlined: the best lineage. ${page.coordinates[0]} across` +
+      `${page.coordinates[1] ? `, ${page.coordinates[1]} down` : ""}. Click a cell to replay the program that reached it.`;
+  section.append(el("p", { class: "muted" }, note));
+  if (replaying) section.append(el("p", { id: "replaying" }, `Replaying the program that reached cell ${replaying}.`));
+  section.dataset.placed = String(grids(section, page, replaying, onReplay));
+  const rows = page.cells.slice(0, MAX_TABLE_ROWS);
+  if (page.cells.length > rows.length || page.cells_left_out) {
+    section.append(el("p", { class: "muted" },
+      `The table lists the ${rows.length} best of ${page.cell_count} cells (by return, then progress).`));
+  }
+  const scroll = el("div", { class: "archive-table" });
+  section.append(scroll);
+  dataTable(scroll, {
+    searchLabel: "Search cells",
+    columns: [
+      { key: "key", label: "cell" },
+      { key: "return", label: "return", value: (c) => c.return, render: (c) => fmt(c.return) },
+      { key: "length", label: "steps" },
+      { key: "progress", label: "progress", value: (c) => c.progress, render: (c) => fmt(c.progress) },
+      { key: "visits", label: "visits" },
+      { key: "selections", label: "selections" },
+      { key: "lineage", label: "lineage", value: (c) => (c.lineage ? "yes" : "") },
+      { key: "replay", label: "", value: () => "", render: (c) => {
+        const b = el("button", { class: "replay-cell", "data-key": c.key }, "replay");
+        b.addEventListener("click", () => onReplay(c.key));
+        return b;
+      } },
+    ],
+    rows,
+  });
+  container.append(section);
+  return section;
+}
