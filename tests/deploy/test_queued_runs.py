@@ -239,8 +239,26 @@ def test_prefect_deployment_run_completes_with_a_succeeded_receipt(queue: Queue,
     assert f"== learner log {queue.run_dir(run_id) / 'learner.log'}" in logs.stdout
 
 
+def _live_flow_runs(queue: Queue) -> set[str]:
+    """This queue's flow runs that still have a live process (a worker's slot is held until it exits)."""
+    with queue.client() as client:
+        ours = {str(fr.id) for fr in client.read_flow_runs()}
+    marker = b"PREFECT__FLOW_RUN_ID="
+    live = set()
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit():
+                live |= {v[len(marker):].decode() for v in (entry / "environ").read_bytes().split(b"\0")
+                         if v.startswith(marker)}
+        except OSError:
+            continue
+    return live & ours
+
+
 def test_launch_two_seeds_at_once_on_two_workers(queue: Queue, stores_of) -> None:
     assert queue.online_workers() >= 2  # the fixture's two workers
+    # Both workers free (limit 1 each): an earlier test's flow run holds its worker until its process exits.
+    wait_for(lambda: not _live_flow_runs(queue), 120, "no flow run of an earlier test still running")
     first = _launch(queue, "gradlab__bandit/ppo", "--seed", "1")
     assert first["parameters"] == {"recipe": "gradlab__bandit/ppo", "seed": 1, "overrides": [],
                                    "run_id": first["run_id"]}
