@@ -101,6 +101,7 @@ def _curves_figure(goal_id: str, groups: dict[str, list], empty: dict[str, str] 
     panels, never over a curve; the figure is wide enough to fill the page (the image is scaled to
     the page's width).
     """
+    import numpy as np
     from matplotlib.figure import Figure
 
     from gradlab.results.curves import X_LABELS, median_band, metric_label, sensible_limits
@@ -118,7 +119,15 @@ def _curves_figure(goal_id: str, groups: dict[str, list], empty: dict[str, str] 
             if not x.size:
                 continue
             drawn = True
-            (line,) = ax.plot(x, med, marker=_MARKERS[i % len(_MARKERS)], markevery=max(1, x.size // 12),
+            # Markers only where some seed has a measured point (the median line between them is
+            # interpolated on a common grid, so a marker per grid point would show points never measured).
+            measured = np.unique([v for c in mine for v in c.x if x[0] <= v <= x[-1]])
+            if x.size > 1:
+                grid = x
+                x = np.union1d(grid, measured)
+                med, q25, q75 = (np.interp(x, grid, band) for band in (med, q25, q75))
+            marks = [int(j) for j in np.searchsorted(x, measured)] or [0]
+            (line,) = ax.plot(x, med, marker=_MARKERS[i % len(_MARKERS)], markevery=marks,
                               markersize=max(4.0, 9.0 - 1.5 * i), markerfacecolor="none", markeredgewidth=1.2,
                               linestyle=_DASHES[i % len(_DASHES)], linewidth=1.4, color=f"C{i % 10}",
                               label=f"{label} (n={len(mine)})")

@@ -145,7 +145,7 @@ def test_the_player_shows_the_archive_and_a_click_replays_a_cell(search_run, gra
             assert page.locator("#archive figure.archive-grid").count() == 2  # has_key=0 and has_key=1
             assert page.locator("#archive table.data tbody tr").count() == page_json["cell_count"]
             # The checkpoint's own program plays: the status names it, the episode succeeds.
-            page.wait_for_function("() => /action program of \\d+ steps/.test(document.querySelector('#status').textContent)",
+            page.wait_for_function("() => /action program of \\d+ steps/.test((document.querySelector('#status')?.textContent || ''))",
                                    timeout=120_000)
             screenshot(page, "play-archive-1-cells-and-lineage")
 
@@ -158,4 +158,21 @@ def test_the_player_shows_the_archive_and_a_click_replays_a_cell(search_run, gra
             assert f"to cell {target}" in page.locator("#status").inner_text()
             assert page.locator(f"#archive rect.replaying[data-key='{target}']").count() == 1
             assert int(page.locator("#panel-game").get_attribute("data-t")) >= target_cell["length"]
+            # The reward panel draws a program's steps too (it has no value, only actions).
+            assert int(page.locator("#panel-reward").get_attribute("data-points")) >= target_cell["length"]
             screenshot(page, "play-archive-2-cell-replayed")
+
+            # "play it": back to the checkpoint's own program (the best trajectory, no ?cell).
+            page.click("#play-best")
+            page.wait_for_function("() => !new URLSearchParams(location.search).has('cell') && "
+                                   "/action program of \\d+ steps \\(/.test((document.querySelector('#status')?.textContent || ''))",
+                                   timeout=120_000)
+
+        # An unknown cell: a readable error, nothing left that claims to play.
+        with open_page() as page:
+            page.goto(f"{player.base}/runs/{RUN_ID}/checkpoints/{step}?cell=x%3D99%3By%3D99#token={player.token}")
+            page.wait_for_function("() => (document.querySelector('#error')?.textContent || '').includes(\"no cell 'x=99;y=99'\")",
+                                   timeout=120_000)
+            assert page.locator("#play").is_disabled() and page.locator("#step1").is_disabled()
+            assert page.locator("#replaying").count() == 0
+            screenshot(page, "play-archive-3-unknown-cell")

@@ -101,3 +101,24 @@ def test_the_random_baseline_is_labelled_stochastic(gradlab_home: Path) -> None:
     assert "(stochastic)" in episodes and "deterministic" not in episodes, episodes
     noop = CliRunner().invoke(app, ["eval", "--baseline", "noop", "gradlab__bandit", "--json"])
     assert noop.exit_code == 0 and json.loads(noop.stdout)["policy"] == "deterministic"
+
+
+def test_a_goal_pages_median_curve_marks_only_measured_points() -> None:
+    """The median across seeds is drawn on a common grid; its markers sit only at steps some seed
+    measured (two evaluations give two markers, not one per grid point)."""
+    import numpy as np
+
+    from gradlab.results.reports import _curves_figure
+
+    def curve(run: str, xs: tuple[float, ...], ys: tuple[float, ...]) -> Curve:
+        return Curve(run_id=run, metric="eval/episode/return/mean", x_axis="eval/checkpoint_step", x=xs, y=ys)
+
+    groups = {"go-explore": [curve("a", (4096.0, 8192.0), (0.1, 1.1))],
+              "ppo": [curve("b", (2048.0, 4096.0, 6144.0), (0.0, 0.5, 1.0)), curve("c", (2048.0, 6144.0), (0.2, 0.8))]}
+    fig = _curves_figure("gradlab__keydoor", groups)
+    eval_ax = next(ax for ax in fig.axes if ax.get_title().startswith("eval/episode/return/mean"))
+    marked = {}
+    for line in eval_ax.get_lines():
+        x = np.asarray(line.get_xdata())
+        marked[line.get_label()] = sorted(float(x[j]) for j in line.get_markevery())
+    assert marked == {"go-explore (n=1)": [4096.0, 8192.0], "ppo (n=2)": [2048.0, 4096.0, 6144.0]}

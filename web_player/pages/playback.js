@@ -71,8 +71,9 @@ export async function playbackView(run, step) {
     const archive = await getJson(`/runs/${enc(run)}/checkpoints/${step}/archive`);
     archivePanel(main, archive, {
       replaying: cell,
-      onReplay(key) {
-        history.pushState(null, "", pageUrl(`/runs/${enc(run)}/checkpoints/${step}?cell=${enc(key)}`));
+      onReplay(key) {  // null: the checkpoint's own program
+        const query = key == null ? "" : `?cell=${enc(key)}`;
+        history.pushState(null, "", pageUrl(`/runs/${enc(run)}/checkpoints/${step}${query}`));
         window.dispatchEvent(new PopStateEvent("popstate"));
       },
     });
@@ -170,6 +171,10 @@ export async function playbackView(run, step) {
         b.game.dataset.playing = String(playing);
       } else if (msg.type === "error") {
         showError(msg.message);
+        // Nothing plays after a refused start (an unknown cell, a checkpoint that does not verify).
+        [play, step1, stepNBtn, reset, video].forEach((b) => { b.disabled = true; });
+        const replayingNote = document.getElementById("replaying");
+        if (replayingNote && !state.ready) replayingNote.remove();
       }
     },
     observation(seq, blob) {

@@ -78,7 +78,18 @@ export function archivePanel(container, page, { replaying, onReplay }) {
     : `Shade: visits (log). Outlined: the best lineage. ${page.coordinates[0]} across` +
       `${page.coordinates[1] ? `, ${page.coordinates[1]} down` : ""}. Click a cell to replay the program that reached it.`;
   section.append(el("p", { class: "muted" }, note));
-  if (replaying) section.append(el("p", { id: "replaying" }, `Replaying the program that reached cell ${replaying}.`));
+  if (page.best) {
+    // The best trajectory ends in success (an episode end, so no cell): it is the checkpoint's own program.
+    const p = el("p", { id: "best-program" });
+    p.append(document.createTextNode(`The best trajectory (return ${fmt(page.best.return)} in ${page.best.length} steps) ` +
+      "is this checkpoint's own program: "));
+    const a = el("a", { href: "#", id: "play-best" }, replaying ? "play it" : "it is playing");
+    a.addEventListener("click", (ev) => { ev.preventDefault(); onReplay(null); });
+    p.append(a, document.createTextNode(". Green outline: the cell its last exploration started from."));
+    section.append(p);
+  }
+  if (replaying) section.append(el("p", { id: "replaying" }, `Replaying the program that reached cell ${replaying} ` +
+    "(red outline); it pauses where the program ends, and steps after that take action 0."));
   section.dataset.placed = String(grids(section, page, replaying, onReplay));
   const rows = page.cells.slice(0, MAX_TABLE_ROWS);
   if (page.cells.length > rows.length || page.cells_left_out) {

@@ -4,8 +4,9 @@
 // far, in task-reward units (before reward_scale and clipping).
 import { lineChart } from "./chart.js";
 
-// `include(msg)`: the steps drawn (default: those a policy acted on; a recorded episode draws every step).
-export function rewardPanel(body, { include = (msg) => msg.value_acted != null } = {}) {
+// `include(msg)`: the steps drawn (default: those an action was taken in, not the reset; a recorded
+// episode draws every step). An action program has no value, so its steps are told by their action.
+export function rewardPanel(body, { include = (msg) => msg.action != null } = {}) {
   const chart = lineChart(body, [
     { label: "raw", color: "#ffb84f" },
     { label: "shaped", color: "#4fa3ff" },
