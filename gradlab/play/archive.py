@@ -17,7 +17,9 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gradlab.errors import IntegrityError, NotFound
 from gradlab.play.protocol import ArchiveBest, ArchiveCell, ArchivePage
@@ -29,6 +31,48 @@ MAX_CELLS_SHOWN = 5000
 #: Longest cell key accepted from a request (signal keys name a few signals; frame keys are 24 hex digits).
 MAX_CELL_KEY = 512
 
+_Count = Annotated[int, Field(strict=True, ge=0, le=2**62)]
+_Number = Annotated[float, Field(allow_inf_nan=False)]
+_Action = Annotated[int, Field(strict=True, ge=0, le=2**31)]
+
+
+class _StoredCell(BaseModel):
+    """One cell as ``gradlab.explore.archive.Archive.to_json`` writes it (checked before use)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    key: str = Field(min_length=1, max_length=MAX_CELL_KEY)
+    actions: list[_Action]
+    return_: _Number
+    length: _Count
+    progress: _Number
+    state: str
+    parent: str | None = None
+    visits: _Count = 0
+    selections: _Count = 0
+
+
+class _StoredBest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    actions: list[_Action]
+    return_: _Number
+    length: _Count
+    progress: _Number
+    cell: str | None = None
+
+
+class _StoredArchive(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    format: str
+    max_cells: _Count
+    success_guidance: _Number
+    cells: list[_StoredCell]
+    best: _StoredBest | None
+    counters: dict[str, _Count]
+    recent: list[bool]
+
 
 def read_archive(folder: Path) -> dict[str, Any]:
     """The archive JSON of a search checkpoint, its bytes verified against the manifest.
@@ -37,11 +81,13 @@ def read_archive(folder: Path) -> dict[str, Any]:
         folder: a checkpoint folder (``manifest.json`` beside ``resume/archive.json``).
 
     Returns:
-        The parsed ``gradlab.archive/1`` object (``cells``, ``best``, ``counters``...).
+        The ``gradlab.archive/1`` object as plain JSON (``cells``, ``best``, ``counters``...), every
+        field checked (types, finite numbers, non-negative counts and actions, unique cell keys).
 
     Raises:
         NotFound: the checkpoint holds no archive (not a ``gradlab.go_explore`` checkpoint).
-        IntegrityError: the file's sha256 or size is not the manifest's, or it is not an archive.
+        IntegrityError: the file's sha256 or size is not the manifest's, or it is not a valid
+            archive (naming the file and the key path at fault).
     """
     from gradlab.checkpoints import read_manifest
     from gradlab.checkpoints.manifest import RESUME_DIR
@@ -61,15 +107,27 @@ def read_archive(folder: Path) -> dict[str, Any]:
     except OSError as e:
         raise IntegrityError(f"{path}: listed in the manifest but unreadable ({e.strerror})") from None
     digest = hashlib.sha256(data).hexdigest()
-    if len(data) != entry.size_bytes or digest != entry.sha256:
+    if len(data) != entry.size_bytes:
+        raise IntegrityError(f"{path}: size expected {entry.size_bytes} bytes, found {len(data)}")
+    if digest != entry.sha256:
         raise IntegrityError(f"{path}: sha256 expected {entry.sha256}, found {digest}")
     try:
         archive = json.loads(data)
     except ValueError as e:
         raise IntegrityError(f"{path}: not JSON ({e})") from None
-    if not isinstance(archive, dict) or archive.get("format") != FORMAT or not isinstance(archive.get("cells"), list):
+    if not isinstance(archive, dict) or archive.get("format") != FORMAT:
         raise IntegrityError(f"{path}: expected an archive of format {FORMAT}")
-    return archive
+    try:
+        checked = _StoredArchive.model_validate(archive)
+    except ValidationError as e:
+        first = e.errors(include_url=False)[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise IntegrityError(f"{path}: {where}: {first['msg']}") from None
+    keys = [c.key for c in checked.cells]
+    if len(set(keys)) != len(keys):
+        dup = next(k for i, k in enumerate(keys) if k in keys[:i])
+        raise IntegrityError(f"{path}: cell {dup!r} is listed twice")
+    return checked.model_dump()
 
 
 def _coordinates(key: str, names: list[str]) -> dict[str, int] | None:
@@ -132,13 +190,10 @@ def cell_program(folder: Path, key: str) -> list[int]:
 
     Raises:
         NotFound: no archive, or no such cell in it (naming the key and the cell count).
-        IntegrityError: as :func:`read_archive`; a program that is not a list of action indices.
+        IntegrityError: as :func:`read_archive`.
     """
     archive = read_archive(folder)
     cell = next((c for c in archive["cells"] if c.get("key") == key), None)
     if cell is None:
         raise NotFound(f"{folder}: no cell {key!r} in its archive ({len(archive['cells'])} cells)")
-    actions = cell.get("actions")
-    if not isinstance(actions, list) or not all(isinstance(a, int) and a >= 0 for a in actions):
-        raise IntegrityError(f"{folder}: cell {key!r} has no program of action indices")
-    return actions
+    return list(cell["actions"])

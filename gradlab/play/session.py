@@ -205,7 +205,14 @@ class PlaybackSession:
             if self.program is None:
                 raise ContractViolation(f"{checkpoint_dir}: cell {cell!r}: only a search checkpoint's archive has "
                                         "cells to replay")
-            self.program = np.asarray(cell_program(Path(checkpoint_dir), cell), dtype=np.int64)
+            program = cell_program(Path(checkpoint_dir), cell)
+            n = int(self.policy.spec.n_actions)
+            if any(a >= n for a in program):
+                from gradlab.errors import IntegrityError
+
+                raise IntegrityError(f"{checkpoint_dir}: cell {cell!r}: action {max(program)} in its program, "
+                                     f"the goal has {n} actions")
+            self.program = np.asarray(program, dtype=np.int64)
         env_spec = self.run_spec.eval_environment.model_copy(update={"n_envs": 1})
         self.env_spec = env_spec
         self.venv = make_vector_env(env_spec, seed=seed, lane_seeds=[seed], render_mode="rgb_array")

@@ -40,7 +40,12 @@ async def handshake(ws: Any, config: Any, model: Any) -> Any:
     await ws.accept()
     try:
         hello = model.model_validate_json(await asyncio.wait_for(ws.receive_text(), timeout=10))
-    except (TimeoutError, ValidationError, WebSocketDisconnect, KeyError):
+    except ValidationError as e:  # the first field at fault (a close reason holds at most 123 bytes)
+        first = e.errors(include_url=False)[0]
+        where = ".".join(str(part) for part in first["loc"]) or "message"
+        await close_socket(ws, CLOSE_REFUSED, f"expected a hello message with the token; {where}: {first['msg']}"[:120])
+        return None
+    except (TimeoutError, WebSocketDisconnect, KeyError):
         await close_socket(ws, CLOSE_REFUSED, "expected a hello message with the token")
         return None
     if not secrets.compare_digest(hello.token.encode(), config.token.encode()):

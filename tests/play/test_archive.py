@@ -7,6 +7,7 @@ seconds), so its archive has a solved lineage through the key and the door."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -114,10 +115,54 @@ def test_a_tampered_archive_an_unknown_cell_and_a_checkpoint_without_one_are_ref
     shutil.copytree(ckpt, bad)
     path = bad / "resume" / "archive.json"
     path.write_text(path.read_text().replace('"visits": ', '"visits": 1', 1))
-    with pytest.raises(IntegrityError, match=r"archive\.json: sha256 expected"):
+    with pytest.raises(IntegrityError, match=r"archive\.json: (size|sha256) expected"):
         archive_page(RUN_ID, 8192, bad, spec)
     with pytest.raises(IntegrityError, match=r"archive\.json"):
         PlaybackSession(bad, spec, cell=json.loads(path.read_text())["cells"][0]["key"])
+
+
+
+def _rehashed(ckpt: Path, tmp_path: Path, name: str, edit) -> Path:
+    """A copy of ``ckpt`` whose archive.json ``edit`` changed, with the manifest rewritten to match
+    (a writer that hashes what it breaks: the contents must be checked, not only the hash)."""
+    import hashlib
+
+    bad = tmp_path / name / ckpt.name
+    shutil.copytree(ckpt, bad)
+    path = bad / "resume" / "archive.json"
+    archive = json.loads(path.read_text())
+    edit(archive)
+    data = json.dumps(archive).encode()
+    path.write_bytes(data)
+    manifest = json.loads((bad / "manifest.json").read_text())
+    manifest["files"]["resume/archive.json"] = {"sha256": hashlib.sha256(data).hexdigest(), "size_bytes": len(data)}
+    (bad / "manifest.json").write_text(json.dumps(manifest))
+    return bad
+
+
+@pytest.mark.parametrize(("name", "edit", "where"), [
+    ("no-key", lambda a: a["cells"][0].pop("key"), r"cells\.0\.key: Field required"),
+    ("text-return", lambda a: a["cells"][1].update(return_="high"), r"cells\.1\.return_: Input should be a valid number"),
+    ("nan-return", lambda a: a["cells"][1].update(return_=float("nan")), r"cells\.1\.return_: Input should be a finite number"),
+    ("null-cell", lambda a: a["cells"].__setitem__(2, None), r"cells\.2: Input should be a valid dictionary"),
+    ("huge-action", lambda a: a["cells"][0]["actions"].append(10**30), r"cells\.0\.actions\.\d+: Input should be less than"),
+    ("bool-action", lambda a: a["cells"][0].update(actions=[True]), r"cells\.0\.actions\.0: Input should be a valid integer"),
+    ("bad-counters", lambda a: a.update(counters="x"), r"counters: Input should be a valid dictionary"),
+    ("twice", lambda a: a["cells"].append(dict(a["cells"][0])), r"cell .* is listed twice"),
+])
+def test_a_rehashed_archive_with_broken_contents_is_refused_naming_the_key(search_run, tmp_path, name, edit, where):
+    _, ckpt, spec = search_run
+    bad = _rehashed(ckpt, tmp_path, name, edit)
+    with pytest.raises(IntegrityError, match=rf"archive\.json: {where}"):
+        archive_page(RUN_ID, 8192, bad, spec)
+
+
+def test_a_cell_program_with_an_action_past_the_goals_is_refused(search_run, tmp_path: Path) -> None:
+    _, ckpt, spec = search_run
+    bad = _rehashed(ckpt, tmp_path, "out-of-range", lambda a: a["cells"][0].update(actions=[0, 7]))
+    key = json.loads((bad / "resume" / "archive.json").read_text())["cells"][0]["key"]
+    with pytest.raises(IntegrityError, match=rf"cell '{re.escape(key)}': action 7 in its program, the goal has 4 actions"):
+        PlaybackSession(bad, spec, cell=key)
 
 
 @pytest.mark.slow

@@ -67,15 +67,21 @@ export async function playbackView(run, step) {
   const b = grid.bodies;
   const cell = params.get("cell");
   if (page.archive) {
-    // A search checkpoint: its archive below the panels; a cell's replay is this page with ?cell=KEY.
-    const archive = await getJson(`/runs/${enc(run)}/checkpoints/${step}/archive`);
-    archivePanel(main, archive, {
-      replaying: cell,
-      onReplay(key) {  // null: the checkpoint's own program
-        const query = key == null ? "" : `?cell=${enc(key)}`;
-        history.pushState(null, "", pageUrl(`/runs/${enc(run)}/checkpoints/${step}${query}`));
-        window.dispatchEvent(new PopStateEvent("popstate"));
-      },
+    // A search checkpoint: its archive below the panels, fetched beside playback (an archive that
+    // cannot be read says so there and stops nothing else); a cell's replay is this page with ?cell=KEY.
+    const holder = el("div", { id: "archive-holder" });
+    main.append(holder);
+    getJson(`/runs/${enc(run)}/checkpoints/${step}/archive`).then((archive) => {
+      archivePanel(holder, archive, {
+        replaying: cell,
+        onReplay(key) {  // null: the checkpoint's own program
+          const query = key == null ? "" : `?cell=${enc(key)}`;
+          history.pushState(null, "", pageUrl(`/runs/${enc(run)}/checkpoints/${step}${query}`));
+          window.dispatchEvent(new PopStateEvent("popstate"));
+        },
+      });
+    }).catch((e) => {
+      holder.append(el("p", { id: "archive-error", class: "warning" }, `archive unavailable: ${e.message || e}`));
     });
   }
   const game = gamePanel(b.game);

@@ -6,6 +6,7 @@ import { dataTable } from "../table.js";
 const SVG = "http://www.w3.org/2000/svg";
 const CELL_PX = 26;
 const MAX_TABLE_ROWS = 500;
+const MAX_SPAN = 200; // bins a grid side may have (a wider archive is listed, not drawn)
 
 function svgEl(tag, attrs = {}) {
   const e = document.createElementNS(SVG, tag);
@@ -20,7 +21,7 @@ function el(tag, attrs = {}, text = "") {
   return e;
 }
 
-const fmt = (x) => (Number.isInteger(x) ? String(x) : x.toFixed(3));
+const fmt = (x) => (x == null ? "–" : Number.isInteger(x) ? String(x) : x.toFixed(3));
 
 // One grid per combination of the coordinates past the first two (e.g. has_key=0, has_key=1).
 function grids(container, page, replaying, onReplay) {
@@ -34,6 +35,11 @@ function grids(container, page, replaying, onReplay) {
   const xv = placed.map((c) => c.coordinates[xs]);
   const yv = placed.map((c) => (yName ? c.coordinates[yName] : 0));
   const x0 = Math.min(...xv), x1 = Math.max(...xv), y0 = Math.min(...yv), y1 = Math.max(...yv);
+  if (x1 - x0 >= MAX_SPAN || y1 - y0 >= MAX_SPAN) {  // too spread to draw cell by cell: the table lists them
+    container.append(el("p", { class: "muted", id: "archive-too-wide" },
+      `The cells span ${x1 - x0 + 1} × ${y1 - y0 + 1} bins, too many to draw (at most ${MAX_SPAN} a side): the table lists them.`));
+    return 0;
+  }
   const w = (x1 - x0 + 1) * CELL_PX, h = (y1 - y0 + 1) * CELL_PX;
   const maxVisits = Math.max(1, ...placed.map((c) => c.visits));
   const best = page.best ? page.best.cell : null;
