@@ -142,12 +142,7 @@ class Archive:
     # -- choosing -------------------------------------------------------------------------
     def lineage(self) -> list[str]:
         """Keys from the best trajectory's cell back to its start cell (empty without a best)."""
-        out: list[str] = []
-        key = self.best.cell if self.best is not None else None
-        while key is not None and key in self.cells and key not in out:
-            out.append(key)
-            key = self.cells[key].parent
-        return out
+        return lineage({k: c.parent for k, c in self.cells.items()}, self.best.cell if self.best is not None else None)
 
     def weights(self) -> np.ndarray:
         """Selection probability per cell, in :attr:`cells` order: ``1 / sqrt(1 + selections)``, normalised."""
@@ -266,6 +261,17 @@ class Archive:
         a.guided_selection_count, a.improvement_count = k["guided_selection"], k["improvement"]
         a.recent.extend(data["recent"])
         return a
+
+
+def lineage(parents: dict[str, str | None], cell: str | None) -> list[str]:
+    """Keys from ``cell`` back through ``parents`` (cell key -> the key its exploration started from)
+    to a start cell; stops at a key not in ``parents`` or seen already (empty for ``cell`` None)."""
+    out: list[str] = []
+    key = cell
+    while key is not None and key in parents and key not in out:
+        out.append(key)
+        key = parents[key]
+    return out
 
 
 def count_runs(actions: list[int]) -> int:

@@ -48,6 +48,19 @@ class SignalCells:
         return ";".join(parts)
 
 
+    def coordinates(self, key: str) -> dict[str, int] | None:
+        """The binned value per signal of a key :meth:`key` made (``x=3;y=1`` -> {"x": 3, "y": 1});
+        None when the key is not of these signals or holds a ``nan``."""
+        out: dict[str, int] = {}
+        for part in key.split(";"):
+            name, _, value = part.partition("=")
+            try:
+                out[name] = int(value)
+            except ValueError:
+                return None
+        return out if tuple(out) == self.names else None
+
+
 @dataclass(frozen=True)
 class FrameCells:
     """Cells from the newest observation frame, grey, downscaled and quantised (see the module docstring).

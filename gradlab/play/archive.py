@@ -130,20 +130,6 @@ def read_archive(folder: Path) -> dict[str, Any]:
     return checked.model_dump()
 
 
-def _coordinates(key: str, names: list[str]) -> dict[str, int] | None:
-    """A signal cell's binned values (``x=3;y=1`` -> {"x": 3, "y": 1}); None for frame cells or ``nan``."""
-    if not names:
-        return None
-    out: dict[str, int] = {}
-    for part in key.split(";"):
-        name, _, value = part.partition("=")
-        try:
-            out[name] = int(value)
-        except ValueError:
-            return None
-    return out if list(out) == names else None
-
-
 def archive_page(run_id: str, step: int, folder: Path, spec: dict[str, Any]) -> ArchivePage:
     """The archive of a resolved search checkpoint as the player's page.
 
@@ -155,24 +141,23 @@ def archive_page(run_id: str, step: int, folder: Path, spec: dict[str, Any]) -> 
         NotFound, IntegrityError: as :func:`read_archive`.
     """
     from gradlab.evaluation.runner import parse_spec
+    from gradlab.explore.archive import lineage as lineage_of
+    from gradlab.explore.cells import SignalCells
 
     archive = read_archive(folder)
     run_spec = parse_spec(spec, source=f"run {run_id} spec")
     cell_cfg = getattr(run_spec.recipe.train.backend.typed_config(), "cell", None)
     kind = cell_cfg.kind if cell_cfg is not None else "signals"
     names = list(cell_cfg.signals) if cell_cfg is not None and kind == "signals" else []
+    signal_cells = SignalCells(names=tuple(names), bins={}) if names else None
     cells = archive["cells"]
-    by_key = {c["key"]: c for c in cells}
     best = archive.get("best")
-    lineage: list[str] = []
-    key = best.get("cell") if best else None
-    while key is not None and key in by_key and key not in lineage:
-        lineage.append(key)
-        key = by_key[key].get("parent")
+    lineage = lineage_of({c["key"]: c["parent"] for c in cells}, best["cell"] if best else None)
     on_lineage = set(lineage)
     ranked = sorted(cells, key=lambda c: (-c["return_"], -c["progress"], c["length"], c["key"]))
     shown = ranked[:MAX_CELLS_SHOWN]
-    rows = [ArchiveCell(key=c["key"], coordinates=_coordinates(c["key"], names), return_=c["return_"],
+    rows = [ArchiveCell(key=c["key"], coordinates=signal_cells.coordinates(c["key"]) if signal_cells else None,
+                        return_=c["return_"],
                         length=c["length"], progress=c["progress"], visits=c["visits"], selections=c["selections"],
                         parent=c.get("parent"), lineage=c["key"] in on_lineage) for c in shown]
     counters = archive.get("counters", {})

@@ -187,15 +187,17 @@ def _search_html(settings, stores, goal_id: str, results: Sequence[cohorts_mod.S
         axes = fig.subplots(1, len(metrics), squeeze=False).ravel()
         skips = sorted({skip for _, skip in runs})
         drawn = False
+        per_run = []
+        for r, skip in runs:
+            try:  # each journal read once, for both panels
+                per_run.append((r, skip, run_curves(settings, stores, [r.run_id], list(metrics), relative=True)))
+            except GradlabError:  # a journal that cannot be read: the learning curves' note names it
+                continue
         for ax, metric in zip(axes, metrics, strict=True):
             xs: list[float] = []
             ys: list[float] = []
-            for i, (r, skip) in enumerate(runs):
-                try:
-                    curves = run_curves(settings, stores, [r.run_id], [metric], relative=True)
-                except GradlabError:  # a journal that cannot be read: the learning curves' note names it
-                    continue
-                for c in curves:
+            for i, (r, skip, curves) in enumerate(per_run):
+                for c in (c for c in curves if c.metric == metric):
                     x = [v * skip for v in c.x]
                     ax.plot(x, c.y, linestyle=_DASHES[i % len(_DASHES)], color=f"C{i % 10}", linewidth=1.4,
                             label=f"{cohorts_mod.cohort_label(r.recipe_id, r.overrides)} seed {r.seed}")

@@ -201,7 +201,10 @@ def test_the_player_shows_the_archive_and_a_click_replays_a_cell(search_run, gra
             reached = page.evaluate("() => window.gradlab.state.reachedCell")
             assert _key(reached) == target
             assert f"to cell {target}" in page.locator("#status").inner_text()
-            assert page.locator(f"#archive rect.replaying[data-key='{target}']").count() == 1
+            assert target in page.locator("#replaying").inner_text()
+            # The archive loads beside playback: its red outline may come after the replay ends.
+            page.wait_for_function("(k) => document.querySelectorAll(`#archive rect.replaying[data-key='${k}']`).length === 1",
+                                   arg=target, timeout=60_000)
             assert int(page.locator("#panel-game").get_attribute("data-t")) >= target_cell["length"]
             # The reward panel draws a program's steps too (it has no value, only actions).
             assert int(page.locator("#panel-reward").get_attribute("data-points")) >= target_cell["length"]
@@ -219,5 +222,6 @@ def test_the_player_shows_the_archive_and_a_click_replays_a_cell(search_run, gra
             page.wait_for_function("() => (document.querySelector('#error')?.textContent || '').includes(\"no cell 'x=99;y=99'\")",
                                    timeout=120_000)
             assert page.locator("#play").is_disabled() and page.locator("#step1").is_disabled()
-            assert page.locator("#replaying").count() == 0
+            page.wait_for_function("() => document.querySelector('#archive')", timeout=60_000)  # the archive loaded
+            assert page.locator("#replaying").count() == 0  # nothing claims to replay
             screenshot(page, "play-archive-3-unknown-cell")

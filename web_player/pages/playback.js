@@ -154,6 +154,10 @@ export async function playbackView(run, step) {
         seed.value = String(msg.seed);
         fps.value = String(msg.fps);
         det.checked = msg.deterministic;
+        if (msg.program && msg.program.cell) {  // said once the worker has the cell's program, not from the URL
+          const note = el("p", { id: "replaying" }, `Replaying the program that reached cell ${msg.program.cell}.`);
+          main.insertBefore(note, document.getElementById("archive-holder"));
+        }
         const program = msg.program
           ? ` · action program of ${msg.program.length} steps${msg.program.cell ? ` to cell ${msg.program.cell}` : ""} (no value function)`
           : "";
@@ -179,8 +183,6 @@ export async function playbackView(run, step) {
         showError(msg.message);
         // Nothing plays after a refused start (an unknown cell, a checkpoint that does not verify).
         [play, step1, stepNBtn, reset, video].forEach((b) => { b.disabled = true; });
-        const replayingNote = document.getElementById("replaying");
-        if (replayingNote && !state.ready) replayingNote.remove();
       }
     },
     observation(seq, blob) {

@@ -94,8 +94,8 @@ export function archivePanel(container, page, { replaying, onReplay }) {
     p.append(a, document.createTextNode(". Green outline: the cell its last exploration started from."));
     section.append(p);
   }
-  if (replaying) section.append(el("p", { id: "replaying" }, `Replaying the program that reached cell ${replaying} ` +
-    "(red outline); it pauses where the program ends, and steps after that take action 0."));
+  section.append(el("p", { class: "muted" }, "A cell's replay (red outline) pauses where its program ends; " +
+    "steps after that take action 0."));
   section.dataset.placed = String(grids(section, page, replaying, onReplay));
   const rows = page.cells.slice(0, MAX_TABLE_ROWS);
   if (page.cells.length > rows.length || page.cells_left_out) {
