@@ -207,7 +207,9 @@ def test_the_player_shows_the_archive_and_a_click_replays_a_cell(search_run, gra
                                    arg=target, timeout=60_000)
             assert int(page.locator("#panel-game").get_attribute("data-t")) >= target_cell["length"]
             # The reward panel draws a program's steps too (it has no value, only actions).
-            assert int(page.locator("#panel-reward").get_attribute("data-points")) >= target_cell["length"]
+            # (charts redraw at most every 100 ms while playing: wait for the redraw after the pause)
+            page.wait_for_function("(n) => Number(document.querySelector('#panel-reward')?.dataset.points || 0) >= n",
+                                   arg=target_cell["length"], timeout=60_000)
             screenshot(page, "play-archive-2-cell-replayed")
 
             # "play it": back to the checkpoint's own program (the best trajectory, no ?cell).
