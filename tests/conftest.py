@@ -77,6 +77,21 @@ def log_handlers_follow_the_capture() -> None:
                     handler.console.file = _CURRENT_STDERR
 
 
+@pytest.fixture(autouse=True)
+def prefect_events_follow_the_api() -> Iterator[None]:
+    """Prefect keeps one events worker per process and keys it by client type, not by API URL: a
+    worker started by an in-process flow against one test's server would carry every later test's
+    events (and with them its task runs, which the server builds from events) to that server, gone
+    by then. Each test's worker is drained and stopped when the test ends, so the next flow starts
+    one on its own ``PREFECT_API_URL``. Bounded: a worker whose server has stopped is left to die."""
+    import sys
+
+    yield
+    worker = sys.modules.get("prefect.events.worker")
+    if worker is not None:
+        worker.EventsWorker.drain_all(timeout=15.0)
+
+
 class _CurrentStderr:
     """A stream that writes to whatever ``sys.stderr`` is at the time of the write: the capture of
     the phase under way, or a ``capfd``/``capsys`` fixture's when the test asked for one."""
