@@ -222,7 +222,6 @@ def training_problems(resolved: Any) -> list[tuple[str, str]]:
 
     ``gradlab.ppo`` with ``precision: fp16-amp`` on CPU (``train.device: cpu``, or ``auto`` where
     the learner picks the CPU: vector observations, or no NVIDIA driver), and
-    ``train.normalize.observation`` on image observations (ALE, ViZDoom, retro), and
     ``train.curriculum.archive`` where the lanes cannot capture their state
     (:func:`state_capture_problem`) or with frame cells on vector observations: the same messages
     :class:`gradlab.learn.ppo.PPOBackend` gives when it sets up (docs/ARCHITECTURE.md section 3).
@@ -245,10 +244,6 @@ def training_problems(resolved: Any) -> list[tuple[str, str]]:
     if train.backend.config.get("precision") == "fp16-amp" and (
             train.device == "cpu" or (train.device == "auto" and not (images and cuda_present()))):
         problems.append(("train.backend.config.precision", "fp16-amp needs device cuda; use bf16 on CPU"))
-    if train.normalize.observation and images:
-        problems.append(("train.normalize.observation", f"gradlab.ppo normalises vector observations only, found "
-                                                        f"images ({env.provider} frames; they are scaled by 1/255 "
-                                                        "already)"))
     return problems
 
 

@@ -75,11 +75,11 @@ def policy_files(b: Any) -> tuple[dict[str, Any], Any]:
     else:
         obs_space_net = obs_space
     spec = PolicySpec(
-        backend_id=b.id, algorithm=b.algorithm, observation_space=space_to_spec(obs_space),
+        backend_id=b.id, algorithm=b.algorithm, observation_space=space_to_spec(b.env_obs_space),
         policy_observation_space=space_to_spec(obs_space_net), action_space=space_to_spec(b.action_space),
         extractor="nature_cnn" if net.nature_cnn else "flatten", features_dim=int(net.features_dim),
         net_arch=pm.net_arch, activation=pm.activation, share_features_extractor=net.share,
-        normalize_images=True, transpose_image=bool(net.transpose), obs_normalization=norm)
+        normalize_images=not b.normalized_image, transpose_image=bool(net.transpose), obs_normalization=norm)
     return tensors, spec
 
 
@@ -151,7 +151,9 @@ def _write_sb3_zip(b: Any, path: Path, tensors: dict[str, Any]) -> None:
             warnings.simplefilter("ignore")  # SB3's batch_size advice is about its own rollout buffer
             # One lane of spaces (SB3 allocates its rollout buffer per lane); n_envs is set below.
             model = PPO("MlpPolicy", DummyVecEnv([Spaces]), **sb3_algorithm_kwargs(b.cfg),
-                        policy_kwargs=sb3_policy_kwargs(pm, nature_cnn=b.net.nature_cnn), device="cpu", verbose=0)
+                        policy_kwargs=sb3_policy_kwargs(pm, nature_cnn=b.net.nature_cnn,
+                                                        normalize_images=not b.normalized_image),
+                        device="cpu", verbose=0)
         model.n_envs = int(b.venv.num_envs)
         model.ep_info_buffer, model.ep_success_buffer = (deque(maxlen=model._stats_window_size),
                                                            deque(maxlen=model._stats_window_size))

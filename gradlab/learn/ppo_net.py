@@ -32,8 +32,14 @@ def channels_last(space: Any) -> bool:
     return is_image(space) and int(np.argmin(space.shape)) != 0
 
 
-def build_network(observation_space: Any, action_space: Any, policy_model: Any) -> Any:
-    """An :class:`ActorCritic` for the spaces (as the vector env gives them) and the recipe's ``PolicyModel``.
+def build_network(observation_space: Any, action_space: Any, policy_model: Any, *,
+                  normalized_image: bool = False) -> Any:
+    """An :class:`ActorCritic` for the spaces (as the network takes them) and the recipe's ``PolicyModel``.
+
+    Args:
+        normalized_image: ``observation_space`` is
+            :func:`gradlab.learn.sb3_model.normalized_image_space` of image frames:
+            ``extractor: auto`` picks the Nature CNN, which takes the float frames unscaled.
 
     Raises:
         ConfigError: Nature CNN on non-image observations, an unsupported space.
@@ -44,7 +50,7 @@ def build_network(observation_space: Any, action_space: Any, policy_model: Any) 
         raise ConfigError(f"train.backend.id: gradlab.ppo needs Box observations, found {observation_space}")
     if not isinstance(action_space, (spaces.Discrete, spaces.Box)):
         raise ConfigError(f"train.backend.id: gradlab.ppo needs Discrete or Box actions, found {action_space}")
-    image = is_image(observation_space)
+    image = is_image(observation_space) or normalized_image
     extractor = policy_model.extractor if policy_model.extractor != "auto" else ("nature_cnn" if image else "mlp")
     if extractor == "nature_cnn" and not image:
         raise ConfigError(f"train.policy_model.extractor: nature_cnn needs image observations (uint8, 3 dims), "
@@ -155,16 +161,18 @@ def _actor_critic_class() -> type:
                     module.apply(lambda m, g=gain: _ortho(m, g))
 
         def preprocess(self, obs: torch.Tensor) -> torch.Tensor:
-            """(B, *obs_shape) as stored → float32 network input (SB3's ``preprocess_obs``).
+            """(B, *obs_shape) as stored → float network input (SB3's ``preprocess_obs``).
 
             Images for the Nature CNN stay in [0, 255] (in the dtype the first convolution computes
-            in): :meth:`features` folds SB3's 1/255 into that convolution's weight.
+            in): :meth:`features` folds SB3's 1/255 into that convolution's weight. Normalised
+            frames (:func:`gradlab.learn.sb3_model.normalized_image_space`) go to that dtype as they are.
             """
             if self.image:
                 if self.transpose:
                     obs = obs.permute(0, 3, 1, 2)
                 if not self.nature_cnn:
                     return obs.float() / 255.0
+            if self.nature_cnn:
                 # Straight to the dtype the convolution computes in (uint8 pixels are exact in bf16 and
                 # fp16): under autocast that saves a float32 copy of every frame.
                 dev = obs.device.type

@@ -42,7 +42,7 @@ from gradlab.learn.resume_state import (
     set_rng_state,
     vecnormalize_state,
 )
-from gradlab.learn.sb3_model import sb3_algorithm_kwargs, sb3_policy_kwargs
+from gradlab.learn.sb3_model import normalizes_images, sb3_algorithm_kwargs, sb3_policy_kwargs
 from gradlab.learn.schedules import schedule_fn
 from gradlab.learn.stats import EpisodeStats, RolloutStats
 from gradlab.learn.warm_start import check_warm_start_tensors, read_warm_start_parent
@@ -200,7 +200,8 @@ class SB3Backend:
         if extractor == "nature_cnn" and not image:
             raise ConfigError(f"train.policy_model.extractor: nature_cnn needs image observations (uint8, 3 dims), "
                               f"found {self._env_observation_space}")
-        policy_kwargs = sb3_policy_kwargs(pm, nature_cnn=extractor == "nature_cnn")
+        normalized_image = normalizes_images(self._env_observation_space, train.normalize)
+        policy_kwargs = sb3_policy_kwargs(pm, nature_cnn=extractor == "nature_cnn", normalize_images=not normalized_image)
         if device == "auto":
             device = train.device
         if device == "auto":

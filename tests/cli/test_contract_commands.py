@@ -154,16 +154,14 @@ def test_train_refuses_an_unrunnable_goal_before_creating_anything(experiments_c
 
 
 def test_train_refuses_what_the_learner_would_refuse_before_creating_anything(tmp_path: Path) -> None:
-    """fp16-amp on CPU and observation normalisation of images: refused by the static check, not by
-    the learner after a run exists (same messages as gradlab.learn.ppo's)."""
+    """fp16-amp on CPU and CUDA where there is none: refused by the static check, not by the learner
+    after a run exists (same messages as gradlab.learn.ppo's)."""
     from gradlab.envs.preflight import cuda_present
 
     home = tmp_path / "home"
     for args, expected in [
         (["CartPole-v1/ppo", "--set", "train.backend.config.precision=fp16-amp"],
          "--set: train.backend.config.precision: fp16-amp needs device cuda; use bf16 on CPU"),
-        (["Breakout-Atari2600-v0/ppo", "--set", "train.normalize.observation=true"],
-         "--set: train.normalize.observation: gradlab.ppo normalises vector observations only, found images"),
         *([(["CartPole-v1/ppo", "--set", "train.device=cuda"],
             "--set: train.device: cuda asked for, but torch sees no CUDA device")] if not cuda_present() else []),
     ]:

@@ -65,15 +65,6 @@ def test_defaults_are_sb3_ppos_plus_how_to_compute() -> None:
 
 
 def test_unsupported_settings_are_refused_naming_the_key() -> None:
-    ale = {"provider": "ale", "env_id": "Breakout", "n_envs": 2, "num_threads": 1,
-           "preprocessing": {"resize": [42, 42], "frame_stack": 2}}
-    spec = make_spec(ale, {"id": "gradlab.ppo", "config": {"n_steps": 8, "batch_size": 16}}, timesteps=64,
-                     checkpoint_freq=64, normalize={"observation": True})
-    backend = PPOBackend()
-    env = backend.make_env(spec)
-    with pytest.raises(ConfigError, match=r"^train.normalize.observation: gradlab.ppo normalises vector observations only"):
-        backend.setup(spec, env)
-    env.close()
     backend = PPOBackend()
     spec = make_spec(BANDIT, {"id": "gradlab.ppo", "config": {"n_steps": 8, "batch_size": 16, "precision": "fp16-amp"}},
                      timesteps=64, checkpoint_freq=64)

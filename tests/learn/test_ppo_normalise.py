@@ -193,3 +193,51 @@ def test_reward_only_normalisation_checkpoints_resumes_and_exports(backend: str,
     vec = next(p for p in files if p.name == "vecnormalize.pkl")
     loaded = VecNormalize.load(str(vec), DummyVecEnv([lambda: gym.make("Acrobot-v1")]))  # our own file, just written
     assert loaded.ret_rms.var == stats["ret_rms"]["var"] and not loaded.norm_obs
+
+
+BREAKOUT = {"provider": "ale", "env_id": "Breakout", "n_envs": 2, "num_threads": 1,
+            "preprocessing": {"resize": [42, 42], "frame_stack": 2},
+            "task": {"termination": {"max_episode_steps": 200}}}  # short evaluation episodes
+
+
+@pytest.mark.parametrize("backend", ["sb3.ppo", "gradlab.ppo"])
+def test_normalised_frames_checkpoint_evaluate_and_load_in_sb3(backend: str, tmp_path: Path) -> None:
+    """Image observations normalised (per-pixel statistics, SB3's VecNormalize meaning): the
+    weights-only policy takes the env's uint8 frames, applies the frozen statistics and feeds the
+    Nature CNN unscaled; SB3 loads the checkpoint's ``policy.zip`` and acts as that policy does."""
+    import torch
+    from stable_baselines3 import PPO
+
+    from gradlab.contracts.goal import Goal
+    from gradlab.evaluation.runner import evaluate_policy
+
+    config = {"n_steps": 16, "batch_size": 32, "n_epochs": 1}
+    spec = make_spec(BREAKOUT, {"id": backend, "config": config}, timesteps=64, checkpoint_freq=64, seed=2,
+                     normalize={"observation": True, "clip_observation": 5.0})
+    assert run_learner(spec, tmp_path / "run", watch_parent=False).final_step == 64
+    final = list_checkpoints(tmp_path / "run")[-1]
+    stats = json.loads((final / "resume" / "vecnormalize.json").read_text())
+    assert stats["norm_obs"] and np.asarray(stats["obs_rms"]["mean"]).shape == (2, 42, 42)
+    policy = load_policy(final)
+    spec_json = policy.spec
+    assert (spec_json.normalize_images, spec_json.transpose_image, spec_json.extractor) == (False, False, "nature_cnn")
+    assert spec_json.observation_space.dtype == "uint8"  # what the env gives
+    assert (spec_json.policy_observation_space.dtype, spec_json.policy_observation_space.low,
+            spec_json.policy_observation_space.high) == ("float32", -5.0, 5.0)  # what the network takes
+    raw = make_vector_env(spec.environment, seed=11).reset()
+    assert raw.dtype == np.uint8
+    normalised = np.clip((raw - np.asarray(stats["obs_rms"]["mean"])) / np.sqrt(np.asarray(stats["obs_rms"]["var"]) + 1e-8),
+                         -5.0, 5.0).astype(np.float32)
+    model = PPO.load(str(final / "policy.zip"), device="cpu")  # the checkpoint this test just wrote
+    assert model.policy.normalize_images is False
+    with torch.no_grad():
+        theirs = model.policy.get_distribution(torch.as_tensor(normalised)).distribution.probs.numpy()
+    np.testing.assert_allclose(policy.action_probs(raw), theirs, rtol=1e-5, atol=1e-6)
+    goal = Goal.model_validate({"goal_id": "test", "evaluation_mode": "evaluated",
+                                "train": {"checkpoint_freq": 64, "environment": BREAKOUT},
+                                "eval": {"episodes": 2, "n_envs": 2, "seed": 0, "policy": "stochastic",
+                                         "acceptance": [{"metric": "eval/episode/return/mean", "operator": ">=",
+                                                         "threshold": 0}]}})
+    result = evaluate_policy(policy, goal=goal, environment=spec.environment, hashes=spec.hashes,
+                             checkpoint_sha256=verify_checkpoint(final).sha256, checkpoint_step=64)
+    assert result.completed == 2 and result.verdict == "accepted"

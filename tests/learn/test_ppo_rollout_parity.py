@@ -79,6 +79,66 @@ def test_first_rollout_equals_sb3s_vecnormalize_and_ppo(normalize: dict | None) 
         ours.close()
 
 
+BREAKOUT = {"provider": "ale", "env_id": "Breakout", "n_envs": 2, "num_threads": 1,
+            "preprocessing": {"resize": [42, 42], "frame_stack": 2}}
+
+
+def test_normalised_frames_roll_out_as_sb3s_vecnormalize_over_a_nature_cnn() -> None:
+    """``train.normalize.observation`` of images, SB3's meaning: per-pixel running statistics,
+    float32 frames in [-clip, clip] fed to the Nature CNN unscaled (``normalize_images=False``)."""
+    def spec(backend: str) -> object:
+        return make_spec(BREAKOUT, {"id": backend, "config": {"n_steps": 16, "batch_size": 32, "n_epochs": 1}},
+                         timesteps=64, checkpoint_freq=64, seed=3, normalize={"observation": True})
+
+    theirs = SB3Backend("sb3.ppo")
+    s3 = spec("sb3.ppo")
+    theirs.setup(s3, SB3Backend.make_env(s3), device="cpu")
+    assert theirs.model.policy.normalize_images is False
+    initial = {k: v.clone() for k, v in theirs.model.policy.state_dict().items()}
+    theirs.begin(resumed=False)
+    theirs.collect()
+    ours = PPOBackend()
+    sg = spec("gradlab.ppo")
+    ours.setup(sg, PPOBackend.make_env(sg), device="cpu")
+    try:
+        assert ours.net.nature_cnn and ours.obs_space.dtype == np.float32 and ours.obs_space.high.max() == 10.0
+        for name, p in initial.items():
+            assert torch.allclose(ours.net.state_dict()[name], p, rtol=0, atol=1e-6), name
+        ours.begin(resumed=False)
+        ours.collect()
+        buf = theirs.model.rollout_buffer
+        observations = _time_major(buf.observations)
+        assert ours.buf_obs.dtype == torch.float32 and float(ours.buf_obs.abs().max()) > 1.0  # not scaled by 1/255
+        pairs = {"observations": (ours.buf_obs, observations),
+                 "actions": (ours.buf_actions.float(), _time_major(buf.actions).squeeze(-1)),
+                 "log-probabilities": (ours.buf_logp, _time_major(buf.log_probs)),
+                 "values": (ours.buf_values, _time_major(buf.values))}
+        for what, (a, b) in pairs.items():
+            assert a.shape == b.shape, what
+            assert torch.allclose(a, b, rtol=1e-5, atol=1e-5), f"{what}: max difference {float((a - b).abs().max())}"
+        np.testing.assert_allclose(ours.normaliser.obs_rms.var, theirs.vecnormalize.obs_rms.var, rtol=1e-10)
+    finally:
+        theirs.close()
+        ours.close()
+
+
+def test_channel_last_frames_are_not_normalised() -> None:
+    """Normalised frames are no longer an image space, so nothing transposes them: (H, W, C) frames
+    would reach the Nature CNN with their height as channels. Refused, naming the key."""
+    from gymnasium import spaces
+
+    from gradlab.contracts.recipe import Normalize
+    from gradlab.errors import ConfigError
+    from gradlab.learn.sb3_model import normalizes_images
+
+    frames = spaces.Box(0, 255, (84, 84, 4), np.uint8)
+    with pytest.raises(ConfigError, match=r"^train.normalize.observation: normalised frames must be channel-first "
+                                          r"\(C, H, W\), found \(84, 84, 4\)"):
+        normalizes_images(frames, Normalize(observation=True))
+    assert not normalizes_images(frames, Normalize(reward=True))
+    assert normalizes_images(spaces.Box(0, 255, (4, 84, 84), np.uint8), Normalize(observation=True))
+
+
 def _train(backend: object, spec: object, iterations: int) -> tuple[list[dict[str, torch.Tensor]], list[dict[str, float]]]:
     """Parameters and update metrics after each of ``iterations`` rollouts and updates."""
     backend.setup(spec, type(backend).make_env(spec), device="cpu")
