@@ -28,14 +28,10 @@ def _time_major(buf: np.ndarray) -> torch.Tensor:
     return torch.as_tensor(np.asarray(buf, dtype=np.float32))
 
 
-@pytest.mark.parametrize("normalize", [{"observation": True, "reward": True}, {"observation": False, "reward": True},
-                                       None], ids=["obs-and-reward", "reward-only", "none"])
-def test_first_rollout_equals_sb3s_vecnormalize_and_ppo(normalize: dict | None) -> None:
-    def spec(backend: str) -> object:
-        return make_spec(ACROBOT, {"id": backend, "config": CONFIG}, timesteps=4096, checkpoint_freq=4096, seed=3,
-                         normalize=normalize)
-
-    # One after the other: both draw from torch's global generator, seeded by each setup.
+def _both_first_rollouts(spec: object) -> tuple[SB3Backend, PPOBackend]:
+    """sb3.ppo set up and its first rollout collected, then gradlab.ppo set up with the same
+    initial parameters checked (one after the other: both draw from torch's global generator,
+    seeded by each setup). ``spec(backend_id)`` gives each side's run spec."""
     theirs = SB3Backend("sb3.ppo")
     s3 = spec("sb3.ppo")
     theirs.setup(s3, SB3Backend.make_env(s3), device="cpu")
@@ -45,9 +41,20 @@ def test_first_rollout_equals_sb3s_vecnormalize_and_ppo(normalize: dict | None) 
     ours = PPOBackend()
     sg = spec("gradlab.ppo")
     ours.setup(sg, PPOBackend.make_env(sg), device="cpu")
+    for name, p in initial.items():  # the same seed builds the same network (up to the QR's threads)
+        assert torch.allclose(ours.net.state_dict()[name], p, rtol=0, atol=1e-6), name
+    return theirs, ours
+
+
+@pytest.mark.parametrize("normalize", [{"observation": True, "reward": True}, {"observation": False, "reward": True},
+                                       None], ids=["obs-and-reward", "reward-only", "none"])
+def test_first_rollout_equals_sb3s_vecnormalize_and_ppo(normalize: dict | None) -> None:
+    def spec(backend: str) -> object:
+        return make_spec(ACROBOT, {"id": backend, "config": CONFIG}, timesteps=4096, checkpoint_freq=4096, seed=3,
+                         normalize=normalize)
+
+    theirs, ours = _both_first_rollouts(spec)
     try:
-        for name, p in initial.items():  # the same seed builds the same network (up to the QR's threads)
-            assert torch.allclose(ours.net.state_dict()[name], p, rtol=0, atol=1e-6), name
         ours.begin(resumed=False)
         ours.collect()
         buf = theirs.model.rollout_buffer
@@ -90,20 +97,10 @@ def test_normalised_frames_roll_out_as_sb3s_vecnormalize_over_a_nature_cnn() -> 
         return make_spec(BREAKOUT, {"id": backend, "config": {"n_steps": 16, "batch_size": 32, "n_epochs": 1}},
                          timesteps=64, checkpoint_freq=64, seed=3, normalize={"observation": True})
 
-    theirs = SB3Backend("sb3.ppo")
-    s3 = spec("sb3.ppo")
-    theirs.setup(s3, SB3Backend.make_env(s3), device="cpu")
-    assert theirs.model.policy.normalize_images is False
-    initial = {k: v.clone() for k, v in theirs.model.policy.state_dict().items()}
-    theirs.begin(resumed=False)
-    theirs.collect()
-    ours = PPOBackend()
-    sg = spec("gradlab.ppo")
-    ours.setup(sg, PPOBackend.make_env(sg), device="cpu")
+    theirs, ours = _both_first_rollouts(spec)
     try:
+        assert theirs.model.policy.normalize_images is False
         assert ours.net.nature_cnn and ours.obs_space.dtype == np.float32 and ours.obs_space.high.max() == 10.0
-        for name, p in initial.items():
-            assert torch.allclose(ours.net.state_dict()[name], p, rtol=0, atol=1e-6), name
         ours.begin(resumed=False)
         ours.collect()
         buf = theirs.model.rollout_buffer
