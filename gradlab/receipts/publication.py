@@ -49,12 +49,19 @@ def publish_checkpoint(
         epoch: the publishing attempt's lease epoch: checked before anything is uploaded and again
             before the receipt is written (a superseded attempt publishes nothing), and recorded.
 
+    An attempt that lost its lease mid-upload leaves objects under the checkpoint's keys that no
+    publication receipt names. A later attempt that trains the same policy to the same step (seeded
+    training is deterministic) has the same keys but not the same bytes (``created_at``, resume
+    state): holding the lease (``epoch``), it replaces those unfinished objects by compare-and-swap
+    (docs/ARCHITECTURE.md section 8). Objects a publication receipt names are never replaced.
+
     Raises:
-        LeaseLost: ``epoch`` is no longer the lease's.
+        LeaseLost: ``epoch`` is no longer the lease's (also checked before replacing an object).
         ContractViolation: no ``manifest.json``, or it names another run.
         IntegrityError: a file's bytes do not match the manifest (names the file), a listed file is
-            missing, or a file is not listed.
-        Conflict: the model store holds different bytes under this checkpoint's keys.
+            missing, or a file is not listed; or a replaced object reads back different bytes.
+        Conflict: the model store holds different bytes under this checkpoint's keys and either a
+            publication receipt names them or no ``epoch`` was given.
         StoreUnavailable: a store cannot be reached (transient: retry).
     """
     checkpoint_dir = Path(checkpoint_dir)
@@ -84,7 +91,13 @@ def publish_checkpoint(
             raise IntegrityError(
                 f"{path}: sha256 expected {listed[name].get('sha256')} (manifest.json), found {digest}"
             )
-        stores.model.put_verified(keys.checkpoint_file(run_id, step, sha256, name), data)
+        key = keys.checkpoint_file(run_id, step, sha256, name)
+        try:
+            stores.model.put_verified(key, data)
+        except Conflict:
+            if epoch is None or stores.control.exists(keys.publication(run_id, step, sha256)):
+                raise
+            _replace_unfinished_upload(stores, run_id, attempt_id, epoch, key, data)
         entries[name] = FileEntry(sha256=digest, size_bytes=len(data))
     uri = stores.model.url(keys.checkpoint_prefix(run_id, step, sha256).rstrip("/")) + "/"
     publication = CheckpointPublication(
@@ -111,6 +124,21 @@ def publish_checkpoint(
     update_index(stores.model, run_id, lambda index: with_checkpoint(index, entry))
     logger.info("run %s: published checkpoint step %d (%s)", run_id, step, sha256[:16])
     return stored
+
+
+def _replace_unfinished_upload(stores: Stores, run_id: str, attempt_id: str, epoch: int, key: str, data: bytes) -> None:
+    """Replace an object of a checkpoint no publication receipt names (an earlier attempt's
+    unfinished upload) with ``data``: lease checked first, compare-and-swap on the etag read, then
+    re-read and compared. A writer that replaced it meanwhile wins (``Conflict``)."""
+    require_epoch(stores, run_id, attempt_id, epoch)
+    old, etag = stores.model.get_with_etag(key)
+    logger.warning("run %s: %s holds %d bytes (sha256 %s) that no publication receipt names, left by an "
+                   "unfinished upload; %s epoch %d replaces them", run_id, stores.model.url(key), len(old),
+                   sha256_hex(old)[:16], attempt_id, epoch)
+    stores.model.put_if_match(key, data, etag)
+    found = sha256_hex(stores.model.get(key))
+    if found != sha256_hex(data):
+        raise IntegrityError(f"{stores.model.url(key)}: wrote sha256 {sha256_hex(data)}, read back sha256 {found}")
 
 
 def download_checkpoint(stores: Stores, publication: CheckpointPublication, dest: Path) -> Path:

@@ -247,6 +247,28 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
         yield dep
 
 
+@pytest.fixture(autouse=True)
+def separate_scenarios(deployment: Deployment) -> Iterator[None]:
+    """Each scenario ends with both hosts' processes gone and no flow run left running: a flow
+    run whose host was killed stays ``RUNNING`` on the server and holds one of the pool's two
+    slots, so a failed or killed scenario would otherwise starve the next. Such runs are marked
+    ``CRASHED``, as an operator (or a zombie-run automation) would."""
+    yield
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType
+    from prefect.client.schemas.objects import StateType
+    from prefect.states import Crashed
+
+    for host in deployment.hosts.values():
+        host.kill_all()
+    with deployment.client() as client:
+        unfinished = client.read_flow_runs(flow_run_filter=FlowRunFilter(state=FlowRunFilterState(
+            type=FlowRunFilterStateType(any_=[StateType.RUNNING, StateType.PENDING, StateType.SCHEDULED,
+                                              StateType.CANCELLING]))))
+        for run in unfinished:
+            client.set_flow_run_state(run.id, Crashed(message="its host was stopped at the end of a scenario"),
+                                      force=True)
+
+
 def _healthy(api_url: str) -> bool:
     import urllib.request
 
@@ -272,8 +294,10 @@ def test_a_paused_host_is_fenced_out_and_the_other_host_finishes(deployment: Dep
     run_id = new_run_id()
     a.start_worker()
     wait_for(lambda: deployment.online("host-a"), 120, "host A's worker online")
-    # Long enough that host A is still training when it is paused.
-    first = deployment.queue_run(run_id, "train.timesteps=2000000")
+    # Long enough that host A is still training when it is paused, with checkpoints far enough
+    # apart that it has published none by then (an unfinished upload of one is replaced by B:
+    # tests/receipts/test_receipts.py).
+    first = deployment.queue_run(run_id, "train.timesteps=2000000", "train.checkpoint_freq=32768")
     started = wait_for(lambda: _learner_started(a, run_id), 180, "host A's learner started")
     assert (started.payload["attempt"], started.payload["epoch"]) == ("attempt-001", 1)
     lease = rules.read_lease(stores.control, run_id).lease
@@ -286,7 +310,7 @@ def test_a_paused_host_is_fenced_out_and_the_other_host_finishes(deployment: Dep
 
     b.start_worker()
     wait_for(lambda: deployment.online("host-b"), 120, "host B's worker online")
-    second = deployment.queue_run(run_id, "train.timesteps=2000000")
+    second = deployment.queue_run(run_id, "train.timesteps=2000000", "train.checkpoint_freq=32768")
     done = deployment.final(second, 420)
     assert done.state.type.value == "COMPLETED", done.state.message
 

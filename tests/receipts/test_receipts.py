@@ -157,6 +157,36 @@ def test_publish_checkpoint_verifies_uploads_and_indexes(stores: Stores, tmp_pat
         publish_checkpoint(stores, run_id="other-run", attempt_id="attempt-001", checkpoint_dir=folder)
 
 
+
+def test_the_lease_holder_replaces_an_unfinished_upload_of_the_same_checkpoint_but_never_a_published_one(
+        stores: Stores, tmp_path: Path) -> None:
+    open_run(stores, _spec(), now=T0)
+    begin_attempt(stores, RUN, mode="fresh", ttl_s=30, now=T0)
+    # Attempt 1 uploaded its manifest, then lost the lease before the rest and before its receipt.
+    first = _checkpoint_dir(tmp_path / "a", 100, b"same-policy")
+    prefix = f"runs/{RUN}/checkpoints/{first.name}/"
+    stores.model.put_verified(prefix + "manifest.json", (first / "manifest.json").read_bytes())
+    begin_attempt(stores, RUN, mode="fresh", ttl_s=30, now=T0 + timedelta(seconds=31))
+    # Attempt 2 trains the same policy to the same step; its resume state (so its manifest) differs.
+    second = _checkpoint_dir(tmp_path / "b", 100, b"same-policy")
+    (second / "resume" / "state.bin").write_bytes(b"other-state")
+    manifest = json.loads((second / "manifest.json").read_text())
+    manifest["files"]["resume/state.bin"] = {"sha256": hashlib.sha256(b"other-state").hexdigest(), "size_bytes": 11}
+    (second / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(Conflict, match="manifest.json: create-only write refused"):  # no epoch: no replacing
+        publish_checkpoint(stores, run_id=RUN, attempt_id="attempt-002", checkpoint_dir=second)
+    with pytest.raises(LeaseLost, match="write for attempt-001 epoch 1 refused"):
+        publish_checkpoint(stores, run_id=RUN, attempt_id="attempt-001", checkpoint_dir=first, epoch=1)
+    pub = publish_checkpoint(stores, run_id=RUN, attempt_id="attempt-002", checkpoint_dir=second, epoch=2)
+    assert (pub.attempt_id, pub.epoch) == ("attempt-002", 2)
+    for name in ("manifest.json", "policy.zip", "resume/state.bin"):
+        assert stores.model.get(prefix + name) == (second / name).read_bytes(), name
+        assert pub.files[name].sha256 == hashlib.sha256((second / name).read_bytes()).hexdigest()
+    # Once a receipt names the objects they are immutable, even for the lease holder.
+    with pytest.raises(Conflict, match="create-only write refused"):
+        publish_checkpoint(stores, run_id=RUN, attempt_id="attempt-002", checkpoint_dir=first, epoch=2)
+    assert stores.model.get(prefix + "manifest.json") == (second / "manifest.json").read_bytes()
+
 def test_index_updates_racing_lose_nothing(stores: Stores) -> None:
     def add(i: int):
         entry = IndexEntry(step=100 * (i + 1), sha256=f"{i:064x}", uri=f"file:///c/{i}/", purpose="periodic")
