@@ -231,6 +231,9 @@ def _one_problem(err: dict, loc: KeyPath, model: type[BaseModel], model_loc: Key
     found = err.get("input")
     if kind == "extra_forbidden":
         parent = _model_at(model, model_loc[:-1])
+        reason = getattr(parent, "refused_keys", {}).get(model_loc[-1]) if parent else None
+        if reason:
+            return comp.problem(full, f"a stable-baselines3 argument gradlab does not take here: {reason}")
         valid = sorted(parent.model_fields) if parent else []
         hint = difflib.get_close_matches(model_loc[-1], valid, n=1)
         msg = "unknown key"

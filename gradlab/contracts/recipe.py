@@ -7,7 +7,7 @@ Backend configs use stable-baselines3's argument names (``n_steps``, ``batch_siz
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_serializer, model_validator
 
@@ -37,8 +37,35 @@ class PolicyModel(Contract):
     share_features_extractor: bool = True
 
 
+#: stable-baselines3 constructor arguments (PPO's and A2C's) that are not backend config keys, each
+#: with where gradlab takes that setting or why it does not: a recipe that names one is refused
+#: with this reason instead of "unknown key" (``gradlab.contracts.compose``).
+SB3_ARGUMENTS_ELSEWHERE: dict[str, str] = {
+    "policy": "the policy follows from train.policy_model and the observation space (MlpPolicy or CnnPolicy)",
+    "env": "the environment is the goal's (env:), changed by train.environment",
+    "policy_kwargs": "set train.policy_model (extractor, net_arch, activation, ortho_init, features_dim, "
+                     "share_features_extractor)",
+    "seed": "the run's seed: gradlab train --seed (a cohort's seeds: gradlab sweep --seeds)",
+    "device": "set train.device (auto, cpu or cuda)",
+    "verbose": "gradlab shows a run's progress itself; its log is the run's learner.log",
+    "tensorboard_log": "metrics go to the run's outbox and journal (gradlab curves; W&B with --wandb)",
+    "stats_window_size": "episode statistics are over the last 100 finished episodes on both backends "
+                         "(train/episode/return/raw/mean), SB3's default",
+    "use_sde": "gSDE is not offered: Box actions are sampled from a state-independent diagonal Gaussian on both "
+               "backends (gradlab.ppo has no gSDE), so a recipe means the same on either",
+    "sde_sample_freq": "gSDE is not offered (see use_sde)",
+    "rollout_buffer_class": "the rollout buffer is the backend's own (it bootstraps the value on truncation, never on "
+                            "termination) and is not swapped",
+    "rollout_buffer_kwargs": "the rollout buffer is the backend's own and takes no arguments",
+    "_init_setup_model": "SB3's internal construction flag",
+}
+
+
 class PPOConfig(Contract):
     """stable-baselines3 PPO arguments (Schulman et al. 2017); defaults are SB3's."""
+
+    #: SB3 arguments refused with a reason (:data:`SB3_ARGUMENTS_ELSEWHERE`).
+    refused_keys: ClassVar[dict[str, str]] = SB3_ARGUMENTS_ELSEWHERE
 
     learning_rate: Schedule = 3e-4
     n_steps: int = Field(default=2048, ge=1)
@@ -81,6 +108,8 @@ class GradlabPPOConfig(PPOConfig):
 
 class A2CConfig(Contract):
     """stable-baselines3 A2C arguments (Mnih et al. 2016); defaults are SB3's."""
+
+    refused_keys: ClassVar[dict[str, str]] = SB3_ARGUMENTS_ELSEWHERE
 
     learning_rate: Schedule = 7e-4
     n_steps: int = Field(default=5, ge=1)

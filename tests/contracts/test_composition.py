@@ -69,6 +69,29 @@ def test_unknown_key_names_file_line_key_and_suggestion(experiments_copy: Path) 
     ]
 
 
+
+@pytest.mark.parametrize("backend", ["sb3.ppo", "gradlab.ppo", "sb3.a2c"])
+def test_every_stable_baselines3_argument_is_a_key_or_refused_with_its_reason(
+        experiments_copy: Path, backend: str) -> None:
+    import inspect
+
+    from stable_baselines3 import A2C, PPO
+
+    from gradlab.contracts.recipe import BACKEND_CONFIGS, SB3_ARGUMENTS_ELSEWHERE
+
+    arguments = set(inspect.signature((A2C if backend == "sb3.a2c" else PPO).__init__).parameters) - {"self"}
+    taken = set(BACKEND_CONFIGS[backend].model_fields)
+    assert arguments - taken - set(SB3_ARGUMENTS_ELSEWHERE) == set()  # SB3's own signature, read here
+    base = GOOD.replace("id: sb3.ppo", f"id: {backend}").replace("      n_steps: 32\n", "")
+    for name in sorted(arguments - taken):
+        text = base + f"      {name}: 1\n"
+        problems = _problems(experiments_copy, text)
+        assert problems == [f"experiments/goals/CartPole-v1/recipes/bad.yaml:6:7: train.backend.config.{name}: "
+                            f"a stable-baselines3 argument gradlab does not take here: {SB3_ARGUMENTS_ELSEWHERE[name]}"]
+    assert "gradlab train --seed" in SB3_ARGUMENTS_ELSEWHERE["seed"]
+    problems = _problems(experiments_copy, base + "      use_sde: true\n", ("train.backend.config.sde_sample_freq=4",))
+    assert any("sde_sample_freq: a stable-baselines3 argument" in p and "see use_sde" in p for p in problems), problems
+
 def test_wrong_type_names_expected_and_found(experiments_copy: Path) -> None:
     problems = _problems(experiments_copy, GOOD.replace("n_steps: 32", "n_steps: lots"))
     assert len(problems) == 1
