@@ -96,6 +96,44 @@ def require_no_live_lease(store: ObjectStore, run_id: str, *, now: datetime | No
         raise refusal
 
 
+def wait_out_lease(store: ObjectStore, run_id: str, *, poll_s: float = 0.25) -> None:
+    """Before a new attempt opens: wait until a lease in force expires when its owner cannot be
+    judged from here (another host or PID namespace), as long as nobody renews it; write nothing.
+
+    A retry queued right after its host died would otherwise be refused for up to one TTL: from
+    here a missing pid proves nothing, so the lease is waited out (docs/ARCHITECTURE.md section 9).
+    The wait is bounded by the lease's remaining time, which may be at most its own ``ttl_s`` (plus
+    one second of clock granularity).
+
+    Raises:
+        LeaseHeld: the owner is seen alive here; the lease is renewed or taken while waited out
+            (its owner lives, or another attempt won); or it expires further off than its own TTL
+            (a clock ahead of this one). As :func:`acquire_lease` would, naming the holder.
+    """
+    import time
+
+    held = read_lease(store, run_id)
+    refusal = _refusal(store, run_id, held, None, utcnow())
+    if refusal is None:
+        return
+    lease = held.lease
+    remaining = (lease.expires_at - utcnow()).total_seconds()
+    if lease.owner_state() != "unknown" or remaining > lease.ttl_s + 1.0:
+        raise refusal
+    logger.info("run %s: waiting %.1f s for %s's lease (owner %s, not visible from here) to expire", run_id,
+                remaining, lease.holder, lease.owner)
+    while True:
+        time.sleep(max(poll_s, min((lease.expires_at - utcnow()).total_seconds(), 5.0)))
+        again = read_lease(store, run_id)
+        refusal = _refusal(store, run_id, again, None, utcnow())
+        if refusal is None:
+            return
+        if (again.lease.holder, again.lease.generation) != (lease.holder, lease.generation):
+            raise refusal  # another attempt took the run meanwhile
+        if again.lease.heartbeat_at != lease.heartbeat_at:
+            raise LeaseHeld(f"{refusal} (renewed while it was waited out: its owner lives elsewhere)")
+
+
 def _refusal(store: ObjectStore, run_id: str, current: HeldLease | None, holder: str | None,
              at: datetime) -> LeaseHeld | None:
     """Why ``holder`` (None: any new holder) may not take the lease now, or None."""

@@ -14,8 +14,9 @@ store, not estimates: a timeout should fire only on a hang.
   being the goal's ``termination.max_episode_steps``, else the provider's own time limit
   (gymnasium's registered ``max_episode_steps``; ALE's 108,000 emulator frames / frame skip),
   else :data:`DEFAULT_STEP_CAP`;
-* the store-only tasks (open, stop request, promotion, seal): ``BASE_S``, plus the resume
-  checkpoint's download for ``open-run``.
+* the store-only tasks (open, stop request, promotion, seal): ``BASE_S``, plus for ``open-run``
+  the resume checkpoint's download and one lease TTL (a previous attempt's lease held from
+  another host is waited out).
 
 ``GRADLAB_TASK_TIMEOUT_SCALE`` (a positive float, default 1) multiplies every figure: an operator
 on a slower machine raises it.
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from gradlab.errors import ConfigError
+from gradlab.receipts.lease import lease_ttl_s
 
 #: Seconds any store-only task may take (a few small objects, retried reads included).
 BASE_S = 60.0
@@ -115,7 +117,7 @@ def task_timeouts(spec: Any, *, resume_bytes: int = 0) -> TaskTimeouts:
     lanes = max(1, int(goal.eval.n_envs))
     evaluate = STARTUP_S + goal.eval.episodes * episode_step_cap(goal) / (lanes * LANE_STEPS_PER_S)
     return TaskTimeouts(
-        open_run_s=scale * (BASE_S + resume_bytes / STORE_BYTES_PER_S),
+        open_run_s=scale * (BASE_S + lease_ttl_s() + resume_bytes / STORE_BYTES_PER_S),
         start_learner_s=scale * STARTUP_S,
         evaluate_s=scale * evaluate,
         request_stop_s=scale * BASE_S,

@@ -81,3 +81,55 @@ def test_a_live_owner_elsewhere_on_this_host_is_refused_even_after_expiry(stores
     with pytest.raises(LeaseHeld, match=f"{socket.gethostname()}:{other_process.pid} still runs on this host"):
         begin_attempt(stores, RUN, mode="fresh")  # the deployment path (no CLI check in front)
     assert _refused_by_cli(stores) is not None
+
+
+def _lease_from_another_namespace(stores: Stores, *, ttl_s: float) -> None:
+    """attempt-001's lease, rewritten as if a process in another PID namespace held it for ``ttl_s``."""
+    open_run(stores, _spec())
+    _, held = begin_attempt(stores, RUN, mode="fresh")
+    at = utcnow()
+    lease = held.lease.model_copy(update={"owner": "host-a:7", "owner_pid": 7, "owner_start": 123,
+                                          "owner_pid_namespace": "pid:[1]", "heartbeat_at": at, "ttl_s": ttl_s,
+                                          "expires_at": at + timedelta(seconds=ttl_s)})
+    stores.control.put_if_match(keys.lease(RUN), dump_model(lease), held.etag)
+
+
+def test_a_lease_held_from_another_namespace_is_waited_out_then_the_attempt_opens(stores: Stores) -> None:
+    from gradlab.receipts.lease import wait_out_lease
+
+    _lease_from_another_namespace(stores, ttl_s=3)
+    lease = read_lease(stores.control, RUN).lease
+    assert lease.owner_state() == "unknown" and lease.in_force()
+    with pytest.raises(LeaseHeld):  # what the open did before: refused for up to a TTL
+        begin_attempt(stores, RUN, mode="fresh")
+    wait_out_lease(stores.control, RUN)
+    assert utcnow() >= lease.expires_at  # returned once it expired, not before
+    attempt, held = begin_attempt(stores, RUN, mode="fresh")
+    assert (attempt.attempt_id, held.lease.generation) == ("attempt-002", 2)
+
+
+def test_a_lease_renewed_while_waited_out_is_refused(stores: Stores) -> None:
+    import threading
+
+    from gradlab.receipts.lease import renew_lease, wait_out_lease
+
+    _lease_from_another_namespace(stores, ttl_s=3)
+    held = read_lease(stores.control, RUN)
+    renewer = threading.Timer(1.0, lambda: renew_lease(stores.control, held, ttl_s=60))
+    renewer.start()
+    try:
+        with pytest.raises(LeaseHeld, match="renewed while it was waited out: its owner lives elsewhere"):
+            wait_out_lease(stores.control, RUN)
+    finally:
+        renewer.join()
+    assert read_lease(stores.control, RUN).lease.generation == 1  # nothing taken
+
+
+def test_a_live_owner_on_this_host_is_not_waited_for(stores: Stores, other_process: subprocess.Popen) -> None:
+    from gradlab.receipts.lease import wait_out_lease
+
+    _lease_held_by(stores, pid=other_process.pid, start=process_start(other_process.pid))  # 60 s left
+    started = utcnow()
+    with pytest.raises(LeaseHeld, match=f"whose process {socket.gethostname()}:{other_process.pid} still runs"):
+        wait_out_lease(stores.control, RUN)
+    assert utcnow() - started < timedelta(seconds=30)  # refused at once, not after the lease's minute

@@ -15,7 +15,7 @@ from gradlab.contracts.run_spec import RunSpec
 from gradlab.errors import ContractViolation, NotFound
 from gradlab.outbox import Outbox
 from gradlab.receipts.evaluations import list_evaluations
-from gradlab.receipts.lease import HeldLease, lease_ttl_s, require_no_live_lease
+from gradlab.receipts.lease import HeldLease, lease_ttl_s, require_no_live_lease, wait_out_lease
 from gradlab.receipts.models import (
     Attempt,
     AttemptMode,
@@ -95,13 +95,18 @@ def open_attempt(stores: Stores, spec: RunSpec, paths: RunPaths, *, flow_run_id:
     Args:
         flow_run_id: the Prefect flow run executing the attempt (recorded: its hooks close only it).
 
+    A lease in force whose owner cannot be seen from here (another host or PID namespace) is
+    waited out first, for at most its remaining time (:func:`gradlab.receipts.lease.wait_out_lease`).
+
     Raises:
-        LeaseHeld: another attempt's lease is in force, or its owner is seen running here although
-            it expired; nothing is written (no receipt sealed, no lease or attempt touched).
+        LeaseHeld: another attempt's lease is in force with its owner seen alive here, or renewed
+            while waited out, or its owner is seen running here although it expired; nothing is
+            written (no receipt sealed, no lease or attempt touched).
         IntegrityError: no published checkpoint verifies (each failure named); no attempt is
             opened, so none is left unsealed.
     """
-    require_no_live_lease(stores.control, spec.run_id)  # refused before anything is written
+    # Refused before anything is written; a lease held from another host or namespace is waited out.
+    wait_out_lease(stores.control, spec.run_id)
     open_run(stores, spec)
     previous = list_attempts(stores, spec.run_id)
     mode: AttemptMode = "fresh"
