@@ -200,6 +200,25 @@ BREAKOUT = {"provider": "ale", "env_id": "Breakout", "n_envs": 2, "num_threads":
             "task": {"termination": {"max_episode_steps": 200}}}  # short evaluation episodes
 
 
+class _FrameSpaces:
+    """A one-lane SB3 vector env with the spec's frame and action spaces, for loading statistics."""
+
+    @staticmethod
+    def vector(spec):
+        import gymnasium as gym
+        from stable_baselines3.common.vec_env import DummyVecEnv
+
+        envs = make_vector_env(spec.environment, seed=0)
+        obs_space, act_space = envs.single_observation_space, envs.single_action_space
+        envs.close()
+
+        class Spaces(gym.Env):
+            def __init__(self) -> None:
+                self.observation_space, self.action_space = obs_space, act_space
+
+        return DummyVecEnv([Spaces])
+
+
 @pytest.mark.parametrize("backend", ["sb3.ppo", "gradlab.ppo"])
 def test_normalised_frames_checkpoint_evaluate_and_load_in_sb3(backend: str, tmp_path: Path) -> None:
     """Image observations normalised (per-pixel statistics, SB3's VecNormalize meaning): the
@@ -233,6 +252,21 @@ def test_normalised_frames_checkpoint_evaluate_and_load_in_sb3(backend: str, tmp
     with torch.no_grad():
         theirs = model.policy.get_distribution(torch.as_tensor(normalised)).distribution.probs.numpy()
     np.testing.assert_allclose(policy.action_probs(raw), theirs, rtol=1e-5, atol=1e-6)
+    # `gradlab export --format sb3`: SB3's own VecNormalize.load of the exported statistics turns the
+    # env's frames into what the exported policy.zip takes (rl-zoo's layout is refused for Atari).
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    from gradlab.share.export import export_checkpoint
+
+    _, files = export_checkpoint(final, spec, tmp_path / "sb3", fmt="sb3")
+    assert sorted(f.name for f in files) == ["gradlab_export.json", "policy.zip", "vecnormalize.pkl"]
+    loaded = VecNormalize.load(str(tmp_path / "sb3" / "vecnormalize.pkl"), _FrameSpaces.vector(spec))
+    assert (loaded.norm_obs, loaded.training, loaded.clip_obs) == (True, False, 5.0)
+    np.testing.assert_allclose(loaded.normalize_obs(raw), normalised, rtol=1e-5, atol=1e-5)
+    exported = PPO.load(str(tmp_path / "sb3" / "policy.zip"), device="cpu")
+    with torch.no_grad():
+        played = exported.policy.get_distribution(torch.as_tensor(loaded.normalize_obs(raw))).distribution.probs.numpy()
+    np.testing.assert_allclose(played, theirs, rtol=1e-5, atol=1e-6)
     goal = Goal.model_validate({"goal_id": "test", "evaluation_mode": "evaluated",
                                 "train": {"checkpoint_freq": 64, "environment": BREAKOUT},
                                 "eval": {"episodes": 2, "n_envs": 2, "seed": 0, "policy": "stochastic",
