@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -124,3 +125,34 @@ def _pgid(pid: int) -> int | None:
 
 def interrupt(proc: subprocess.Popen[str]) -> None:
     proc.send_signal(signal.SIGINT)
+
+
+def stop_outside_a_write(pids: list[int], outbox: Path) -> None:
+    """SIGSTOP ``pids`` at a moment none of them holds a write transaction on ``outbox`` (one stopped
+    inside a millisecond write would keep SQLite's lock for the whole pause; the scenario is a run
+    paused between writes)."""
+    for _ in range(200):
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGSTOP)
+            except ProcessLookupError:
+                pass  # a short-lived helper of the run (a subprocess that already ended)
+        probe = sqlite3.connect(str(outbox), timeout=0.2, isolation_level=None)
+        try:
+            probe.execute("BEGIN IMMEDIATE")  # takes the write lock only when nobody holds it
+            probe.execute("ROLLBACK")
+            return
+        except sqlite3.OperationalError:
+            resume(pids)  # stopped mid-write: let it finish, then try again
+            time.sleep(0.05)
+        finally:
+            probe.close()
+    raise AssertionError(f"the run held {outbox}'s write lock at each of 200 pauses")
+
+
+def resume(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass

@@ -22,6 +22,7 @@ from tests.runs.conftest import (
     pid_alive,
     run_gradlab,
     start_gradlab,
+    stop_outside_a_write,
     wait_for,
 )
 from tests.s3server import s3_server  # noqa: F401  (fixture)
@@ -73,7 +74,7 @@ def test_sigkill_of_the_learner_then_retry_resumes_to_the_planned_steps(prefect_
         outbox = run_dir / "outbox.sqlite"
         wait_for(lambda: _local_checkpoints(outbox) >= 2, 120, "two local checkpoints", interval_s=0.02)
         learner = _learner_pid(run_dir)
-        os.kill(learner, signal.SIGSTOP)
+        stop_outside_a_write([learner], outbox)  # between writes: not holding the outbox's lock
         assert Outbox(outbox, readonly=True).last("learner_finished") is None
         wait_for(lambda: len(_publications(run_id)) >= 2, 120, "two published checkpoints")
         os.kill(learner, signal.SIGKILL)

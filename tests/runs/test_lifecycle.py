@@ -27,6 +27,7 @@ from tests.runs.conftest import (
     pid_alive,
     run_gradlab,
     start_gradlab,
+    stop_outside_a_write,
     wait_for,
 )
 
@@ -293,7 +294,8 @@ def test_a_learner_that_ignores_its_stop_request_and_sigterm_is_killed_and_the_r
         started = wait_for(lambda: _last(run_dir, "learner_started"), 120, "the learner started")
         learner = int(started.payload["pid"])
         wait_for(lambda: _last(run_dir, "checkpoint_ready"), 120, "the learner's first checkpoint")
-        os.kill(learner, signal.SIGSTOP)
+        # Frozen between writes: one frozen inside its outbox transaction would keep SQLite's lock.
+        stop_outside_a_write([learner], run_dir / "outbox.sqlite")
         out, err = proc.communicate(timeout=300)
     finally:
         proc.kill()

@@ -11,9 +11,6 @@ server is not.
 
 from __future__ import annotations
 
-import os
-import signal
-import sqlite3
 import subprocess
 import time
 from collections.abc import Callable
@@ -23,7 +20,15 @@ import pytest
 
 from gradlab.learn.zygote import flow_zygote_dir, ready_zygotes
 from gradlab.outbox import Outbox
-from tests.runs.conftest import gradlab_env, last_json_line, pid_alive, start_gradlab, wait_for
+from tests.runs.conftest import (
+    gradlab_env,
+    last_json_line,
+    pid_alive,
+    resume,
+    start_gradlab,
+    stop_outside_a_write,
+    wait_for,
+)
 
 #: Seconds the run's processes stay stopped: longer than the lease TTL the test gives the run and
 #: than the keep-alive and ping timeouts of the connections the flow holds.
@@ -68,37 +73,6 @@ def _training(run_dir: Path) -> int | None:
         return None
 
 
-def _stop_outside_a_write(pids: list[int], outbox: Path) -> None:
-    """SIGSTOP ``pids`` at a moment none of them holds a write transaction on ``outbox`` (one stopped
-    inside a millisecond write would keep SQLite's lock for the whole pause; the scenario is a run
-    paused between writes)."""
-    for _ in range(200):
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGSTOP)
-            except ProcessLookupError:
-                pass  # a short-lived helper of the run (a subprocess that already ended)
-        probe = sqlite3.connect(str(outbox), timeout=0.2, isolation_level=None)
-        try:
-            probe.execute("BEGIN IMMEDIATE")  # takes the write lock only when nobody holds it
-            probe.execute("ROLLBACK")
-            return
-        except sqlite3.OperationalError:
-            _resume(pids)  # stopped mid-write: let it finish, then try again
-            time.sleep(0.05)
-        finally:
-            probe.close()
-    raise AssertionError(f"the run held {outbox}'s write lock at each of 200 pauses")
-
-
-def _resume(pids: list[int]) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGCONT)
-        except ProcessLookupError:
-            pass
-
-
 def _paused_run(home: Path, api: str, during: Callable[[Path], None]) -> tuple[subprocess.Popen[str], Path, int, str,
                                                                               str]:
     """Start ``gradlab train`` (handed to the warm flow), stop every process of the run once it is
@@ -119,14 +93,14 @@ def _paused_run(home: Path, api: str, during: Callable[[Path], None]) -> tuple[s
         assert len(children) == 1, f"expected the run handed to the warm flow, found children {children}"
         stopped = _run_processes(proc.pid, {children[0], learner})
         assert learner in stopped and children[0] in stopped
-        _stop_outside_a_write(stopped, run_dir / "outbox.sqlite")
+        stop_outside_a_write(stopped, run_dir / "outbox.sqlite")
         time.sleep(PAUSE_S)  # the deliberate pause
         during(run_dir)
-        _resume(stopped)
+        resume(stopped)
         stopped = []
         out, err = proc.communicate(timeout=300)
     finally:
-        _resume(stopped)
+        resume(stopped)
         if proc.poll() is None:
             proc.kill()
     return proc, run_dir, learner, out, err
