@@ -10,8 +10,9 @@ Public names:
     EVENT_KINDS: the event kinds the learner emits.
     AT_CHECKPOINT: the stop rule "stop on acceptance only at checkpoint boundaries".
     OutboxError: the file could not be read or written (names it; errno ENOSPC for a full disk).
+    OutboxBusy: an OutboxError: another process held the write lock past the busy timeout (transient).
 """
 
-from gradlab.outbox.store import AT_CHECKPOINT, EVENT_KINDS, Event, Outbox, OutboxError, event_id
+from gradlab.outbox.store import AT_CHECKPOINT, EVENT_KINDS, Event, Outbox, OutboxBusy, OutboxError, event_id
 
-__all__ = ["AT_CHECKPOINT", "EVENT_KINDS", "Event", "Outbox", "OutboxError", "event_id"]
+__all__ = ["AT_CHECKPOINT", "EVENT_KINDS", "Event", "Outbox", "OutboxBusy", "OutboxError", "event_id"]

@@ -57,11 +57,20 @@ VERDICT_PREFIX = "verdict:"
 BUSY_TIMEOUT_S = 30.0
 #: SQLite's result code for "database or disk is full" (https://sqlite.org/rescode.html#full).
 _SQLITE_FULL = 13
+#: SQLite's primary result codes for a lock another connection holds: SQLITE_BUSY, SQLITE_LOCKED
+#: (https://sqlite.org/rescode.html#busy); extended codes carry them in their low byte.
+_SQLITE_BUSY_CODES = (5, 6)
 
 
 class OutboxError(GradlabError, OSError):
     """The outbox file could not be read or written: names the file, and the errno when SQLite's
     error is one (a full disk is ``ENOSPC``)."""
+
+
+class OutboxBusy(OutboxError):
+    """Another process held the outbox's write lock past the busy timeout (:data:`BUSY_TIMEOUT_S`):
+    a learner frozen inside its write (SIGSTOP, a swapping host). Transient: the same write may
+    succeed later, and does once that process goes on or is killed."""
 
 
 @contextlib.contextmanager
@@ -74,6 +83,9 @@ def _named(path: Path) -> Iterator[None]:
         full = getattr(e, "sqlite_errorcode", None) == _SQLITE_FULL or "disk is full" in str(e)
         if full:
             raise OutboxError(errno.ENOSPC, f"No space left on device (SQLite: {e})", str(path)) from None
+        code = getattr(e, "sqlite_errorcode", None)
+        if (code is not None and code & 0xFF in _SQLITE_BUSY_CODES) or "database is locked" in str(e):
+            raise OutboxBusy(f"{path}: {type(e).__name__}: {e}") from None
         raise OutboxError(f"{path}: {type(e).__name__}: {e}") from None
 
 _SCHEMA = """

@@ -33,11 +33,16 @@ from typing import Any, Protocol
 
 from gradlab.contracts.run_spec import RunSpec
 from gradlab.errors import IntegrityError, NotFound
-from gradlab.outbox import AT_CHECKPOINT, Event, Outbox
+from gradlab.outbox import AT_CHECKPOINT, Event, Outbox, OutboxBusy
 from gradlab.receipts.lease import LeaseLost
 from gradlab.receipts.models import CheckpointPublication, EvaluationRecord
 
 log = logging.getLogger(__name__)
+
+#: Seconds after a write found the outbox busy during which no other write is tried: each would
+#: wait out the outbox's busy timeout, while the driver's ticks (lease renewal, stop enforcement)
+#: run freely in between.
+BUSY_BACKOFF_S = 10.0
 
 #: Outbox event kind the supervisor appends for its own metrics (evaluations, orchestration).
 SUPERVISOR_METRICS = "supervisor_metrics"
@@ -191,6 +196,16 @@ class Supervisor:
     #: Steps whose verdict is in the outbox (written once each).
     _verdicts_written: set[int] = field(default_factory=set)
     _stop_written_at: float = 0.0
+    #: The stop request is decided but not yet in the outbox (it was busy): written on the next tick.
+    _stop_unwritten: bool = False
+    #: Supervisor metrics not yet in the outbox (it was busy), in order: appended on the next tick.
+    _unemitted: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    _busy_logged_at: float | None = None
+    #: Until then (on :attr:`clock`) no write waits out the busy timeout again: the outbox was just
+    #: found busy, and the driver's tick (lease renewal, stop enforcement) must go on.
+    _busy_until: float = float("-inf")
+    #: Per sink, a delivery mark a busy outbox did not take yet (the highest event_seq delivered).
+    _unacked: dict[str, int] = field(default_factory=dict)
 
     # -- inputs ------------------------------------------------------------------------------
     def adopt_published(self, publications: list[CheckpointPublication], records: dict[str, EvaluationRecord]) -> None:
@@ -258,8 +273,49 @@ class Supervisor:
             self.learner_started = dict(event.payload)
 
     # -- decisions -----------------------------------------------------------------------------
+    def _outbox_busy(self, what: str, error: OutboxBusy) -> None:
+        """A write found the outbox locked by another process past the busy timeout (a learner
+        frozen inside its write): it is tried again next tick, while the driver's stop grace
+        period goes on (a killed learner frees the lock). Said at most every 30 s."""
+        now = self.clock()
+        self._busy_until = now + BUSY_BACKOFF_S
+        if self._busy_logged_at is None or now - self._busy_logged_at >= 30.0:
+            self._busy_logged_at = now
+            log.warning("run %s: %s not written yet, the outbox is locked by another process (a learner frozen "
+                        "inside its write?); trying again: %s", self.spec.run_id, what, error)
+
+    def _busy(self) -> bool:
+        return self.clock() < self._busy_until
+
+    def _write_pending(self) -> None:
+        """Write what a busy outbox refused earlier: the stop request, then supervisor metrics in order."""
+        if self._busy():
+            return
+        if self._stop_unwritten and self.stop_reason is not None:
+            try:
+                self.outbox.request_stop(self.stop_reason)
+                self._stop_unwritten = False
+            except OutboxBusy as e:
+                self._outbox_busy("the stop request", e)
+                return
+        while self._unemitted:
+            step, metrics = self._unemitted[0]
+            try:
+                self.outbox.append(SUPERVISOR_METRICS, step, {"metrics": metrics, "attempt_id": self.attempt_id})
+            except OutboxBusy as e:
+                self._outbox_busy("the supervisor's metrics", e)
+                return
+            self._unemitted.pop(0)
+
     def advance(self) -> None:
-        """Collect finished work and start what is ready (publications, evaluations, stop)."""
+        """Collect finished work and start what is ready (publications, evaluations, stop).
+
+        A write the outbox refuses as busy (:class:`gradlab.outbox.OutboxBusy`) is kept and tried
+        again on a later call: a verdict, the stop request, the supervisor's metrics. Once a write
+        found it busy, the others wait :data:`BUSY_BACKOFF_S` instead of each waiting out the busy
+        timeout (so the driver's tick, its lease renewal and its stop enforcement go on).
+        """
+        self._write_pending()
         for track in sorted(self.tracks.values(), key=lambda t: t.step):
             self._collect_publication(track)
             self._collect_evaluation(track)
@@ -312,7 +368,13 @@ class Supervisor:
                 verdict = "deferred"
             else:
                 continue
-            self.outbox.set_verdict(track.step, verdict)
+            if self._busy():
+                return
+            try:
+                self.outbox.set_verdict(track.step, verdict)
+            except OutboxBusy as e:
+                self._outbox_busy(f"the verdict on step {track.step}", e)
+                return
             self._verdicts_written.add(track.step)
 
     def advance_collect_only(self) -> None:
@@ -403,15 +465,23 @@ class Supervisor:
         if self.stop_reason is not None:
             return
         self.stop_reason = reason
-        self.outbox.request_stop(reason)  # what the learner reads: the stop takes effect from here
-        self._stop_written_at = self.clock()
+        self._stop_written_at = self.clock()  # the stop grace period runs from here, written or not
+        self._stop_unwritten = True
+        if not self._busy():
+            try:
+                self.outbox.request_stop(reason)  # what the learner reads: the stop takes effect from here
+                self._stop_unwritten = False
+            except OutboxBusy as e:
+                self._outbox_busy("the stop request", e)
         if self.request_stop is not None:
             self.request_stop(reason)
         log.info("run %s: stop requested (%s)", self.spec.run_id, reason)
 
     def _emit(self, metrics: dict[str, Any], step: int) -> None:
-        """Append the supervisor's own metrics to the outbox, so they get an event_seq like any other."""
-        self.outbox.append(SUPERVISOR_METRICS, step, {"metrics": metrics, "attempt_id": self.attempt_id})
+        """Append the supervisor's own metrics to the outbox, so they get an event_seq like any other
+        (after any still waiting for a busy outbox, in order)."""
+        self._unemitted.append((step, metrics))
+        self._write_pending()
 
     # -- metrics ----------------------------------------------------------------------------------
     def deliver_metrics(self) -> None:
@@ -421,6 +491,7 @@ class Supervisor:
             LeaseLost: a newer attempt fenced this outbox, or ``confirm_lease`` found the lease lost;
                 nothing is delivered (the successor delivers from the outbox).
         """
+        self._ack_pending()
         if not self._pending_metrics and not any(self._backlog.values()):
             return
         self._require_fence()
@@ -433,11 +504,25 @@ class Supervisor:
             todo = [(seq, m) for seq, m in queue if seq > mark]
             delivered = sink.deliver(todo) if todo else 0
             if delivered:
-                self.outbox.ack(sink.name, delivered)
+                self._unacked[sink.name] = max(delivered, self._unacked.get(sink.name, 0))
+                self._ack_pending()
             # A sink that took only part (W&B still starting) gets the rest next time; one that has
             # given up (W&B failed) keeps nothing: the outbox has it for a later attempt's drain.
             keep = getattr(sink, "accepting", True)
             self._backlog[sink.name] = [(seq, m) for seq, m in todo if seq > delivered] if keep else []
+
+    def _ack_pending(self) -> None:
+        """Write each sink's delivery mark not yet in the outbox (one a busy outbox refused waits for
+        the next call; nothing is delivered twice meanwhile: the backlog holds only what is not)."""
+        for name, seq in list(self._unacked.items()):
+            if self._busy():
+                return
+            try:
+                self.outbox.ack(name, seq)
+            except OutboxBusy as e:
+                self._outbox_busy(f"{name}'s delivery mark", e)
+                return
+            del self._unacked[name]
 
     def _require_fence(self) -> None:
         if self.fence is not None and (current := self.outbox.fence()) not in (None, self.fence):
@@ -467,7 +552,8 @@ class Supervisor:
 
     def drained(self) -> bool:
         """:meth:`work_done`, and every metric event read and delivered."""
-        return self.work_done() and not self._pending_metrics and self.outbox.max_seq() <= self.after_seq
+        return (self.work_done() and not self._pending_metrics and not self._unemitted and not self._unacked
+                and self.outbox.max_seq() <= self.after_seq)
 
     def abandon_evaluations(self, reason: str) -> None:
         """Cancelled or failed attempt: unevaluated checkpoints stay deferred (a retry evaluates them)."""

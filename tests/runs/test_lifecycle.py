@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import signal
+import sqlite3
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -280,24 +281,37 @@ def test_the_same_seed_stops_at_the_same_step_however_slow_evaluation_is(prefect
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("frozen", ["between_writes", "inside_a_write"])
 def test_a_learner_that_ignores_its_stop_request_and_sigterm_is_killed_and_the_receipt_says_so(
-        prefect_api: str, gradlab_home: Path) -> None:
+        prefect_api: str, gradlab_home: Path, frozen: str) -> None:
     """A learner frozen (SIGSTOP: it reads no stop request and acts on no SIGTERM) at its first
     checkpoint: once that checkpoint is accepted the learner gets GRADLAB_STOP_WAIT_S to stop, then
     SIGTERM, then SIGKILL at the end of the grace period; the run is promoted on what it
-    published, and the receipt says how the learner ended."""
+    published, and the receipt says how the learner ended.
+
+    ``inside_a_write``: frozen holding the outbox's write lock (held here for it, until the learner
+    is gone, as a learner's own lock goes with its process): the supervisor keeps its writes (the
+    stop request, its metrics, delivery marks) for later instead of failing the attempt."""
     env = {**gradlab_env(prefect_api), "GRADLAB_STOP_WAIT_S": "3"}
     proc = start_gradlab(["train", "gradlab__bandit/ppo", "--set", "train.timesteps=2000000", "--json"], env)
     learner = None
+    lock = None
     try:
         run_dir = wait_for(lambda: only_run_dir(gradlab_home), 120, "the run's folder")
         started = wait_for(lambda: _last(run_dir, "learner_started"), 120, "the learner started")
         learner = int(started.payload["pid"])
         wait_for(lambda: _last(run_dir, "checkpoint_ready"), 120, "the learner's first checkpoint")
-        # Frozen between writes: one frozen inside its outbox transaction would keep SQLite's lock.
+        # Frozen between writes: one frozen inside its outbox transaction keeps SQLite's lock.
         stop_outside_a_write([learner], run_dir / "outbox.sqlite")
+        if frozen == "inside_a_write":
+            lock = sqlite3.connect(str(run_dir / "outbox.sqlite"), isolation_level=None)
+            lock.execute("BEGIN IMMEDIATE")
+            wait_for(lambda: not pid_alive(learner), 300, "the frozen learner killed")
+            lock.execute("ROLLBACK")
         out, err = proc.communicate(timeout=300)
     finally:
+        if lock is not None:
+            lock.close()
         proc.kill()
         if learner is not None and pid_alive(learner):
             os.kill(learner, signal.SIGKILL)
@@ -310,3 +324,7 @@ def test_a_learner_that_ignores_its_stop_request_and_sigterm_is_killed_and_the_r
     promotion = rules.read_promotion(open_stores(), receipt["run_id"])
     assert promotion is not None and promotion.checkpoint_step == receipt["promotion"]["checkpoint_step"]
     assert not pid_alive(learner)
+    if frozen == "inside_a_write":  # what waited for the lock was written once it went
+        box = Outbox(run_dir / "outbox.sqlite", readonly=True)
+        assert box.stop_requested() is not None and box.stop_requested().startswith("accepted:")
+        assert "the outbox is locked by another process" in err
