@@ -225,12 +225,17 @@ class EnvironmentOverrides(Contract):
     preprocessing: dict[str, Any] | None = None
 
 
+#: The largest finite float32: normalised observations are float32, so a clip beyond it is no clip.
+FLOAT32_MAX = 3.4028234663852886e38
+
+
 class Normalize(Contract):
     """Running mean/std normalisation (SB3's VecNormalize); its statistics are saved with checkpoints."""
 
     observation: bool = False
     reward: bool = False
-    clip_observation: float = Field(default=10.0, gt=0.0)
+    clip_observation: float = Field(default=10.0, gt=0.0, le=FLOAT32_MAX,
+                                    description="Normalised observations are clipped to [-clip, clip] (float32).")
 
 
 class RecipeTrain(Contract):

@@ -122,12 +122,15 @@ def wait_out_lease(store: ObjectStore, run_id: str, *, poll_s: float = 0.25) -> 
         raise refusal
     logger.info("run %s: waiting %.1f s for %s's lease (owner %s, not visible from here) to expire", run_id,
                 remaining, lease.holder, lease.owner)
+    deadline = lease.expires_at + timedelta(seconds=1.0)
     while True:
         time.sleep(max(poll_s, min((lease.expires_at - utcnow()).total_seconds(), 5.0)))
         again = read_lease(store, run_id)
         refusal = _refusal(store, run_id, again, None, utcnow())
         if refusal is None:
             return
+        if utcnow() > deadline:  # rewritten further off without a renewal: waited as long as it said
+            raise refusal
         if (again.lease.holder, again.lease.generation) != (lease.holder, lease.generation):
             raise refusal  # another attempt took the run meanwhile
         if again.lease.heartbeat_at != lease.heartbeat_at:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from datetime import datetime
 from pathlib import Path
 
@@ -21,6 +22,8 @@ from gradlab.receipts.models import CheckpointPublication, FileEntry, IndexEntry
 from gradlab.stores import Stores, keys, sha256_hex
 
 logger = logging.getLogger(__name__)
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def _checkpoint_files(checkpoint_dir: Path) -> dict[str, Path]:
@@ -58,8 +61,10 @@ def publish_checkpoint(
     Raises:
         LeaseLost: ``epoch`` is no longer the lease's (also checked before replacing an object).
         ContractViolation: no ``manifest.json``, or it names another run.
-        IntegrityError: a file's bytes do not match the manifest (names the file), a listed file is
-            missing, or a file is not listed; or a replaced object reads back different bytes.
+        IntegrityError: ``manifest.json`` is not a manifest (invalid JSON, no integer step or
+            sha256), the policy file's sha256 is not the manifest's, a file's bytes do not match
+            the manifest (names the file), a listed file is missing, or a file is not listed; or a
+            replaced object reads back different bytes.
         Conflict: the model store holds different bytes under this checkpoint's keys and either a
             publication receipt names them or no ``epoch`` was given.
         StoreUnavailable: a store cannot be reached (transient: retry).
@@ -70,13 +75,25 @@ def publish_checkpoint(
         manifest = json.loads(manifest_path.read_bytes())
     except FileNotFoundError:
         raise ContractViolation(f"{manifest_path}: checkpoint has no manifest.json") from None
+    except ValueError as e:  # not JSON, not UTF-8
+        raise IntegrityError(f"{manifest_path}: not a checkpoint manifest (invalid JSON: {e})") from None
+    if not isinstance(manifest, dict):
+        raise IntegrityError(f"{manifest_path}: not a checkpoint manifest (expected a JSON object)")
     if manifest.get("run_id") != run_id:
         raise ContractViolation(f"{manifest_path}: run_id: expected {run_id}, found {manifest.get('run_id')}")
+    step, sha256, listed = manifest.get("step"), manifest.get("sha256"), manifest.get("files", {})
+    if (not isinstance(step, int) or isinstance(step, bool) or step < 0 or not isinstance(sha256, str)
+            or not _SHA256.fullmatch(sha256) or not isinstance(listed, dict)
+            or not all(isinstance(entry, dict) for entry in listed.values())):
+        raise IntegrityError(f"{manifest_path}: expected step (an integer >= 0), sha256 (64 hex digits) and files "
+                             f"(name: {{sha256, size_bytes}}), found step {step!r}, sha256 {sha256!r}")
+    purpose = manifest.get("purpose", "periodic")
     if epoch is not None:
         require_epoch(stores, run_id, attempt_id, epoch)
-    step, sha256, purpose = int(manifest["step"]), str(manifest["sha256"]), manifest.get("purpose", "periodic")
-    listed: dict[str, dict] = manifest.get("files", {})
     present = _checkpoint_files(checkpoint_dir)
+    policy = present.get(str(manifest.get("policy_file", "policy.zip")))
+    if policy is not None and (digest := sha256_hex(policy.read_bytes())) != sha256:
+        raise IntegrityError(f"{policy}: sha256 expected {sha256} (manifest.json: the checkpoint's identity), found {digest}")
     missing = sorted(set(listed) - set(present))
     if missing:
         raise IntegrityError(f"{checkpoint_dir}: files listed in manifest.json are missing: {', '.join(missing)}")

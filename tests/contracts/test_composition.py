@@ -179,3 +179,10 @@ def test_catalog_must_cover_every_goal_once(experiments_copy: Path) -> None:
     messages = [p.render() for p in Experiments().validate_all().problems]
     assert "experiments/goals/_catalog.yaml: projects.smoke.goals: expected a goal or a family folder, found no goal 'Nope'" in messages
     assert "experiments/goals/_catalog.yaml: projects: goal 'Airstriker-Genesis-v0' belongs to no project" in messages
+
+
+def test_a_clip_beyond_float32_is_refused_before_anything_runs(experiments_copy: Path) -> None:
+    # Normalised observations are float32: 1e39 was accepted, then crashed the learner's Box.
+    problems = _problems(experiments_copy, GOOD, ("train.normalize.clip_observation=1e39",))
+    assert len(problems) == 1 and "train.normalize.clip_observation: expected" in problems[0], problems
+    assert "expected less than or equal to 34028234663852886" in problems[0] and "found '1e39'" in problems[0]

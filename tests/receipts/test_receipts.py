@@ -155,6 +155,17 @@ def test_publish_checkpoint_verifies_uploads_and_indexes(stores: Stores, tmp_pat
         publish_checkpoint(stores, run_id=RUN, attempt_id="attempt-001", checkpoint_dir=bad)
     with pytest.raises(ContractViolation, match="run_id: expected other-run"):
         publish_checkpoint(stores, run_id="other-run", attempt_id="attempt-001", checkpoint_dir=folder)
+    # A manifest that is not one, or names another policy than the folder's, is refused by name.
+    odd = _checkpoint_dir(tmp_path / "odd", 300, b"policy-bytes-300")
+    manifest = json.loads((odd / "manifest.json").read_text())
+    for text, match in ((b'{"run_id": "' + RUN.encode() + b'", "st', "not a checkpoint manifest \\(invalid JSON"),
+                        (json.dumps({**manifest, "step": "300"}).encode(), "expected step \\(an integer >= 0\\)"),
+                        (json.dumps({k: v for k, v in manifest.items() if k != "sha256"}).encode(), "found step 300, sha256 None"),
+                        (json.dumps({**manifest, "sha256": "0" * 64}).encode(), "policy.zip: sha256 expected 0000")):
+        (odd / "manifest.json").write_bytes(text)
+        with pytest.raises(IntegrityError, match=match):
+            publish_checkpoint(stores, run_id=RUN, attempt_id="attempt-001", checkpoint_dir=odd)
+    assert not stores.model.list(f"runs/{RUN}/checkpoints/000000000300-")  # nothing uploaded
 
 
 
