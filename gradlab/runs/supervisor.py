@@ -28,6 +28,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -273,37 +274,38 @@ class Supervisor:
             self.learner_started = dict(event.payload)
 
     # -- decisions -----------------------------------------------------------------------------
-    def _outbox_busy(self, what: str, error: OutboxBusy) -> None:
-        """A write found the outbox locked by another process past the busy timeout (a learner
-        frozen inside its write): it is tried again next tick, while the driver's stop grace
-        period goes on (a killed learner frees the lock). Said at most every 30 s."""
-        now = self.clock()
-        self._busy_until = now + BUSY_BACKOFF_S
-        if self._busy_logged_at is None or now - self._busy_logged_at >= 30.0:
-            self._busy_logged_at = now
-            log.warning("run %s: %s not written yet, the outbox is locked by another process (a learner frozen "
-                        "inside its write?); trying again: %s", self.spec.run_id, what, error)
+    def _written(self, what: str, write: Callable[[], object]) -> bool:
+        """Make one outbox write unless the outbox was just found busy; False when it was not made
+        (the caller keeps it for a later tick).
 
-    def _busy(self) -> bool:
-        return self.clock() < self._busy_until
+        A write that finds the outbox locked by another process past the busy timeout (a learner
+        frozen inside its write) starts :data:`BUSY_BACKOFF_S` without writes, while the driver's
+        stop grace period goes on (a killed learner frees the lock); said at most every 30 s.
+        """
+        if self.clock() < self._busy_until:
+            return False
+        try:
+            write()
+        except OutboxBusy as e:
+            now = self.clock()
+            self._busy_until = now + BUSY_BACKOFF_S
+            if self._busy_logged_at is None or now - self._busy_logged_at >= 30.0:
+                self._busy_logged_at = now
+                log.warning("run %s: %s not written yet, the outbox is locked by another process (a learner "
+                            "frozen inside its write?); trying again: %s", self.spec.run_id, what, e)
+            return False
+        return True
 
     def _write_pending(self) -> None:
         """Write what a busy outbox refused earlier: the stop request, then supervisor metrics in order."""
-        if self._busy():
-            return
-        if self._stop_unwritten and self.stop_reason is not None:
-            try:
-                self.outbox.request_stop(self.stop_reason)
-                self._stop_unwritten = False
-            except OutboxBusy as e:
-                self._outbox_busy("the stop request", e)
+        if self._stop_unwritten:
+            if not self._written("the stop request", partial(self.outbox.request_stop, self.stop_reason)):
                 return
+            self._stop_unwritten = False
         while self._unemitted:
             step, metrics = self._unemitted[0]
-            try:
-                self.outbox.append(SUPERVISOR_METRICS, step, {"metrics": metrics, "attempt_id": self.attempt_id})
-            except OutboxBusy as e:
-                self._outbox_busy("the supervisor's metrics", e)
+            if not self._written("the supervisor's metrics", partial(
+                    self.outbox.append, SUPERVISOR_METRICS, step, {"metrics": metrics, "attempt_id": self.attempt_id})):
                 return
             self._unemitted.pop(0)
 
@@ -368,12 +370,7 @@ class Supervisor:
                 verdict = "deferred"
             else:
                 continue
-            if self._busy():
-                return
-            try:
-                self.outbox.set_verdict(track.step, verdict)
-            except OutboxBusy as e:
-                self._outbox_busy(f"the verdict on step {track.step}", e)
+            if not self._written(f"the verdict on step {track.step}", partial(self.outbox.set_verdict, track.step, verdict)):
                 return
             self._verdicts_written.add(track.step)
 
@@ -466,13 +463,8 @@ class Supervisor:
             return
         self.stop_reason = reason
         self._stop_written_at = self.clock()  # the stop grace period runs from here, written or not
-        self._stop_unwritten = True
-        if not self._busy():
-            try:
-                self.outbox.request_stop(reason)  # what the learner reads: the stop takes effect from here
-                self._stop_unwritten = False
-            except OutboxBusy as e:
-                self._outbox_busy("the stop request", e)
+        # What the learner reads: the stop takes effect from here (a busy outbox takes it later).
+        self._stop_unwritten = not self._written("the stop request", partial(self.outbox.request_stop, reason))
         if self.request_stop is not None:
             self.request_stop(reason)
         log.info("run %s: stop requested (%s)", self.spec.run_id, reason)
@@ -515,12 +507,7 @@ class Supervisor:
         """Write each sink's delivery mark not yet in the outbox (one a busy outbox refused waits for
         the next call; nothing is delivered twice meanwhile: the backlog holds only what is not)."""
         for name, seq in list(self._unacked.items()):
-            if self._busy():
-                return
-            try:
-                self.outbox.ack(name, seq)
-            except OutboxBusy as e:
-                self._outbox_busy(f"{name}'s delivery mark", e)
+            if not self._written(f"{name}'s delivery mark", partial(self.outbox.ack, name, seq)):
                 return
             del self._unacked[name]
 

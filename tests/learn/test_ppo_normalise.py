@@ -200,23 +200,20 @@ BREAKOUT = {"provider": "ale", "env_id": "Breakout", "n_envs": 2, "num_threads":
             "task": {"termination": {"max_episode_steps": 200}}}  # short evaluation episodes
 
 
-class _FrameSpaces:
+def _one_lane_like(spec):
     """A one-lane SB3 vector env with the spec's frame and action spaces, for loading statistics."""
+    import gymnasium as gym
+    from stable_baselines3.common.vec_env import DummyVecEnv
 
-    @staticmethod
-    def vector(spec):
-        import gymnasium as gym
-        from stable_baselines3.common.vec_env import DummyVecEnv
+    envs = make_vector_env(spec.environment, seed=0)
+    obs_space, act_space = envs.single_observation_space, envs.single_action_space
+    envs.close()
 
-        envs = make_vector_env(spec.environment, seed=0)
-        obs_space, act_space = envs.single_observation_space, envs.single_action_space
-        envs.close()
+    class Spaces(gym.Env):
+        def __init__(self) -> None:
+            self.observation_space, self.action_space = obs_space, act_space
 
-        class Spaces(gym.Env):
-            def __init__(self) -> None:
-                self.observation_space, self.action_space = obs_space, act_space
-
-        return DummyVecEnv([Spaces])
+    return DummyVecEnv([Spaces])
 
 
 @pytest.mark.parametrize("backend", ["sb3.ppo", "gradlab.ppo"])
@@ -260,7 +257,7 @@ def test_normalised_frames_checkpoint_evaluate_and_load_in_sb3(backend: str, tmp
 
     _, files = export_checkpoint(final, spec, tmp_path / "sb3", fmt="sb3")
     assert sorted(f.name for f in files) == ["gradlab_export.json", "policy.zip", "vecnormalize.pkl"]
-    loaded = VecNormalize.load(str(tmp_path / "sb3" / "vecnormalize.pkl"), _FrameSpaces.vector(spec))
+    loaded = VecNormalize.load(str(tmp_path / "sb3" / "vecnormalize.pkl"), _one_lane_like(spec))
     assert (loaded.norm_obs, loaded.training, loaded.clip_obs) == (True, False, 5.0)
     np.testing.assert_allclose(loaded.normalize_obs(raw), normalised, rtol=1e-5, atol=1e-5)
     exported = PPO.load(str(tmp_path / "sb3" / "policy.zip"), device="cpu")

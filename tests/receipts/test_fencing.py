@@ -25,6 +25,7 @@ from gradlab.runs import operations
 from gradlab.runs.paths import RunPaths
 from gradlab.runs.supervisor import Supervisor
 from gradlab.stores import Stores
+from tests.runs.conftest import stop_outside_a_write
 
 RUN = "gradlab-20260102T030405-0fe1ce00"
 
@@ -47,29 +48,6 @@ def _wait(predicate, timeout_s: float, what: str):
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
-def _pause_outside_a_write(proc: subprocess.Popen, outbox: Path) -> None:
-    """SIGSTOP ``proc`` at a moment it holds no write transaction on ``outbox``.
-
-    A learner stopped inside one of its (millisecond) event writes would hold SQLite's write lock
-    while paused, and the new attempt's own outbox writes would wait on it; on a loaded machine a
-    blind SIGSTOP lands there now and then. This scenario is a learner paused between writes."""
-    import sqlite3
-
-    for _ in range(200):
-        os.kill(proc.pid, signal.SIGSTOP)
-        probe = sqlite3.connect(str(outbox), timeout=0.2, isolation_level=None)
-        try:
-            probe.execute("BEGIN IMMEDIATE")  # takes the write lock only when nobody holds it
-            probe.execute("ROLLBACK")
-            return
-        except sqlite3.OperationalError:
-            os.kill(proc.pid, signal.SIGCONT)  # stopped mid-write: let it finish, then try again
-            time.sleep(0.05)
-        finally:
-            probe.close()
-    raise AssertionError(f"the learner held {outbox}'s write lock at each of 200 pauses")
-
-
 class _Never:
     def done(self) -> bool:
         return False
@@ -89,7 +67,7 @@ def test_a_paused_learner_is_fenced_out_when_a_new_attempt_opens(stores: Stores,
     try:
         ob = Outbox(paths.outbox)
         _wait(lambda: ob.count("metrics") >= 1, 120, "the learner's first update")
-        _pause_outside_a_write(proc, paths.outbox)  # paused: its heartbeat stops, the lease expires
+        stop_outside_a_write([proc.pid], paths.outbox)  # paused: its heartbeat stops, the lease expires
         stale = [e for e in ob.read(0, 10_000) if e.kind != "supervisor_metrics"]
         assert {e.fence for e in stale} == {first.fence}  # every event stamped with attempt and epoch
         started = ob.last("learner_started")
