@@ -13,6 +13,12 @@
 - A failure to initialise or log (no network, no key, server error) is caught: the sink reports
   ``status == "pending"`` with the error, ``log`` returns False, and the run is not failed; the
   terminal receipt then says metrics are complete locally and pending remotely.
+- One budget bounds what W&B can cost its caller: ``init_timeout_s`` (30 s by default) is the most
+  its callers block on W&B in all (waiting for a background start, then for ``finish``), of which
+  :data:`TEARDOWN_S` is kept for closing W&B's service at interpreter exit (a graceful
+  ``wandb.teardown``, then the service process is killed; an unreachable server otherwise keeps it
+  waiting on its requests). So an unreachable W&B costs a command at most ``init_timeout_s`` over
+  the same command offline (docs/ARCHITECTURE.md section 10).
 
 :func:`read_offline_history` reads the logged rows back from an offline run's ``.wandb`` files.
 
@@ -25,10 +31,12 @@ history. So an offline run with more than one segment is *not* complete for W&B:
 
 from __future__ import annotations
 
+import atexit
 import logging
 import re
 import signal
 import struct
+import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -48,6 +56,47 @@ AXES = (
     ("eval/*", "eval/checkpoint_step"),
     ("orchestration/*", "orchestration/event_seq"),
 )
+
+
+#: Seconds of a sink's budget kept for closing W&B's service at interpreter exit (at most half the
+#: budget: a 4 s budget keeps 2 s).
+TEARDOWN_S = 5.0
+_KILL_SHARE = 0.3  # of the reserve: for killing the service and the interpreter's own exit (a fraction)
+_close_within_s = TEARDOWN_S  # the smallest reserve of any sink that armed the exit hook
+
+
+def _close_service() -> None:
+    """At interpreter exit: close W&B's service within the reserve (:data:`TEARDOWN_S`), else kill it.
+
+    W&B's own exit hook waits for its service process without a bound, and a service that still has
+    requests out to an unreachable server keeps the interpreter alive for as long as they take. This
+    hook runs first (:func:`_arm_bounded_close` registers it after W&B's) and calls the same
+    ``wandb.teardown``, which unregisters W&B's hook. The service is this process's own child.
+    """
+    wandb_setup = sys.modules.get("wandb.sdk.wandb_setup")
+    singleton = getattr(wandb_setup, "_singleton", None)
+    if singleton is None:
+        return
+    process = getattr(getattr(getattr(singleton, "_connection", None), "_proc", None), "_process", None)
+    import wandb
+
+    graceful_s = _close_within_s * (1 - _KILL_SHARE)
+    closing = threading.Thread(target=wandb.teardown, name="wandb-teardown", daemon=True)
+    closing.start()
+    closing.join(graceful_s)
+    if closing.is_alive() and process is not None and process.poll() is None:
+        logger.warning("W&B's service did not close in %.1f s: stopped (pid %d)", graceful_s, process.pid)
+        process.kill()
+        closing.join(_close_within_s * _KILL_SHARE)
+
+
+def _arm_bounded_close(reserve_s: float) -> None:
+    """(Re-)register :func:`_close_service` last, so it runs before every exit hook W&B has
+    registered, with at most ``reserve_s`` seconds."""
+    global _close_within_s
+    _close_within_s = min(_close_within_s, reserve_s)
+    atexit.unregister(_close_service)
+    atexit.register(_close_service)
 
 
 def resolve_api_key(settings: Any) -> str | None:
@@ -99,8 +148,11 @@ class WandbSink:
         entity, name, tags: W&B entity, display name, tags.
         group: W&B group (the run's leaders' cohort key: the runs of one cohort share it).
         high_water: the last ``event_seq`` already delivered (the outbox's mark for sink ``wandb``).
-        init_timeout_s: seconds ``wandb.init`` may take before the sink gives up (pending).
-        finish_timeout_s: seconds :meth:`finish` waits for W&B to flush before reporting pending.
+        init_timeout_s: the sink's budget in seconds: ``wandb.init``'s own timeout, and the most the
+            caller blocks on W&B in all (:meth:`wait_ready` and :meth:`finish` together), less
+            :data:`TEARDOWN_S` (at most half of it) kept for closing W&B's service at exit.
+        finish_timeout_s: seconds :meth:`finish` waits for W&B to flush before reporting pending (at
+            most what is left of the budget).
         api_key: the W&B API key for ``online`` mode (a resolved ``[wandb] api_key_ref``:
             :func:`resolve_api_key`), handed to ``wandb.init`` through ``wandb.Settings(api_key=)``
             and kept nowhere else; None lets W&B find its key itself (``WANDB_API_KEY``, ``~/.netrc``).
@@ -139,6 +191,8 @@ class WandbSink:
         self.finish_timeout_s = finish_timeout_s
         self.init_timeout_s = init_timeout_s
         self.error: str | None = None
+        self._reserve_s = min(TEARDOWN_S, init_timeout_s / 2)  # for closing W&B's service at exit
+        self._wait_left = max(init_timeout_s - self._reserve_s, 0.0)  # what callers may still block on W&B
         self._high_water = high_water
         self._run: Any = None
         self._run_folder: Path | None = None
@@ -194,6 +248,7 @@ class WandbSink:
         except Exception as e:  # noqa: BLE001 - W&B must never fail the run
             self._fail("init", e)
         finally:
+            _arm_bounded_close(self._reserve_s)
             self._ready.set()
 
     @property
@@ -202,11 +257,28 @@ class WandbSink:
         return self._ready.is_set()
 
     def wait_ready(self, timeout_s: float) -> bool:
-        """Wait up to ``timeout_s`` seconds for initialisation to end; True if it has."""
-        return self._ready.wait(timeout_s)
+        """Wait up to ``timeout_s`` seconds (at most what is left of the budget) for initialisation to
+        end; True if it has. When the budget runs out first the sink gives W&B up (``pending``)."""
+        if self._ready.is_set():
+            return True
+        wait_s = min(timeout_s, self._wait_left)
+        started = time.monotonic()
+        ready = self._ready.wait(wait_s)
+        self._spend(time.monotonic() - started)
+        if not ready and self._wait_left <= 0 and self.error is None:
+            self._fail("init", TimeoutError(f"W&B did not start within the sink's {self.init_timeout_s:g} s budget"))
+            _arm_bounded_close(self._reserve_s)  # the service may have started since init registered W&B's exit hook
+        return ready
+
+    def _spend(self, seconds: float) -> None:
+        self._wait_left = max(self._wait_left - seconds, 0.0)
 
     def _fail(self, op: str, exc: BaseException) -> None:
-        self.error = f"wandb {op} ({self.mode}, run {self.run_id}): {type(exc).__name__}: {exc}"
+        error = f"wandb {op} ({self.mode}, run {self.run_id}): {type(exc).__name__}: {exc}"
+        if self.error is not None:  # the first failure is the cause (a start given up then ends this way)
+            logger.debug("%s (after: %s)", error, self.error)
+            return
+        self.error = error
         logger.warning("%s; metrics stay complete locally and pending for W&B", self.error)
 
     @property
@@ -257,16 +329,21 @@ class WandbSink:
         return len(self.segments) <= 1
 
     def finish(self, timeout_s: float | None = None) -> None:
-        """Flush and close the W&B run, waiting at most ``timeout_s`` (default ``finish_timeout_s``)
-        seconds, plus up to ``init_timeout_s`` for a background start; never raises."""
-        finish_timeout_s = self.finish_timeout_s if timeout_s is None else timeout_s
-        if not self._ready.wait(self.init_timeout_s + 5.0 if timeout_s is None else timeout_s):
-            self._fail("finish", TimeoutError("W&B was still starting"))
+        """Flush and close the W&B run; never raises.
+
+        Waits for a background start, then for W&B's flush at most ``timeout_s`` seconds each
+        (default: the rest of the budget for the start, ``finish_timeout_s`` for the flush), and in
+        all at most what is left of the sink's budget (``init_timeout_s`` less the exit's reserve).
+        """
+        if not self.wait_ready(self._wait_left if timeout_s is None else timeout_s):
+            if self.error is None:
+                self._fail("finish", TimeoutError("W&B was still starting"))
             return
         with self._lock:
             run, self._run = self._run, None
         if run is None:
             return
+        finish_timeout_s = min(self.finish_timeout_s if timeout_s is None else timeout_s, self._wait_left)
         failure: list[BaseException] = []
 
         def close() -> None:
@@ -275,7 +352,8 @@ class WandbSink:
             except BaseException as e:  # noqa: BLE001 - reported as pending
                 failure.append(e)
 
-        deadline = time.monotonic() + finish_timeout_s
+        started = time.monotonic()
+        deadline = started + finish_timeout_s
         thread = threading.Thread(target=close, name=f"wandb-finish-{self.run_id}", daemon=True)
         thread.start()
         thread.join(finish_timeout_s)
@@ -287,6 +365,7 @@ class WandbSink:
             # wandb-core writes the transaction log after run.finish() returns: wait for its exit record
             # so an offline run's points are on disk when the sink reports them delivered.
             self._fail("finish", TimeoutError(f"{self._run_folder}: transaction log not flushed in time"))
+        self._spend(time.monotonic() - started)
 
     def __enter__(self) -> WandbSink:
         return self

@@ -84,7 +84,8 @@ def wandb_sink(settings: Settings, spec: RunSpec, paths: RunPaths, mode: str, *,
     In ``online`` mode the API key comes from ``[wandb] api_key_ref`` when ``WANDB_API_KEY`` is not
     set (:func:`~gradlab.metrics.wandb_sink.resolve_api_key`); a reference that does not resolve is
     logged and W&B looks for its key itself (no key: the sink ends ``pending``, the run goes on).
-    W&B's own ``WANDB_INIT_TIMEOUT`` (seconds) bounds its start-up, default 30 s. ``group`` is the
+    ``WANDB_INIT_TIMEOUT`` (seconds, default 30) is the sink's budget: W&B's start-up timeout and
+    the most the flow waits on W&B in all, exit included (docs/ARCHITECTURE.md section 10). ``group`` is the
     W&B group (the run's leaders' cohort key), ``tags`` its W&B tags (a sweep's cohort id); the
     project is :func:`~gradlab.metrics.wandb_sink.wandb_project`.
     """
