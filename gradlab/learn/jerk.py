@@ -5,10 +5,14 @@ appendix: episodes are either *explored* (runs of one action held for a random l
 ``run_length``, each step replaced by a random other action with ``jump_probability``, the game's
 "jump") or *exploit* the best retained sequence (the highest mean return over its replays),
 replayed from reset and then explored on. An episode exploits with probability
-``exploit_bias + (1 - exploit_bias) * steps / timesteps``, growing over the budget. Every finished
-episode's actions are retained with its return; a replayed sequence gains that return too, so
-lucky sequences regress to their mean. At most ``max_retained`` sequences (the best by mean return)
-are kept. It needs no provider state: episodes start from reset, so it runs on any provider with
+``exploit_bias + (1 - exploit_bias) * steps / timesteps``, growing over the budget. What a finished
+episode retains is its *best prefix*: its actions up to the first step where its cumulative reward
+peaked, scored with that peak (the Retro Contest baseline's ``TrackedEnv.best_sequence``), so a
+replay stops short of what lost the episode (a death after the last point) and exploration goes on
+from the best point. A replay scores its sequence again with the cumulative reward at the
+sequence's end, so lucky sequences regress to their mean; it retains a new sequence only when its
+peak comes after the replayed part. At most ``max_retained`` sequences (the best by mean score) are
+kept. It needs no provider state: episodes start from reset, so it runs on any provider with
 a discrete action space.
 
 Driven by the learner like any backend (:mod:`gradlab.learn.backend`); checkpoints hold the best
@@ -36,7 +40,7 @@ from gradlab.learn.backend_config import validate_backend_config
 from gradlab.learn.search_backend import STATE_FILE, STATES_DIR, SearchBackend
 from gradlab.learn.stats import EpisodeStats, RolloutStats
 
-_FORMAT = "gradlab.jerk/1"
+_FORMAT = "gradlab.jerk/2"
 
 
 class JerkBackend(SearchBackend):
@@ -75,7 +79,10 @@ class JerkBackend(SearchBackend):
         return max(self.retained, key=lambda s: (float(np.mean(s["returns"])), -len(s["actions"])))
 
     def _fresh_lane(self) -> dict[str, Any]:
-        return {"actions": [], "replay": [], "replayed": None, "run_action": 0, "run_left": 0}
+        # cum: the episode's cumulative reward; peak / peak_len: its highest value and the length of
+        # the first prefix reaching it; replay_score: the cumulative reward where the replay ended
+        return {"actions": [], "replay": [], "replayed": None, "run_action": 0, "run_left": 0,
+                "cum": 0.0, "peak": None, "peak_len": 0, "replay_score": None}
 
     def _start_episode(self, lane: int) -> None:
         state = self._fresh_lane()
@@ -99,14 +106,30 @@ class JerkBackend(SearchBackend):
             return int(self.rng.integers(self.n_actions))
         return int(s["run_action"])
 
-    def _retain(self, lane: int, ret: float, success: bool) -> None:
+    def _record(self, lane: int, action: int, reward: float) -> None:
         s = self.lanes[lane]
+        s["actions"].append(action)
+        s["cum"] += reward
+        if s["peak"] is None or s["cum"] > s["peak"]:
+            s["peak"], s["peak_len"] = s["cum"], len(s["actions"])
+        if len(s["actions"]) == len(s["replay"]):
+            s["replay_score"] = s["cum"]
+
+    def _retain(self, lane: int, success: bool) -> None:
+        """Score the replayed sequence, and retain the episode's best prefix when it is new.
+
+        ``success``: the episode ended in success; its best prefix is a success when it is the
+        whole episode (the success step is the peak)."""
+        s = self.lanes[lane]
+        whole = s["peak_len"] == len(s["actions"])
         if s["replayed"] is not None:
             seq = self.retained[s["replayed"]]
-            seq["returns"].append(ret)
-            seq["successes"] += int(success)
-        if s["replayed"] is None or len(s["actions"]) > len(s["replay"]):
-            self.retained.append({"actions": list(s["actions"]), "returns": [ret], "successes": int(success)})
+            score = s["replay_score"] if s["replay_score"] is not None else s["cum"]  # ended inside the replay
+            seq["returns"].append(float(score))
+            seq["successes"] += int(success and len(s["replay"]) >= len(s["actions"]))
+        if s["peak"] is not None and s["peak_len"] > len(s["replay"]):
+            self.retained.append({"actions": s["actions"][:s["peak_len"]], "returns": [float(s["peak"])],
+                                  "successes": int(success and whole)})
         if len(self.retained) > self.cfg.max_retained:
             self.retained.sort(key=lambda q: (-float(np.mean(q["returns"])), len(q["actions"])))
             del self.retained[self.cfg.max_retained:]
@@ -131,10 +154,10 @@ class JerkBackend(SearchBackend):
             self.rollout.env_seconds += time.perf_counter() - t0
             self.rollout.add_rewards(res.reward)
             for lane in range(venv.num_envs):
-                self.lanes[lane]["actions"].append(int(actions[lane]))
+                self._record(lane, int(actions[lane]), float(res.reward[lane]))
             for ep in res.episodes:
                 self.episodes.add(ep.as_json())
-                self._retain(ep.lane, float(ep.return_), ep.outcome == "success")
+                self._retain(ep.lane, ep.outcome == "success")
                 self._start_episode(ep.lane)
             self._steps += venv.num_envs
         return True
