@@ -21,7 +21,8 @@ from gradlab.metrics.wandb_sink import TEARDOWN_S, WandbSink
 from tests.runs.conftest import gradlab_env, last_json_line, start_gradlab
 
 BUDGET_S = 30.0  # the sink's default budget (WANDB_INIT_TIMEOUT unset)
-LOAD_SLACK_S = 8.0  # a loaded machine's spread in the learner-to-exit time of the same command
+LOAD_SLACK_S = 5.0  # a loaded machine's spread in the learner-to-exit time of the same command
+# (before the budget, W&B cost the same command ~36 s, ~13 s of it after the receipt)
 
 
 @pytest.fixture
