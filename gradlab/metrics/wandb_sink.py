@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import re
 import signal
 import struct
@@ -61,42 +62,93 @@ AXES = (
 #: Seconds of a sink's budget kept for closing W&B's service at interpreter exit (at most half the
 #: budget: a 4 s budget keeps 2 s).
 TEARDOWN_S = 5.0
+#: W&B's switch for its own product telemetry (error reporting; OpenTelemetry metrics and logs sent
+#: to the W&B server). The sink sets it to ``false`` unless it is set already: the telemetry's exit
+#: flush waits on the server with a 10 s timeout per request, outside any budget of W&B's.
+TELEMETRY_ENV = "WANDB_ERROR_REPORTING"
 _KILL_SHARE = 0.3  # of the reserve: for killing the service and the interpreter's own exit (a fraction)
 _close_within_s = TEARDOWN_S  # the smallest reserve of any sink that armed the exit hook
 
 
+def _service_processes() -> list[Any]:
+    """W&B's service processes that are this process's own children (``psutil.Process``), running."""
+    import psutil
+
+    try:
+        children = psutil.Process().children(recursive=False)
+    except psutil.Error:
+        return []
+    services = []
+    for child in children:
+        try:
+            if child.name() == "wandb-core" and child.status() != psutil.STATUS_ZOMBIE:
+                services.append(child)
+        except psutil.Error:  # ended meanwhile
+            continue
+    return services
+
+
 def _close_service() -> None:
-    """At interpreter exit: close W&B's service within the reserve (:data:`TEARDOWN_S`), else kill it.
+    """At interpreter exit: close W&B within the reserve (:data:`TEARDOWN_S`), killing its service
+    if it has not ended by then.
 
     W&B's own exit hook waits for its service process without a bound, and a service that still has
     requests out to an unreachable server keeps the interpreter alive for as long as they take. This
-    hook runs first (:func:`_arm_bounded_close` registers it after W&B's) and calls the same
-    ``wandb.teardown``, which unregisters W&B's hook. The service is this process's own child.
+    hook runs first: :func:`_arm_bounded_close` registers it with the threading module's shutdown
+    hooks, which run before non-daemon threads are joined and before any ``atexit`` hook, whenever
+    W&B registered its own. It calls ``wandb.teardown`` in a daemon thread (which unregisters W&B's
+    hook at once), waits for the service to end, and kills a service still running. The service is
+    found among this process's own children (``wandb-core``), so one whose start had not reached
+    W&B's bookkeeping is found too. (W&B's product telemetry, whose exit flush has the same problem,
+    is off: :data:`TELEMETRY_ENV`.)
     """
-    wandb_setup = sys.modules.get("wandb.sdk.wandb_setup")
-    singleton = getattr(wandb_setup, "_singleton", None)
-    if singleton is None:
-        return
-    process = getattr(getattr(getattr(singleton, "_connection", None), "_proc", None), "_process", None)
-    import wandb
+    import psutil
 
+    deadline = time.monotonic() + _close_within_s
+    services = _service_processes()
+    if not services:
+        return
+    closing = None
+    if getattr(sys.modules.get("wandb.sdk.wandb_setup"), "_singleton", None) is not None:
+        import wandb
+
+        closing = threading.Thread(target=wandb.teardown, name="wandb-teardown", daemon=True)
+        closing.start()
     graceful_s = _close_within_s * (1 - _KILL_SHARE)
-    closing = threading.Thread(target=wandb.teardown, name="wandb-teardown", daemon=True)
-    closing.start()
-    closing.join(graceful_s)
-    if closing.is_alive() and process is not None and process.poll() is None:
-        logger.warning("W&B's service did not close in %.1f s: stopped (pid %d)", graceful_s, process.pid)
-        process.kill()
-        closing.join(_close_within_s * _KILL_SHARE)
+    _, alive = psutil.wait_procs(services, timeout=graceful_s)
+    for service in alive:
+        logger.warning("W&B's service did not close in %.1f s: stopped (pid %d)", graceful_s, service.pid)
+        try:
+            service.kill()
+        except psutil.Error:
+            continue
+    psutil.wait_procs(alive, timeout=max(deadline - time.monotonic(), 0.0) / 2)
+    if closing is not None:
+        closing.join(max(deadline - time.monotonic(), 0.0))
+
+
+_early_hook = False  # registered with the threading module's shutdown hooks
 
 
 def _arm_bounded_close(reserve_s: float) -> None:
-    """(Re-)register :func:`_close_service` last, so it runs before every exit hook W&B has
-    registered, with at most ``reserve_s`` seconds."""
-    global _close_within_s
+    """Make :func:`_close_service` run at exit before W&B's own exit hooks, with at most
+    ``reserve_s`` seconds (the smallest reserve of any sink).
+
+    It goes into the threading module's shutdown hooks (CPython's ``threading._register_atexit``,
+    also used by ``concurrent.futures``), which run before non-daemon threads are joined and before
+    every ``atexit`` hook; where those are unavailable (or shutdown has begun) it is (re-)registered
+    as the last ``atexit`` hook, which runs first.
+    """
+    global _close_within_s, _early_hook
     _close_within_s = min(_close_within_s, reserve_s)
+    if not _early_hook:
+        try:
+            threading._register_atexit(_close_service)  # type: ignore[attr-defined]
+            _early_hook = True
+        except (AttributeError, RuntimeError):
+            pass
     atexit.unregister(_close_service)
-    atexit.register(_close_service)
+    atexit.register(_close_service)  # a second pass: a service started after the first one
 
 
 def resolve_api_key(settings: Any) -> str | None:
@@ -111,7 +163,6 @@ def resolve_api_key(settings: Any) -> str | None:
     Raises:
         ConfigError: ``api_key_ref`` names an unset variable or keyring entry.
     """
-    import os
 
     if os.environ.get("WANDB_API_KEY"):
         return None
@@ -201,6 +252,7 @@ class WandbSink:
         if mode == "disabled":
             self._ready.set()
             return
+        os.environ.setdefault(TELEMETRY_ENV, "false")
         init = dict(project=project, entity=entity, name=name, tags=tags, group=group, config=config,
                     init_timeout_s=init_timeout_s, finish_timeout_s=finish_timeout_s,
                     api_key=api_key if mode == "online" else None)
