@@ -324,6 +324,29 @@ class Outbox:
             r = self._conn.execute(self._select + " WHERE kind = ? ORDER BY event_seq DESC LIMIT 1", (kind,)).fetchone()
         return None if r is None else _event(r)
 
+    def last_metric(self, name: str, *, attempt: str | None = None) -> tuple[int, float] | None:
+        """(step, value) of metric ``name`` in the most recent ``metrics`` event that carries it.
+
+        Args:
+            name: a metric name (a key of the event's ``payload["metrics"]``).
+            attempt: only events stamped with this attempt (unstamped events also count: an outbox
+                written before events carried their fence).
+
+        Returns:
+            (env steps, the value as a float), or None when no such event carries a number there.
+        """
+        path = '$.metrics."' + name.replace('"', '\\"') + '"'
+        sql = ("SELECT step, json_extract(payload, ?) FROM events WHERE kind = 'metrics' "
+               "AND json_type(payload, ?) IN ('integer', 'real')")
+        args: list[Any] = [path, path]
+        if attempt is not None and "attempt" in self._select:
+            sql += " AND (attempt = ? OR attempt IS NULL)"
+            args.append(attempt)
+        sql += " ORDER BY event_seq DESC LIMIT 1"
+        with self._lock, _named(self.path):
+            r = self._conn.execute(sql, args).fetchone()
+        return None if r is None else (int(r[0]), float(r[1]))
+
     def max_seq(self) -> int:
         """The highest ``event_seq`` written so far (0 when empty)."""
         with self._lock, _named(self.path):

@@ -328,6 +328,15 @@ class TerminalPromotion(Contract):
     uri: str
 
 
+class TrainingObjective(Contract):
+    """The goal's objective metric as training last reported it (a ``train/`` metric: the ranking of
+    a training-only goal, docs/ARCHITECTURE.md section 12)."""
+
+    metric: str = Field(description="The goal's objective.rank, a registered train/ metric.")
+    value: float = Field(description="Its value in the attempt's last metrics event that carries it.")
+    step: int = Field(ge=0, description="Env steps at that event.")
+
+
 class TerminalMetrics(Contract):
     local_high_water: int = Field(ge=0, description="Last outbox event_seq delivered to the local journal.")
     sinks: dict[str, int | None] = Field(description="Per sink high-water event_seq; None: sink disabled.")
@@ -335,6 +344,8 @@ class TerminalMetrics(Contract):
         default_factory=list,
         description="Sinks behind local_high_water (e.g. W&B unreachable): complete locally, pending remotely.",
     )
+    objective: TrainingObjective | None = Field(
+        default=None, description="Set when the goal's objective is a training metric: its last value.")
 
 
 class Supersession(Contract):

@@ -23,7 +23,7 @@ class CohortRun(Contract):
     seed: int = Field(ge=0)
     outcome: str | None = Field(description="The run's terminal outcome; None when no receipt was sealed.")
     flow_run_id: str | None = None
-    scored_by: str | None = Field(default=None, description="promoted | best evaluated | not scored (SCORING_RULE).")
+    scored_by: str | None = Field(default=None, description="promoted | best evaluated | training | not scored (SCORING_RULE).")
 
 
 class CohortReceipt(Contract):

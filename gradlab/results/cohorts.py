@@ -11,7 +11,8 @@ train --seed`` join the same cohort when recipe and overrides match. The receipt
 
 Per seed (:class:`SeedResult`): the evaluation of the promoted checkpoint, or of the highest-step
 evaluated checkpoint when nothing was promoted; its objective score (the goal's ``objective.rank``
-metric), return mean, success rate; steps to acceptance (the promoted step) and wall time to
+metric; where that is a ``train/`` metric, as on a training-only goal, the value its terminal
+receipt recorded from the attempt's last training report: ``TerminalMetrics.objective``), return mean, success rate; steps to acceptance (the promoted step) and wall time to
 acceptance (first attempt start to promotion). Statistics: :mod:`gradlab.results.stats`.
 """
 
@@ -28,12 +29,13 @@ from gradlab.results import stats
 
 log = logging.getLogger(__name__)
 
-SCORED_PROMOTED, SCORED_BEST, NOT_SCORED = "promoted", "best evaluated", "not scored"
+SCORED_PROMOTED, SCORED_BEST, SCORED_TRAINING, NOT_SCORED = "promoted", "best evaluated", "training", "not scored"
 #: How every seed of a cohort is scored, the same in ``leaders``, ``compare``, reports and the
 #: sweep's cohort receipt (which say it): no seed drops out silently.
 SCORING_RULE = ("each seed scores its promoted checkpoint's evaluation; a seed that promoted nothing (failed, "
-                "cancelled, rejected) scores its best evaluated result; a seed with no evaluated result is left "
-                "out of the statistics and named")
+                "cancelled, rejected) scores its best evaluated result; where the goal's objective is a training "
+                "metric (a training-only goal), each seed scores that metric's last training value, from its "
+                "receipt; a seed with no score is left out of the statistics and named")
 _FALLBACK_OBJECTIVE = ("eval/episode/return/mean", "maximize")
 
 
@@ -57,7 +59,7 @@ class SeedResult:
     seconds_to_acceptance: float | None
     checkpoint_sha256: str | None
     created_at: datetime
-    scored_by: str = "not scored"  #: promoted | best evaluated | not scored (:data:`SCORING_RULE`)
+    scored_by: str = "not scored"  #: promoted | best evaluated | training | not scored (:data:`SCORING_RULE`)
     #: (start name, success rate) of the scored evaluation (``eval/start/{start}/success/rate``), by
     #: name; empty for a goal with one start.
     start_success: tuple[tuple[str, float], ...] = ()
@@ -285,6 +287,9 @@ def seed_result(stores, run_id: str, *, objective: tuple[str, str] | None = None
     if promotion is not None and attempts:
         seconds = (promotion.promoted_at - attempts[0].started_at).total_seconds()
     score = score_of(chosen, aggregates) if chosen is not None else None
+    trained = receipt.metrics.objective
+    if metric.startswith("train/") and trained is not None and trained.metric == metric:
+        score, scored_by = trained.value, SCORED_TRAINING  # a training-only goal ranks by its training metric
     return SeedResult(
         run_id=run_id, goal_id=record.goal_id, recipe_id=record.recipe_id,
         overrides=canonical_overrides(record.overrides),
@@ -353,10 +358,13 @@ class CohortStats:
     def note(self) -> str:
         """What the statistics count, for a person: the seeds scored, by which rule, and any left out by name."""
         best = [f"seed {r.seed}" for r in self.seeds if r.scored_by == SCORED_BEST]
+        trained = [f"seed {r.seed}" for r in self.seeds if r.scored_by == SCORED_TRAINING]
         out = [f"seed {r.seed} {r.run_id} ({r.outcome or 'no receipt'})" for r in self.not_scored]
+        why = "no training report of the objective" if self.objective.startswith("train/") else "no evaluated result"
         return "; ".join([f"{len(self.scores)} of {len(self.seeds)} seed{'s' if len(self.seeds) != 1 else ''} scored"]
                          + ([f"by the best evaluated result (nothing promoted): {', '.join(best)}"] if best else [])
-                         + ([f"left out (no evaluated result): {', '.join(out)}"] if out else []))
+                         + ([f"by the last training value of {self.objective}: {', '.join(trained)}"] if trained else [])
+                         + ([f"left out ({why}): {', '.join(out)}"] if out else []))
 
     def as_json(self) -> dict:
         return {"goal_id": self.goal_id, "recipe_id": self.recipe_id, "overrides": list(self.overrides),

@@ -25,6 +25,7 @@ lid) and a stopped process alike: after a pause the first thing a tick does is c
 from __future__ import annotations
 
 import logging
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -35,7 +36,7 @@ from gradlab.contracts.run_spec import RunSpec
 from gradlab.errors import GradlabError, IntegrityError, describe_failure
 from gradlab.outbox import Outbox
 from gradlab.receipts.lease import LeaseLost, release_lease, renew_lease
-from gradlab.receipts.models import LearnerExit, TerminalMetrics, TerminalReceipt
+from gradlab.receipts.models import LearnerExit, TerminalMetrics, TerminalReceipt, TrainingObjective
 from gradlab.runs.operations.evaluating import record_unusable
 from gradlab.runs.operations.opening import AttemptPlan
 from gradlab.runs.paths import RunPaths
@@ -461,7 +462,8 @@ class AttemptDriver:
             local = 0
         if wandb_hw is not None and not self.wandb.complete(local):
             pending.append("wandb")  # behind, failed, or split over several offline segments
-        metrics = TerminalMetrics(local_high_water=local, sinks={"journal": local, "wandb": wandb_hw}, pending=pending)
+        metrics = TerminalMetrics(local_high_water=local, sinks={"journal": local, "wandb": wandb_hw}, pending=pending,
+                                  objective=self._training_objective())
         try:
             receipt = self.seal({"outcome": outcome, "reason": reason, "final_step": final_step, "metrics": metrics,
                                  "drained": drained, "learner": learner})
@@ -473,6 +475,19 @@ class AttemptDriver:
             raise
         self._release_lease()
         return receipt
+
+    def _training_objective(self) -> TrainingObjective | None:
+        """The goal's objective as this attempt's training last reported it, when it is a ``train/``
+        metric (how a training-only goal's runs are ranked); None otherwise or when unreadable."""
+        metric = self.spec.goal.objective.rank
+        if not metric.startswith("train/"):
+            return None
+        try:
+            last = self.outbox.last_metric(metric, attempt=self.plan.attempt.attempt_id)
+        except (OSError, sqlite3.Error) as e:  # a broken outbox: the seed is left unscored, the seal goes on
+            log.warning("run %s: cannot read %s from the outbox: %s", self.spec.run_id, metric, describe_failure(e))
+            return None
+        return None if last is None else TrainingObjective(metric=metric, value=last[1], step=last[0])
 
     def _receipt_stored(self) -> bool:
         from gradlab.receipts.terminal import read_terminal

@@ -60,6 +60,24 @@ def test_read_after_limit_and_kind(tmp_path: Path) -> None:
     assert ob.max_seq() == 10
 
 
+def test_last_metric_is_the_newest_event_carrying_a_number_there_for_the_attempt(tmp_path: Path) -> None:
+    ob = Outbox(tmp_path / "outbox.sqlite")
+    name = "train/episode/return/raw/mean"
+    assert ob.last_metric(name) is None
+    ob.stamp = ("attempt-001", 1)
+    ob.append("metrics", 512, {"metrics": {name: 0.25, "train/global_step": 512}})
+    ob.append("metrics", 1024, {"metrics": {name: 3}})
+    ob.append("metrics", 1536, {"metrics": {"train/global_step": 1536}})  # no episode ended: not carried
+    ob.append("checkpoint", 2048, {"metrics": {name: 9.0}})  # another kind
+    assert ob.last_metric(name) == (1024, 3.0)
+    ob.stamp = ("attempt-002", 2)
+    ob.append("metrics", 768, {"metrics": {name: 0.5}})
+    assert ob.last_metric(name) == (768, 0.5)
+    assert ob.last_metric(name, attempt="attempt-001") == (1024, 3.0)
+    assert ob.last_metric(name, attempt="attempt-003") is None
+    assert ob.last_metric("train/loss/value") is None
+
+
 def test_payload_must_be_finite_json(tmp_path: Path) -> None:
     ob = Outbox(tmp_path / "outbox.sqlite")
     with pytest.raises(ContractViolation, match="metrics"):

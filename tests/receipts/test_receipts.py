@@ -287,7 +287,7 @@ def test_terminal_receipt_shape_and_create_only(stores: Stores) -> None:
     assert doc["checkpoints"] == [{"step": 100, "sha256": "a" * 64, "uri": "file:///c/"}]
     assert doc["evaluations"][0] == {"checkpoint_step": 100, "status": "accepted", "result_uri": "file:///r",
                                      "return_mean": 1.0}
-    assert doc["metrics"] == {"local_high_water": 7, "sinks": {"journal": 7, "wandb": None}, "pending": []}
+    assert doc["metrics"] == {"local_high_water": 7, "sinks": {"journal": 7, "wandb": None}, "pending": [], "objective": None}
     assert doc["learner"] == {"exit_code": 0, "stop_reason": "stop_requested"}
     assert doc["sealed_at"] == "2026-01-02T03:04:05Z"
     assert seal_terminal(stores, _receipt(at=T0 + timedelta(1))) == receipt  # a retried seal agrees
