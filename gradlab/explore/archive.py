@@ -42,6 +42,8 @@ class Cell:
         state: sha256 of the provider state at its end (``VectorEnv.capture_lane`` bytes).
         parent: the key of the cell its exploration started from (None for a start cell).
         visits, selections: how often it was reached, and chosen to explore from.
+        thumb: the cell's picture for frame cells (``FrameCells.thumbnail``: the downscaled frame
+            whose hash is the key, as hex digits), None for signal cells.
     """
 
     key: str
@@ -53,6 +55,7 @@ class Cell:
     parent: str | None = None
     visits: int = 0
     selections: int = 0
+    thumb: str | None = None
 
 
 @dataclass
@@ -93,12 +96,13 @@ class Archive:
         return cell is None or return_ > cell.return_ or (return_ == cell.return_ and length < cell.length)
 
     def visit(self, key: str, *, actions: list[int], return_: float, length: int, progress: float,
-              state: bytes | None, parent: str | None) -> bool:
+              state: bytes | None, parent: str | None, thumb: str | None = None) -> bool:
         """Count one visit of ``key`` and archive the trajectory if :meth:`wants` it.
 
         Args:
             actions: the program from reset (copied). state: the provider state at its end; required
                 when the trajectory is archived (call :meth:`wants` first to capture only then).
+            thumb: the cell's picture (frame cells), kept by a new cell.
 
         Returns:
             True when the trajectory was archived (a new cell or an update).
@@ -115,7 +119,8 @@ class Archive:
         sha = blob_sha256(state)
         self.blobs.setdefault(sha, state)
         if cell is None:
-            self.cells[key] = Cell(key, list(actions), float(return_), int(length), float(progress), sha, parent, visits=1)
+            self.cells[key] = Cell(key, list(actions), float(return_), int(length), float(progress), sha, parent, visits=1,
+                                   thumb=thumb)
             self._bound()
         else:
             self.update_count += 1

@@ -73,17 +73,60 @@ class FrameCells:
     height: int = 8
     levels: int = 8
 
-    def key(self, signals: Mapping[str, Any], obs: np.ndarray | None = None) -> str:
-        """The cell of one lane's observation: (C, H, W) uint8 channel-first, the newest frame last
-        (its last channel is used: the grey frame of a grayscale stack)."""
+    def small(self, obs: np.ndarray | None) -> np.ndarray:
+        """The downscaled, quantised frame of one lane's observation: (height, width) uint8, values
+        in ``0 .. levels - 1``. ``obs``: (C, H, W) uint8 channel-first, the newest frame last (its
+        last channel is used: the grey frame of a grayscale stack).
+
+        Raises:
+            ConfigError: ``obs`` is not an image (C, H, W).
+        """
         from PIL import Image
 
         if obs is None or obs.ndim != 3:
             raise ConfigError("cell.kind frame: expected an image observation (C, H, W)")
         frame = obs[-1]  # the newest frame's last channel: the luma plane of a grayscale stack
         img = Image.fromarray(np.asarray(frame, dtype=np.uint8)).resize((self.width, self.height), Image.BOX)
-        small = (np.asarray(img, dtype=np.uint16) * self.levels // 256).astype(np.uint8)
-        return hashlib.sha256(small.tobytes()).hexdigest()[:24]
+        return (np.asarray(img, dtype=np.uint16) * self.levels // 256).astype(np.uint8)
+
+    def key(self, signals: Mapping[str, Any], obs: np.ndarray | None = None) -> str:
+        """The cell of one lane's observation: the first 24 hex digits of the sha256 of
+        :meth:`small`'s bytes (row-major)."""
+        return key_of_small(self.small(obs))
+
+    def thumbnail(self, obs: np.ndarray | None) -> str:
+        """The cell's picture as text: :meth:`small` row-major, :func:`thumbnail_digits` hex digits
+        a pixel (``height * width`` times that many characters); :func:`decode_thumbnail` reads it."""
+        digits = thumbnail_digits(self.levels)
+        return "".join(f"{int(v):0{digits}x}" for v in self.small(obs).ravel())
+
+
+def key_of_small(small: np.ndarray) -> str:
+    """The frame cell key of a downscaled, quantised frame (uint8, row-major)."""
+    return hashlib.sha256(np.ascontiguousarray(small, dtype=np.uint8).tobytes()).hexdigest()[:24]
+
+
+def thumbnail_digits(levels: int) -> int:
+    """Hex digits a pixel takes in a frame cell's thumbnail: 1 up to 16 levels, else 2."""
+    return 1 if levels <= 16 else 2
+
+
+def decode_thumbnail(text: str, width: int, height: int, levels: int) -> np.ndarray:
+    """A :meth:`FrameCells.thumbnail` back as (height, width) uint8.
+
+    Raises:
+        ValueError: not ``width * height`` pixels of hex digits, or a value at or past ``levels``.
+    """
+    digits = thumbnail_digits(levels)
+    if len(text) != width * height * digits:
+        raise ValueError(f"expected {width * height * digits} hex digits ({width} x {height} pixels), found {len(text)}")
+    try:
+        values = [int(text[i:i + digits], 16) for i in range(0, len(text), digits)]
+    except ValueError:
+        raise ValueError("not hex digits") from None
+    if max(values, default=0) >= levels:
+        raise ValueError(f"a pixel at {max(values)}, past the {levels} grey levels")
+    return np.array(values, dtype=np.uint8).reshape(height, width)
 
 
 def make_cell_function(cell: Any, signal_names: list[str]) -> SignalCells | FrameCells:

@@ -37,7 +37,7 @@ from gradlab.envs.snapshot import generator_state, set_generator_state
 from gradlab.errors import ConfigError, IntegrityError
 from gradlab.explore.archive import Archive
 from gradlab.explore.blobs import blob_sha256, read_blob, write_blobs
-from gradlab.explore.cells import make_cell_function, progress_of
+from gradlab.explore.cells import FrameCells, make_cell_function, progress_of
 from gradlab.learn.backend_config import validate_backend_config
 from gradlab.learn.search_backend import STATE_FILE, STATES_DIR, SearchBackend
 from gradlab.learn.stats import EpisodeStats, RolloutStats
@@ -102,7 +102,8 @@ class GoExploreBackend(SearchBackend):
             key = self.cells.key(signals, obs[lane])
             progress = self._progress_of(signals)
             state = self.venv.capture_lane(lane) if self.archive.wants(key, 0.0, 0) else None
-            self.archive.visit(key, actions=[], return_=0.0, length=0, progress=progress, state=state, parent=None)
+            self.archive.visit(key, actions=[], return_=0.0, length=0, progress=progress, state=state, parent=None,
+                               thumb=self._thumb(key, state, obs[lane]))
         for lane in range(self.venv.num_envs):
             self._go(lane)
 
@@ -142,13 +143,20 @@ class GoExploreBackend(SearchBackend):
                 ret, length = float(venv.task.returns[lane]), int(venv.task.steps[lane])
                 state = venv.capture_lane(lane) if archive.wants(key, ret, length) else None
                 if archive.visit(key, actions=self.actions[lane], return_=ret, length=length,
-                                 progress=float(self.progress[lane]), state=state, parent=self.origin[lane]):
+                                 progress=float(self.progress[lane]), state=state, parent=self.origin[lane],
+                                 thumb=self._thumb(key, state, res.obs[lane])):
                     self.origin[lane] = key
                 self.left[lane] -= 1
                 if self.left[lane] <= 0:
                     self._go(lane)
             self._steps += n
         return True
+
+    def _thumb(self, key: str, state: bytes | None, obs: np.ndarray) -> str | None:
+        """A new frame cell's picture (only a cell about to be archived for the first time)."""
+        if state is None or key in self.archive.cells or not isinstance(self.cells, FrameCells):
+            return None
+        return self.cells.thumbnail(obs)
 
     def update(self) -> dict[str, float]:
         return self.archive.metrics()

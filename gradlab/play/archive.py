@@ -6,8 +6,9 @@ resolved checkpoint folder, its bytes checked against the sha256 the manifest li
 (JSON only; nothing is unpickled), and serves
 
 * :func:`archive_page`: every cell with its coordinates (signal cells: the binned value of each
-  signal the recipe's ``cell.signals`` names; frame cells have none), return, length, progress,
-  visit and selection counts and whether it is on the best lineage;
+  signal the recipe's ``cell.signals`` names) or its thumbnail (frame cells: the downscaled frame
+  whose hash is its key, checked to be so), return, length, progress, visit and selection counts
+  and whether it is on the best lineage;
 * :func:`cell_program`: the action program from reset that reached one cell, which playback
   replays open loop (:class:`gradlab.play.session.PlaybackSession` ``cell=``).
 """
@@ -30,6 +31,9 @@ ARCHIVE_BACKEND = "gradlab.go_explore"
 MAX_CELLS_SHOWN = 5000
 #: Longest cell key accepted from a request (signal keys name a few signals; frame keys are 24 hex digits).
 MAX_CELL_KEY = 512
+#: Longest frame-cell thumbnail read from an archive (hex digits: the largest frame cell, 160 x 210
+#: pixels, at two a pixel).
+MAX_THUMB = 160 * 210 * 2
 
 _Count = Annotated[int, Field(strict=True, ge=0, le=2**62)]
 _Number = Annotated[float, Field(allow_inf_nan=False)]
@@ -50,6 +54,7 @@ class _StoredCell(BaseModel):
     parent: str | None = None
     visits: _Count = 0
     selections: _Count = 0
+    thumb: str | None = Field(default=None, max_length=MAX_THUMB)
 
 
 class _StoredBest(BaseModel):
@@ -156,18 +161,42 @@ def archive_page(run_id: str, step: int, folder: Path, spec: dict[str, Any]) -> 
     on_lineage = set(lineage)
     ranked = sorted(cells, key=lambda c: (-c["return_"], -c["progress"], c["length"], c["key"]))
     shown = ranked[:MAX_CELLS_SHOWN]
+    size = [cell_cfg.width, cell_cfg.height, cell_cfg.levels] if cell_cfg is not None and kind == "frame" else None
     rows = [ArchiveCell(key=c["key"], coordinates=signal_cells.coordinates(c["key"]) if signal_cells else None,
+                        thumbnail=_checked_thumbnail(folder, c, size) if size else None,
                         return_=c["return_"],
                         length=c["length"], progress=c["progress"], visits=c["visits"], selections=c["selections"],
                         parent=c.get("parent"), lineage=c["key"] in on_lineage) for c in shown]
     counters = archive.get("counters", {})
     return ArchivePage(
         run_id=run_id, step=step, cell_kind=kind, coordinates=names, cell_count=len(cells),
-        cells_left_out=len(cells) - len(shown), max_cells=int(archive.get("max_cells", 0)),
+        cells_left_out=len(cells) - len(shown), max_cells=int(archive.get("max_cells", 0)), thumbnail_size=size,
         visit_count=int(counters.get("visit", 0)), selection_count=int(counters.get("selection", 0)),
         best=(ArchiveBest(return_=best["return_"], length=best["length"], progress=best["progress"],
                           cell=best.get("cell")) if best else None),
         lineage=list(reversed(lineage)), cells=rows)
+
+
+def _checked_thumbnail(folder: Path, cell: dict[str, Any], size: list[int]) -> str | None:
+    """A frame cell's thumbnail, checked to be the picture its key hashes (None for an archive
+    written before cells kept one).
+
+    Raises:
+        IntegrityError: a thumbnail of the wrong size or values, or of another cell (naming it).
+    """
+    from gradlab.explore.cells import decode_thumbnail, key_of_small
+
+    thumb = cell.get("thumb")
+    if thumb is None:
+        return None
+    where = f"{folder / 'resume' / 'archive.json'}: cell {cell['key']}: thumb"
+    try:
+        small = decode_thumbnail(thumb, *size)
+    except ValueError as e:
+        raise IntegrityError(f"{where}: {e}") from None
+    if key_of_small(small) != cell["key"]:
+        raise IntegrityError(f"{where}: the picture is not the cell's (its hash is not the key)")
+    return thumb
 
 
 def cell_program(folder: Path, key: str) -> list[int]:

@@ -180,6 +180,9 @@ class ArchiveCell(BaseModel):
     key: str
     coordinates: dict[str, int] | None = Field(description="Signal cells: the binned value per cell signal; "
                                                             "frame cells: None.")
+    thumbnail: str | None = Field(default=None, description="Frame cells: the downscaled frame, row-major, a "
+                                  "pixel as 1 hex digit (up to 16 grey levels) or 2 (ArchivePage.thumbnail_size); "
+                                  "None for signal cells and archives written before cells kept one.")
     return_: float = Field(alias="return", description="Shaped return of the best program that reached it.")
     length: int = Field(description="Steps of that program.")
     progress: float
@@ -207,6 +210,8 @@ class ArchivePage(Payload):
     step: int
     cell_kind: str = Field(description="'signals' (coordinates per cell) or 'frame' (downscaled frames: none).")
     coordinates: list[str] = Field(description="The cell signals, in key order (empty for frame cells).")
+    thumbnail_size: list[int] | None = Field(default=None, description="Frame cells: [width, height, grey levels] "
+                                             "of each cell's thumbnail; None for signal cells.")
     cell_count: int
     cells_left_out: int = Field(description="Cells past the page's limit (the weakest), not listed.")
     max_cells: int

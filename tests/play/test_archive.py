@@ -227,3 +227,90 @@ def test_the_player_shows_the_archive_and_a_click_replays_a_cell(search_run, gra
             page.wait_for_function("() => document.querySelector('#archive')", timeout=60_000)  # the archive loaded
             assert page.locator("#replaying").count() == 0  # nothing claims to replay
             screenshot(page, "play-archive-3-unknown-cell")
+
+
+# -- frame cells: each cell's picture ---------------------------------------------------------------
+FRAME_RUN_ID = "gradlab-20260101T000000-00000f4a"
+
+
+@pytest.fixture(scope="module")
+def frame_search_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict]:
+    """(run directory, its checkpoint, the run spec JSON) of Go-Explore on Montezuma's Revenge with
+    the paper's frame cells, 4,096 steps by the real learner (a few seconds)."""
+    from gradlab.contracts.experiments import Experiments
+    from gradlab.contracts.run_spec import RunSpec
+    from gradlab.learn.learner import run_learner
+
+    resolved = Experiments().resolve("MontezumaRevenge-Atari2600-v0/go-explore",
+                                     ["train.timesteps=4096", "train.checkpoint_freq=4096"])
+    spec = RunSpec.from_resolved(resolved, seed=0, run_id=FRAME_RUN_ID)
+    run_dir = tmp_path_factory.mktemp("frame_search_runs") / FRAME_RUN_ID
+    run_dir.mkdir()
+    (run_dir / "spec.json").write_text(json.dumps(spec.to_json()))
+    run_learner(spec, run_dir, watch_parent=False)
+    return run_dir, list_checkpoints(run_dir)[-1], spec.to_json()
+
+
+def test_every_frame_cell_has_the_picture_its_key_hashes(frame_search_run) -> None:
+    from gradlab.explore.cells import decode_thumbnail, key_of_small
+
+    _, ckpt, spec = frame_search_run
+    page = archive_page(FRAME_RUN_ID, 4096, ckpt, spec)
+    assert (page.cell_kind, page.coordinates, page.thumbnail_size) == ("frame", [], [11, 8, 8])
+    assert page.cell_count > 20 and len(page.cells) == page.cell_count
+    pictures = [decode_thumbnail(c.thumbnail, 11, 8, 8) for c in page.cells]
+    assert [key_of_small(p) for p in pictures] == [c.key for c in page.cells]
+    assert len({p.tobytes() for p in pictures}) == page.cell_count  # distinct cells, distinct pictures
+    assert all(p.max() < 8 for p in pictures) and any(p.max() > 0 for p in pictures)
+
+
+@pytest.mark.parametrize(("name", "edit", "where"), [
+    ("swapped", lambda a: a["cells"][1].update(thumb=a["cells"][0]["thumb"]), "the picture is not the cell's"),
+    ("short", lambda a: a["cells"][1].update(thumb=a["cells"][1]["thumb"][:-1]), "expected 88 hex digits"),
+    ("past-levels", lambda a: a["cells"][1].update(thumb="9" * 88), "a pixel at 9, past the 8 grey levels"),
+    ("not-hex", lambda a: a["cells"][1].update(thumb="z" * 88), "not hex digits"),
+])
+def test_a_frame_cells_picture_that_is_not_its_own_is_refused_naming_the_cell(frame_search_run, tmp_path, name,
+                                                                             edit, where) -> None:
+    _, ckpt, spec = frame_search_run
+    bad = _rehashed(ckpt, tmp_path, name, edit)
+    key = json.loads((bad / "resume" / "archive.json").read_text())["cells"][1]["key"]
+    with pytest.raises(IntegrityError, match=rf"archive\.json: cell {key}: thumb: {where}"):
+        archive_page(FRAME_RUN_ID, 4096, bad, spec)
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_the_player_draws_frame_cells_as_their_pictures_and_a_click_replays_one(frame_search_run,
+                                                                                gradlab_home: Path) -> None:
+    from gradlab.checkpoints.resolve import resolve_checkpoint
+
+    run_dir, ckpt, spec = frame_search_run
+    shutil.copytree(run_dir, gradlab_home / "runs" / FRAME_RUN_ID)
+    step = int(json.loads((ckpt / "manifest.json").read_text())["step"])
+    with running_player() as player:
+        player.config.catalog.pin(resolve_checkpoint(f"{FRAME_RUN_ID}:{step}"))
+        page_json = player.api(f"/api/runs/{FRAME_RUN_ID}/checkpoints/{step}/archive").json()
+        target = page_json["cells"][len(page_json["cells"]) // 2]["key"]
+        player.config.prestart()
+        with open_page() as page:
+            page.goto(f"{player.base}/runs/{FRAME_RUN_ID}/checkpoints/{step}?fps=60#token={player.token}")
+            page.wait_for_function("() => document.querySelectorAll('#archive canvas.thumb').length > 0", timeout=120_000)
+            assert page.locator("#archive canvas.thumb").count() == page_json["cell_count"]
+            assert page.locator("#archive rect.cell").count() == 0  # no grid: frame cells have no coordinates
+            # Each canvas holds its cell's picture: the pixels drawn, read back, are the thumbnail's.
+            drawn = page.evaluate("""(k) => { const c = document.querySelector(`#archive canvas.thumb[data-key='${k}']`);
+                const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+                return Array.from({length: c.width * c.height}, (_, i) => d[i * 4]); }""", target)
+            thumb = next(c["thumbnail"] for c in page_json["cells"] if c["key"] == target)
+            assert drawn == [round(int(d, 16) * 255 / 7) for d in thumb]
+            screenshot(page, "play-archive-4-frame-cells")
+
+            page.locator(f"#archive canvas.thumb[data-key='{target}']").click()
+            page.wait_for_function("(k) => new URLSearchParams(location.search).get('cell') === k", arg=target,
+                                   timeout=60_000)
+            page.wait_for_function("(k) => (document.querySelector('#status')?.textContent || '').includes(`to cell ${k}`)",
+                                   arg=target, timeout=120_000)
+            page.wait_for_function("(k) => document.querySelectorAll(`#archive canvas.replaying[data-key='${k}']`).length === 1",
+                                   arg=target, timeout=60_000)
+            screenshot(page, "play-archive-5-frame-cell-replayed")

@@ -1,6 +1,6 @@
 // A search checkpoint's archive: signal cells on a grid (the first two cell signals as x and y, one
-// grid per value of the others), shaded by visits, the best lineage outlined; every cell in a
-// sortable table. Clicking a cell or its "replay" button replays the program that reached it.
+// grid per value of the others), shaded by visits, or frame cells as their pictures; the best
+// lineage outlined; every cell in a sortable table. Clicking a cell or its "replay" button replays the program that reached it.
 import { dataTable } from "../table.js";
 
 const SVG = "http://www.w3.org/2000/svg";
@@ -72,6 +72,45 @@ function grids(container, page, replaying, onReplay) {
   return placed.length;
 }
 
+// Frame cells: each cell's picture (the downscaled frame whose hash is its key), best first.
+const THUMB_SCALE = 6;
+const MAX_THUMBS = 400;
+
+function thumbnails(container, page, replaying, onReplay) {
+  const size = page.thumbnail_size;
+  const drawn = page.cells.filter((c) => c.thumbnail).slice(0, MAX_THUMBS);
+  if (!size || !drawn.length) return 0;
+  const [w, h, levels] = size;
+  const digits = levels <= 16 ? 1 : 2;
+  const best = page.best ? page.best.cell : null;
+  const grid = el("div", { class: "archive-thumbs", role: "list", "aria-label": "frame cells, best first" });
+  drawn.forEach((c) => {
+    const canvas = el("canvas", {
+      width: String(w), height: String(h), role: "listitem", "data-key": c.key,
+      class: `thumb${c.lineage ? " lineage" : ""}${c.key === best ? " best" : ""}${c.key === replaying ? " replaying" : ""}`,
+    });
+    canvas.style.width = `${w * THUMB_SCALE}px`;
+    canvas.style.height = `${h * THUMB_SCALE}px`;
+    const ctx = canvas.getContext("2d");
+    const img = ctx.createImageData(w, h);
+    for (let i = 0; i < w * h; i++) {
+      const grey = Math.round((parseInt(c.thumbnail.substr(i * digits, digits), 16) * 255) / (levels - 1));
+      img.data.set([grey, grey, grey, 255], i * 4);
+    }
+    ctx.putImageData(img, 0, 0);
+    canvas.title = `${c.key}\nreturn ${fmt(c.return)} in ${c.length} steps · progress ${fmt(c.progress)}\n` +
+      `visits ${c.visits} · selections ${c.selections}${c.lineage ? " · best lineage" : ""}`;
+    canvas.addEventListener("click", () => onReplay(c.key));
+    grid.append(canvas);
+  });
+  const withPicture = page.cells.filter((c) => c.thumbnail).length;
+  if (withPicture > drawn.length) {
+    container.append(el("p", { class: "muted" }, `The pictures of the ${drawn.length} best of ${withPicture} cells (by return, then progress).`));
+  }
+  container.append(grid);
+  return drawn.length;
+}
+
 export function archivePanel(container, page, { replaying, onReplay }) {
   const section = el("section", { id: "archive", "data-cells": String(page.cell_count) });
   const best = page.best
@@ -80,7 +119,10 @@ export function archivePanel(container, page, { replaying, onReplay }) {
   section.append(el("h2", {}, `Archive · ${page.cell_count} cells · ${page.visit_count} visits · ` +
     `${page.selection_count} selections · ${best}`));
   const note = page.cell_kind === "frame"
-    ? "Frame cells (downscaled frames) have no coordinates: the table lists them."
+    ? (page.cells.some((c) => c.thumbnail)
+      ? `Each frame cell as its downscaled frame (${page.thumbnail_size[0]} × ${page.thumbnail_size[1]} pixels, ` +
+        `${page.thumbnail_size[2]} grey levels). Outlined: the best lineage. Click a cell to replay the program that reached it.`
+      : "Frame cells (downscaled frames) have no coordinates, and this archive keeps no pictures: the table lists them.")
     : `Shade: visits (log). Outlined: the best lineage. ${page.coordinates[0]} across` +
       `${page.coordinates[1] ? `, ${page.coordinates[1]} down` : ""}. Click a cell to replay the program that reached it.`;
   section.append(el("p", { class: "muted" }, note));
@@ -97,6 +139,7 @@ export function archivePanel(container, page, { replaying, onReplay }) {
   section.append(el("p", { class: "muted" }, "A cell's replay (red outline) pauses where its program ends; " +
     "steps after that take action 0."));
   section.dataset.placed = String(grids(section, page, replaying, onReplay));
+  section.dataset.thumbnails = String(thumbnails(section, page, replaying, onReplay));
   const rows = page.cells.slice(0, MAX_TABLE_ROWS);
   if (page.cells.length > rows.length || page.cells_left_out) {
     section.append(el("p", { class: "muted" },
