@@ -27,13 +27,18 @@ RUN_ID = "gradlab-20260101T000000-00000e1e"
 @pytest.fixture(scope="module")
 def search_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict]:
     """(run directory, its last checkpoint, the run spec JSON) of a solved key-door search."""
+    return _search(tmp_path_factory, "gradlab__keydoor/go-explore", ["train.timesteps=8192", "train.checkpoint_freq=4096"],
+                   RUN_ID)
+
+
+def _search(tmp_path_factory: pytest.TempPathFactory, ref: str, overrides: list[str], run_id: str) -> tuple[Path, Path, dict]:
+    """Train ``ref`` with the real learner in a fresh run directory: (it, its last checkpoint, the spec JSON)."""
     from gradlab.contracts.experiments import Experiments
     from gradlab.contracts.run_spec import RunSpec
     from gradlab.learn.learner import run_learner
 
-    resolved = Experiments().resolve("gradlab__keydoor/go-explore", ["train.timesteps=8192", "train.checkpoint_freq=4096"])
-    spec = RunSpec.from_resolved(resolved, seed=0, run_id=RUN_ID)
-    run_dir = tmp_path_factory.mktemp("search_runs") / RUN_ID
+    spec = RunSpec.from_resolved(Experiments().resolve(ref, overrides), seed=0, run_id=run_id)
+    run_dir = tmp_path_factory.mktemp("search_runs") / run_id
     run_dir.mkdir()
     (run_dir / "spec.json").write_text(json.dumps(spec.to_json()))
     run_learner(spec, run_dir, watch_parent=False)
@@ -237,18 +242,8 @@ FRAME_RUN_ID = "gradlab-20260101T000000-00000f4a"
 def frame_search_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict]:
     """(run directory, its checkpoint, the run spec JSON) of Go-Explore on Montezuma's Revenge with
     the paper's frame cells, 4,096 steps by the real learner (a few seconds)."""
-    from gradlab.contracts.experiments import Experiments
-    from gradlab.contracts.run_spec import RunSpec
-    from gradlab.learn.learner import run_learner
-
-    resolved = Experiments().resolve("MontezumaRevenge-Atari2600-v0/go-explore",
-                                     ["train.timesteps=4096", "train.checkpoint_freq=4096"])
-    spec = RunSpec.from_resolved(resolved, seed=0, run_id=FRAME_RUN_ID)
-    run_dir = tmp_path_factory.mktemp("frame_search_runs") / FRAME_RUN_ID
-    run_dir.mkdir()
-    (run_dir / "spec.json").write_text(json.dumps(spec.to_json()))
-    run_learner(spec, run_dir, watch_parent=False)
-    return run_dir, list_checkpoints(run_dir)[-1], spec.to_json()
+    return _search(tmp_path_factory, "MontezumaRevenge-Atari2600-v0/go-explore",
+                   ["train.timesteps=4096", "train.checkpoint_freq=4096"], FRAME_RUN_ID)
 
 
 def test_every_frame_cell_has_the_picture_its_key_hashes(frame_search_run) -> None:
