@@ -40,7 +40,7 @@ from gradlab.learn.backend_config import validate_backend_config
 from gradlab.learn.search_backend import STATE_FILE, STATES_DIR, SearchBackend
 from gradlab.learn.stats import EpisodeStats, RolloutStats
 
-_FORMAT = "gradlab.jerk/2"
+FORMAT = "gradlab.jerk/2"
 
 
 class JerkBackend(SearchBackend):
@@ -187,14 +187,14 @@ class JerkBackend(SearchBackend):
         if self.venv.backend.state_problem() is None:
             lane_states = [self.venv.capture_lane(lane) for lane in range(self.venv.num_envs)]
             write_blobs(resume / STATES_DIR, {blob_sha256(b): b for b in lane_states})
-        state = {"format": _FORMAT, "num_timesteps": self._steps, "rng": generator_state(self.rng),
+        state = {"format": FORMAT, "num_timesteps": self._steps, "rng": generator_state(self.rng),
                  "episodes": self.episodes.as_json(), "retained": self.retained, "selected_means": self.selected_means,
                  "lanes": self.lanes, "lane_states": None if lane_states is None else [blob_sha256(b) for b in lane_states]}
         (resume / STATE_FILE).write_text(json.dumps(state, sort_keys=True))
 
     def restore(self, checkpoint: Path) -> bool:
         resume = Path(checkpoint) / RESUME_DIR
-        state = self.read_state(resume, _FORMAT)
+        state = self.read_state(resume, FORMAT)
         self._steps = int(state["num_timesteps"])
         set_generator_state(self.rng, state["rng"])
         self.episodes = EpisodeStats.from_json(state["episodes"])

@@ -9,8 +9,11 @@ resolved checkpoint folder, its bytes checked against the sha256 the manifest li
   signal the recipe's ``cell.signals`` names) or its thumbnail (frame cells: the downscaled frame
   whose hash is its key, checked to be so), return, length, progress, visit and selection counts
   and whether it is on the best lineage;
-* :func:`cell_program`: the action program from reset that reached one cell, which playback
-  replays open loop (:class:`gradlab.play.session.PlaybackSession` ``cell=``).
+* :func:`sequences_page`: a ``gradlab.jerk`` checkpoint's retained sequences (``resume/search.json``,
+  verified the same way), ranked as JERK ranks them, with their length and scores per replay;
+* :func:`cell_program`: the action program from reset that reached one cell, or a retained
+  sequence (``sequence:<rank>``), which playback replays open loop
+  (:class:`gradlab.play.session.PlaybackSession` ``cell=``).
 """
 
 from __future__ import annotations
@@ -23,10 +26,14 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gradlab.errors import IntegrityError, NotFound
-from gradlab.play.protocol import ArchiveBest, ArchiveCell, ArchivePage
+from gradlab.play.protocol import ArchiveBest, ArchiveCell, ArchivePage, RetainedSequence, SequencesPage
 
 #: The one backend whose checkpoints hold an archive of cells.
 ARCHIVE_BACKEND = "gradlab.go_explore"
+#: The backend whose checkpoints hold retained action sequences; their keys (``sequence:<rank>``)
+#: replay like cells.
+SEQUENCES_BACKEND = "gradlab.jerk"
+SEQUENCE_PREFIX = "sequence:"
 #: Cells an archive page lists at most (the best by return, then progress); the page says how many were left out.
 MAX_CELLS_SHOWN = 5000
 #: Longest cell key accepted from a request (signal keys name a few signals; frame keys are 24 hex digits).
@@ -79,6 +86,48 @@ class _StoredArchive(BaseModel):
     recent: list[bool]
 
 
+def _verified_json(folder: Path, name: str, what: str, backend: str) -> tuple[Path, Any]:
+    """``resume/<name>`` of a checkpoint, its bytes checked against the manifest, parsed as JSON.
+
+    Raises:
+        NotFound: the manifest lists no such file (``what`` and ``backend`` name what keeps one).
+        IntegrityError: unreadable, a size or sha256 other than the manifest's, or not JSON.
+    """
+    from gradlab.checkpoints import read_manifest
+    from gradlab.checkpoints.manifest import RESUME_DIR
+
+    manifest = read_manifest(folder)
+    rel = f"{RESUME_DIR}/{name}"
+    entry = manifest.files.get(rel)
+    if entry is None:
+        raise NotFound(f"{folder}: no {what} ({rel} is not in the manifest; only {backend} "
+                       f"checkpoints keep one, this is {manifest.backend_id})")
+    path = folder / rel
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise IntegrityError(f"{path}: listed in the manifest but unreadable ({e.strerror})") from None
+    digest = hashlib.sha256(data).hexdigest()
+    if len(data) != entry.size_bytes:
+        raise IntegrityError(f"{path}: size expected {entry.size_bytes} bytes, found {len(data)}")
+    if digest != entry.sha256:
+        raise IntegrityError(f"{path}: sha256 expected {entry.sha256}, found {digest}")
+    try:
+        return path, json.loads(data)
+    except ValueError as e:
+        raise IntegrityError(f"{path}: not JSON ({e})") from None
+
+
+def _checked(model: type[BaseModel], path: Path, value: Any) -> Any:
+    """``value`` validated as ``model``; IntegrityError names the file and the first key path at fault."""
+    try:
+        return model.model_validate(value)
+    except ValidationError as e:
+        first = e.errors(include_url=False)[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise IntegrityError(f"{path}: {where}: {first['msg']}") from None
+
+
 def read_archive(folder: Path) -> dict[str, Any]:
     """The archive JSON of a search checkpoint, its bytes verified against the manifest.
 
@@ -94,40 +143,13 @@ def read_archive(folder: Path) -> dict[str, Any]:
         IntegrityError: the file's sha256 or size is not the manifest's, or it is not a valid
             archive (naming the file and the key path at fault).
     """
-    from gradlab.checkpoints import read_manifest
-    from gradlab.checkpoints.manifest import RESUME_DIR
     from gradlab.explore.archive import FORMAT
     from gradlab.learn.go_explore import ARCHIVE_FILE
 
-    folder = Path(folder)
-    manifest = read_manifest(folder)
-    rel = f"{RESUME_DIR}/{ARCHIVE_FILE}"
-    entry = manifest.files.get(rel)
-    if entry is None:
-        raise NotFound(f"{folder}: no archive ({rel} is not in the manifest; only {ARCHIVE_BACKEND} "
-                       f"checkpoints keep one, this is {manifest.backend_id})")
-    path = folder / rel
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise IntegrityError(f"{path}: listed in the manifest but unreadable ({e.strerror})") from None
-    digest = hashlib.sha256(data).hexdigest()
-    if len(data) != entry.size_bytes:
-        raise IntegrityError(f"{path}: size expected {entry.size_bytes} bytes, found {len(data)}")
-    if digest != entry.sha256:
-        raise IntegrityError(f"{path}: sha256 expected {entry.sha256}, found {digest}")
-    try:
-        archive = json.loads(data)
-    except ValueError as e:
-        raise IntegrityError(f"{path}: not JSON ({e})") from None
+    path, archive = _verified_json(Path(folder), ARCHIVE_FILE, "archive", ARCHIVE_BACKEND)
     if not isinstance(archive, dict) or archive.get("format") != FORMAT:
         raise IntegrityError(f"{path}: expected an archive of format {FORMAT}")
-    try:
-        checked = _StoredArchive.model_validate(archive)
-    except ValidationError as e:
-        first = e.errors(include_url=False)[0]
-        where = ".".join(str(part) for part in first["loc"])
-        raise IntegrityError(f"{path}: {where}: {first['msg']}") from None
+    checked = _checked(_StoredArchive, path, archive)
     keys = [c.key for c in checked.cells]
     if len(set(keys)) != len(keys):
         dup = next(k for i, k in enumerate(keys) if k in keys[:i])
@@ -199,13 +221,73 @@ def _checked_thumbnail(folder: Path, cell: dict[str, Any], size: list[int]) -> s
     return thumb
 
 
-def cell_program(folder: Path, key: str) -> list[int]:
-    """The action program from reset that reached cell ``key`` of a search checkpoint's archive.
+class _StoredSequence(BaseModel):
+    """One sequence JERK retained (``gradlab.learn.jerk``: its actions and its score per replay)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    actions: list[_Action]
+    returns: list[_Number] = Field(min_length=1)
+    successes: _Count = 0
+
+
+class _StoredJerk(BaseModel):
+    model_config = ConfigDict(extra="allow")  # the lanes' bookkeeping and the RNG: not shown
+
+    format: str
+    retained: list[_StoredSequence]
+
+
+def read_sequences(folder: Path) -> list[dict[str, Any]]:
+    """The sequences a ``gradlab.jerk`` checkpoint retained, ranked as JERK ranks them (mean score,
+    then fewer steps), each ``{"key": "sequence:<rank>", "rank", "actions", "returns", "successes"}``; the file
+    verified against the manifest first and every field checked.
 
     Raises:
-        NotFound: no archive, or no such cell in it (naming the key and the cell count).
-        IntegrityError: as :func:`read_archive`.
+        NotFound: not a ``gradlab.jerk`` checkpoint.
+        IntegrityError: the file does not match the manifest, or is not a JERK search state (naming
+            the file and the key path at fault).
     """
+    from gradlab.learn.jerk import FORMAT
+    from gradlab.learn.search_backend import STATE_FILE
+
+    path, state = _verified_json(Path(folder), STATE_FILE, "retained sequences", SEQUENCES_BACKEND)
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise IntegrityError(f"{path}: expected a JERK search state of format {FORMAT}")
+    checked = _checked(_StoredJerk, path, state)
+    ranked = sorted(checked.retained, key=lambda q: (-sum(q.returns) / len(q.returns), len(q.actions)))
+    return [{"key": f"{SEQUENCE_PREFIX}{i}", "rank": i, "actions": list(q.actions), "returns": list(q.returns),
+             "successes": q.successes} for i, q in enumerate(ranked, start=1)]
+
+
+def sequences_page(run_id: str, step: int, folder: Path) -> SequencesPage:
+    """The retained sequences of a resolved ``gradlab.jerk`` checkpoint as the player's page.
+
+    Raises:
+        NotFound, IntegrityError: as :func:`read_sequences`.
+    """
+    seqs = read_sequences(folder)
+    return SequencesPage(run_id=run_id, step=step, sequence_count=len(seqs), sequences=[
+        RetainedSequence(key=q["key"], rank=q["rank"], length=len(q["actions"]), replays=len(q["returns"]),
+                         return_mean=sum(q["returns"]) / len(q["returns"]), return_last=q["returns"][-1],
+                         return_best=max(q["returns"]), successes=q["successes"]) for q in seqs])
+
+
+def cell_program(folder: Path, key: str) -> list[int]:
+    """The action program from reset that reached cell ``key`` of a search checkpoint's archive, or
+    a JERK checkpoint's retained sequence ``sequence:<rank>`` (:func:`read_sequences`).
+
+    Raises:
+        NotFound: no archive, or no such cell in it (naming the key and the cell count); no such
+            retained sequence.
+        IntegrityError: as :func:`read_archive` or :func:`read_sequences`.
+    """
+    if key.startswith(SEQUENCE_PREFIX):
+        seqs = read_sequences(folder)
+        found = next((q for q in seqs if q["key"] == key), None)
+        if found is None:
+            raise NotFound(f"{folder}: no retained sequence {key!r} ({len(seqs)} retained)")
+        return found["actions"]
     archive = read_archive(folder)
     cell = next((c for c in archive["cells"] if c.get("key") == key), None)
     if cell is None:

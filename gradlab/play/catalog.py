@@ -280,21 +280,23 @@ class Catalog:
             raise NotFound(f"run {run_id}: no checkpoint at step {step} (steps: {', '.join(map(str, steps)) or 'none'})")
         i = steps.index(step)
         error = None
-        archive = False
+        backend = None
         try:
             from gradlab import receipts as rules
             from gradlab.evaluation.runner import parse_spec
-            from gradlab.play.archive import ARCHIVE_BACKEND
 
             pinned = self.pinned.get((run_id, step))
             spec = pinned.spec if pinned is not None else rules.read_run_spec(self.stores, run_id)
-            archive = parse_spec(spec, source=f"run {run_id} spec").recipe.train.backend.id == ARCHIVE_BACKEND
+            backend = parse_spec(spec, source=f"run {run_id} spec").recipe.train.backend.id
         except GradlabError as e:
             error = str(e)
+        from gradlab.play.archive import ARCHIVE_BACKEND, SEQUENCES_BACKEND
+
         return PlaybackPage(run_id=run_id, project=page.project, goal_id=page.goal_id, recipe_id=page.recipe_id,
                             step=step, sha256=row.sha256, promoted=row.promoted,
                             previous_step=steps[i - 1] if i > 0 else None,
-                            next_step=steps[i + 1] if i + 1 < len(steps) else None, error=error, archive=archive)
+                            next_step=steps[i + 1] if i + 1 < len(steps) else None, error=error,
+                            archive=backend == ARCHIVE_BACKEND, sequences=backend == SEQUENCES_BACKEND)
 
     def archive_page(self, run_id: str, step: int) -> Any:
         """The archive of the search checkpoint at ``step`` (:func:`gradlab.play.archive.archive_page`).
@@ -306,6 +308,16 @@ class Catalog:
 
         resolved = self.resolve(run_id, step)
         return archive_page(run_id, step, resolved.path, resolved.spec)
+
+    def sequences_page(self, run_id: str, step: int) -> Any:
+        """The retained sequences of the JERK checkpoint at ``step`` (:func:`gradlab.play.archive.sequences_page`).
+
+        Raises:
+            NotFound: no such checkpoint, or it retains no sequences. IntegrityError: it does not verify.
+        """
+        from gradlab.play.archive import sequences_page
+
+        return sequences_page(run_id, step, self.resolve(run_id, step).path)
 
     def resolve(self, run_id: str, step: int | None) -> Any:
         """The verified local checkpoint folder and run spec (downloaded and verified when needed).

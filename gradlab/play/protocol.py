@@ -170,6 +170,8 @@ class PlaybackPage(Payload):
     error: str | None = Field(default=None, description="Why this checkpoint cannot be played (contract, integrity).")
     archive: bool = Field(default=False, description="A search checkpoint with an archive of cells "
                                                      "(``/api/runs/{run}/checkpoints/{step}/archive``).")
+    sequences: bool = Field(default=False, description="A JERK checkpoint with retained sequences "
+                                                       "(``/api/runs/{run}/checkpoints/{step}/sequences``).")
 
 
 class ArchiveCell(BaseModel):
@@ -222,6 +224,32 @@ class ArchivePage(Payload):
     cells: list[ArchiveCell]
 
 
+class RetainedSequence(BaseModel):
+    """One action sequence a ``gradlab.jerk`` checkpoint retained (:mod:`gradlab.play.archive`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    key: str = Field(description="``sequence:<rank>``: what ``hello.cell`` names to replay it.")
+    rank: int = Field(description="1 is the best (the checkpoint's own program): mean score, then fewer steps.")
+    length: int = Field(description="Steps of the sequence.")
+    replays: int = Field(description="Times it was scored: its first episode and each replay since.")
+    return_mean: float = Field(description="Mean of its scores (shaped return where it ends, or at its peak when new).")
+    return_last: float
+    return_best: float
+    successes: int = Field(description="Scorings whose episode ended in success through the whole sequence.")
+
+
+class SequencesPage(Payload):
+    """A ``gradlab.jerk`` checkpoint's retained sequences, best first."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    run_id: str
+    step: int
+    sequence_count: int
+    sequences: list[RetainedSequence]
+
+
 # -- WebSocket -------------------------------------------------------------------------------
 class Hello(BaseModel):
     """The client's first WebSocket message: the token and what to play."""
@@ -237,8 +265,9 @@ class Hello(BaseModel):
     deterministic: bool | None = Field(default=None, description="None: the launch's mode.")
     fps: float | None = Field(default=None, ge=0.0, le=1000.0, description="None: the launch's --fps.")
     cell: str | None = Field(default=None, min_length=1, max_length=512,
-                             description="Replay this archive cell's program instead of the checkpoint's "
-                                         "(gradlab.go_explore checkpoints).")
+                             description="Replay this archive cell's program (gradlab.go_explore checkpoints) "
+                                         "or this retained sequence (sequence:<rank>, gradlab.jerk checkpoints) "
+                                         "instead of the checkpoint's own.")
 
 
 class Command(BaseModel):

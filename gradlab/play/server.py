@@ -273,6 +273,11 @@ def create_app(config: PlayConfig) -> Any:
         """A search checkpoint's archive (cells, counts, the best lineage); 404 for any other checkpoint."""
         return page(cat.archive_page, run_id, step)
 
+    @app.get("/api/runs/{run_id}/checkpoints/{step}/sequences", dependencies=auth)
+    def api_sequences(run_id: str, step: int) -> Any:
+        """A JERK checkpoint's retained sequences, best first; 404 for any other checkpoint."""
+        return page(cat.sequences_page, run_id, step)
+
     @app.get("/api/runs/{run_id}/checkpoints/{step}/video", dependencies=auth)
     def api_video(run_id: str, step: int, episodes: int = 1, seed: Annotated[int | None, Query(ge=0)] = None,
                   deterministic: bool | None = None) -> Any:

@@ -6,10 +6,13 @@ seconds), so its archive has a solved lineage through the key and the door."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -127,20 +130,20 @@ def test_a_tampered_archive_an_unknown_cell_and_a_checkpoint_without_one_are_ref
 
 
 
-def _rehashed(ckpt: Path, tmp_path: Path, name: str, edit) -> Path:
-    """A copy of ``ckpt`` whose archive.json ``edit`` changed, with the manifest rewritten to match
-    (a writer that hashes what it breaks: the contents must be checked, not only the hash)."""
+def _rehashed(ckpt: Path, tmp_path: Path, name: str, edit, file: str = "archive.json") -> Path:
+    """A copy of ``ckpt`` whose ``resume/<file>`` ``edit`` changed, with the manifest rewritten to
+    match (a writer that hashes what it breaks: the contents must be checked, not only the hash)."""
     import hashlib
 
     bad = tmp_path / name / ckpt.name
     shutil.copytree(ckpt, bad)
-    path = bad / "resume" / "archive.json"
+    path = bad / "resume" / file
     archive = json.loads(path.read_text())
     edit(archive)
     data = json.dumps(archive).encode()
     path.write_bytes(data)
     manifest = json.loads((bad / "manifest.json").read_text())
-    manifest["files"]["resume/archive.json"] = {"sha256": hashlib.sha256(data).hexdigest(), "size_bytes": len(data)}
+    manifest["files"][f"resume/{file}"] = {"sha256": hashlib.sha256(data).hexdigest(), "size_bytes": len(data)}
     (bad / "manifest.json").write_text(json.dumps(manifest))
     return bad
 
@@ -170,16 +173,24 @@ def test_a_cell_program_with_an_action_past_the_goals_is_refused(search_run, tmp
         PlaybackSession(bad, spec, cell=key)
 
 
+@contextlib.contextmanager
+def player_of(run: tuple[Path, Path, dict], run_id: str, gradlab_home: Path) -> Iterator[tuple[Any, int]]:
+    """A running player whose catalog has ``run`` (copied under ``gradlab_home``) with its checkpoint
+    pinned: (the player, the checkpoint's step)."""
+    from gradlab.checkpoints.resolve import resolve_checkpoint
+
+    run_dir, ckpt, _ = run
+    shutil.copytree(run_dir, gradlab_home / "runs" / run_id)
+    step = int(json.loads((ckpt / "manifest.json").read_text())["step"])
+    with running_player() as player:
+        player.config.catalog.pin(resolve_checkpoint(f"{run_id}:{step}"))
+        yield player, step
+
+
 @pytest.mark.slow
 @pytest.mark.browser
 def test_the_player_shows_the_archive_and_a_click_replays_a_cell(search_run, gradlab_home: Path) -> None:
-    from gradlab.checkpoints.resolve import resolve_checkpoint
-
-    run_dir, ckpt, spec = search_run
-    shutil.copytree(run_dir, gradlab_home / "runs" / RUN_ID)
-    step = int(json.loads((ckpt / "manifest.json").read_text())["step"])
-    with running_player() as player:
-        player.config.catalog.pin(resolve_checkpoint(f"{RUN_ID}:{step}"))
+    with player_of(search_run, RUN_ID, gradlab_home) as (player, step):
         assert player.api(f"/api/runs/{RUN_ID}/checkpoints/{step}/archive").status_code == 200
         page_json = player.api(f"/api/runs/{RUN_ID}/checkpoints/{step}/archive").json()
         lineage = page_json["lineage"]
@@ -278,13 +289,7 @@ def test_a_frame_cells_picture_that_is_not_its_own_is_refused_naming_the_cell(fr
 @pytest.mark.browser
 def test_the_player_draws_frame_cells_as_their_pictures_and_a_click_replays_one(frame_search_run,
                                                                                 gradlab_home: Path) -> None:
-    from gradlab.checkpoints.resolve import resolve_checkpoint
-
-    run_dir, ckpt, spec = frame_search_run
-    shutil.copytree(run_dir, gradlab_home / "runs" / FRAME_RUN_ID)
-    step = int(json.loads((ckpt / "manifest.json").read_text())["step"])
-    with running_player() as player:
-        player.config.catalog.pin(resolve_checkpoint(f"{FRAME_RUN_ID}:{step}"))
+    with player_of(frame_search_run, FRAME_RUN_ID, gradlab_home) as (player, step):
         page_json = player.api(f"/api/runs/{FRAME_RUN_ID}/checkpoints/{step}/archive").json()
         target = page_json["cells"][len(page_json["cells"]) // 2]["key"]
         player.config.prestart()

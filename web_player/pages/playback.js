@@ -11,6 +11,9 @@ import { eventsPanel } from "../panels/events.js";
 import { episodePanel } from "../panels/episode.js";
 import { scrubberPanel } from "../panels/scrubber.js";
 import { archivePanel } from "../panels/archive.js";
+import { sequencesPanel } from "../panels/sequences.js";
+
+const SEQUENCE_PREFIX = "sequence:"; // a JERK checkpoint's retained sequence, replayed like a cell (gradlab.play.archive)
 
 const enc = encodeURIComponent;
 const MAX_RETAINED = 5000;
@@ -66,13 +69,15 @@ export async function playbackView(run, step) {
   const grid = panelGrid(main);
   const b = grid.bodies;
   const cell = params.get("cell");
-  if (page.archive) {
-    // A search checkpoint: its archive below the panels, fetched beside playback (an archive that
-    // cannot be read says so there and stops nothing else); a cell's replay is this page with ?cell=KEY.
+  if (page.archive || page.sequences) {
+    // A search checkpoint: its archive (Go-Explore) or retained sequences (JERK) below the panels,
+    // fetched beside playback (one that cannot be read says so there and stops nothing else); a
+    // cell's or sequence's replay is this page with ?cell=KEY.
     const holder = el("div", { id: "archive-holder" });
     main.append(holder);
-    getJson(`/runs/${enc(run)}/checkpoints/${step}/archive`).then((archive) => {
-      archivePanel(holder, archive, {
+    const [what, panel] = page.archive ? ["archive", archivePanel] : ["sequences", sequencesPanel];
+    getJson(`/runs/${enc(run)}/checkpoints/${step}/${what}`).then((data) => {
+      panel(holder, data, {
         replaying: cell,
         onReplay(key) {  // null: the checkpoint's own program
           const query = key == null ? "" : `?cell=${enc(key)}`;
@@ -81,7 +86,7 @@ export async function playbackView(run, step) {
         },
       });
     }).catch((e) => {
-      holder.append(el("p", { id: "archive-error", class: "warning" }, `archive unavailable: ${e.message || e}`));
+      holder.append(el("p", { id: "archive-error", class: "warning" }, `${what} unavailable: ${e.message || e}`));
     });
   }
   const game = gamePanel(b.game);
@@ -154,13 +159,16 @@ export async function playbackView(run, step) {
         seed.value = String(msg.seed);
         fps.value = String(msg.fps);
         det.checked = msg.deterministic;
+        const sequence = msg.program && msg.program.cell && msg.program.cell.startsWith(SEQUENCE_PREFIX)
+          ? msg.program.cell.slice(SEQUENCE_PREFIX.length) : null;
         if (msg.program && msg.program.cell) {  // said once the worker has the cell's program, not from the URL
-          const note = el("p", { id: "replaying" }, `Replaying the program that reached cell ${msg.program.cell}.`);
+          const note = el("p", { id: "replaying" }, sequence != null
+            ? `Replaying retained sequence ${sequence}.` : `Replaying the program that reached cell ${msg.program.cell}.`);
           main.insertBefore(note, document.getElementById("archive-holder"));
         }
-        const program = msg.program
-          ? ` · action program of ${msg.program.length} steps${msg.program.cell ? ` to cell ${msg.program.cell}` : ""} (no value function)`
-          : "";
+        const target = !msg.program || !msg.program.cell ? ""
+          : sequence != null ? `: retained sequence ${sequence}` : ` to cell ${msg.program.cell}`;
+        const program = msg.program ? ` · action program of ${msg.program.length} steps${target} (no value function)` : "";
         status.textContent = `${msg.env_id} · sha256 ${msg.checkpoint_sha256.slice(0, 12)} · γ ${msg.gamma}${program} · worker pid ${msg.worker_pid}`;
       } else if (msg.type === "step") {
         const last = steps[steps.length - 1];

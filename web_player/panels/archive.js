@@ -2,26 +2,11 @@
 // grid per value of the others), shaded by visits, or frame cells as their pictures; the best
 // lineage outlined; every cell in a sortable table. Clicking a cell or its "replay" button replays the program that reached it.
 import { dataTable } from "../table.js";
+import { el, fmt, svgEl } from "../dom.js";
 
-const SVG = "http://www.w3.org/2000/svg";
 const CELL_PX = 26;
 const MAX_TABLE_ROWS = 500;
 const MAX_SPAN = 200; // bins a grid side may have (a wider archive is listed, not drawn)
-
-function svgEl(tag, attrs = {}) {
-  const e = document.createElementNS(SVG, tag);
-  Object.entries(attrs).forEach(([k, v]) => e.setAttribute(k, String(v)));
-  return e;
-}
-
-function el(tag, attrs = {}, text = "") {
-  const e = document.createElement(tag);
-  Object.entries(attrs).forEach(([k, v]) => e.setAttribute(k, v));
-  if (text) e.textContent = text;
-  return e;
-}
-
-const fmt = (x) => (x == null ? "–" : Number.isInteger(x) ? String(x) : x.toFixed(3));
 
 // One grid per combination of the coordinates past the first two (e.g. has_key=0, has_key=1).
 function grids(container, page, replaying, onReplay) {
