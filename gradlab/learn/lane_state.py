@@ -11,19 +11,26 @@ saved path that does not exist in the fresh env, or holds another kind of value,
 whole restore before anything is assigned.
 
 Files (``resume/`` of a checkpoint):
-    ``lanes.json``: ``{"format": "gradlab.lanes/1", "tree": <node>}``. A node is one of
+    ``lanes.json``: ``{"format": "gradlab.lanes/2", "tree": <node>}`` (``/1``, without provider
+        snapshots, is read too). A node is one of
         ``{"t": "obj", "attrs": {name: node}}``, ``{"t": "json", "v": value}``,
         ``{"t": "float", "v": "nan"|"inf"|"-inf"}``, ``{"t": "np", "dtype": str, "v": value}``,
         ``{"t": "array", "key": str}`` (an entry of ``lanes.npz``),
         ``{"t": "list"|"tuple", "items": [node]}``, ``{"t": "dict", "items": [[key node, node]]}``,
         ``{"t": "generator", "state": node}``, ``{"t": "randomstate", "state": node}``,
-        ``{"t": "ref"}`` (an object already visited: aliasing is kept by the fresh env).
+        ``{"t": "ref"}`` (an object already visited: aliasing is kept by the fresh env),
+        ``{"t": "provider", "lanes": [key]}`` (a lane backend's provider snapshots, below).
     ``lanes.npz``: the arrays, read with ``allow_pickle=False``.
 
 Only objects whose class lives in ``gradlab``, ``gymnasium`` or ``stable_baselines3`` are walked.
-Anything else holding state (an emulator handle, a subprocess pipe) makes the env
-*unsupported*: :func:`capture` returns None and a resumed run resets its lanes (counters,
-schedules, optimizer and RNG streams still continue).
+A lane backend that holds something else (an emulator handle, a subprocess pipe) is saved as its
+lanes' *provider snapshots* instead, where its provider captures them (``LaneBackend.capture_state``:
+ALE's ``cloneState`` with its sticky-action RNG and the frame stack, stable-retro's emulator
+state, ...): ``{"t": "provider", "lanes": [key]}``, each key a uint8 array of ``lanes.npz``; a
+restore resets those lanes and loads the snapshots, so the episodes go on where they were.
+Anything else that is not plain data (a provider that cannot capture, as ale-py's native vector
+env) makes the env *unsupported*: :func:`capture` returns None and a resumed run resets its lanes
+(counters, schedules, optimizer and RNG streams still continue).
 """
 
 from __future__ import annotations
@@ -39,7 +46,8 @@ import numpy as np
 
 from gradlab.errors import ContractViolation
 
-FORMAT = "gradlab.lanes/1"
+FORMAT = "gradlab.lanes/2"
+_READABLE = ("gradlab.lanes/1", FORMAT)  # /1: no provider snapshots
 JSON_FILE = "lanes.json"
 ARRAYS_FILE = "lanes.npz"
 _WALKED = ("gradlab.", "gymnasium.", "stable_baselines3.")
@@ -57,7 +65,7 @@ def _static(value: Any) -> bool:
 
     return isinstance(value, (types.FunctionType, types.BuiltinFunctionType, types.MethodType, type,
                               types.ModuleType, np.dtype, BaseModel, property, staticmethod, classmethod,
-                              functools.partial))
+                              functools.partial, slice))
 
 
 class _Encoder:
@@ -92,6 +100,8 @@ class _Encoder:
             return None
         if isinstance(value, (list, tuple)):
             items = [self.node(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(value)]
+            if items and all(i is None for i in items):
+                return None  # static throughout (the slices of lane groups): rebuilt from the spec
             if any(i is None for i in items):
                 raise Unsupported(f"{path}: a sequence holding code or contracts")
             return {"t": "list" if isinstance(value, list) else "tuple", "items": items}
@@ -110,13 +120,37 @@ class _Encoder:
             if id(value) in self._seen:
                 return {"t": "ref"}
             self._seen.add(id(value))
-            attrs = {}
-            for name, attr in vars(value).items():
-                n = self.node(attr, f"{path}.{name}", depth + 1)
-                if n is not None:
-                    attrs[name] = n
+            try:
+                attrs = {}
+                for name, attr in vars(value).items():
+                    n = self.node(attr, f"{path}.{name}", depth + 1)
+                    if n is not None:
+                        attrs[name] = n
+            except Unsupported:
+                if (provider := self._provider(value, path)) is None:
+                    raise
+                return provider
             return {"t": "obj", "attrs": attrs}
         raise Unsupported(f"{path}: {module}.{type(value).__qualname__} is not plain data")
+
+    def _provider(self, backend: Any, path: str) -> dict[str, Any] | None:
+        """A lane backend holding an emulator as its lanes' provider snapshots, or None when ``backend``
+        is not a lane backend or its provider cannot capture (its ``state_problem``)."""
+        from gradlab.envs.backend import LaneBackend
+        from gradlab.envs.snapshot import StateUnsupported
+
+        if not isinstance(backend, LaneBackend) or backend.state_problem() is not None:
+            return None
+        keys = []
+        for lane in range(backend.num_envs):
+            try:
+                blob = backend.capture_state(lane)
+            except StateUnsupported as e:
+                raise Unsupported(f"{path}: lane {lane}: {e}") from None
+            key = f"a{len(self.arrays)}"
+            self.arrays[key] = np.frombuffer(blob, dtype=np.uint8).copy()
+            keys.append(key)
+        return {"t": "provider", "lanes": keys}
 
 
 def capture(env: Any) -> tuple[dict[str, Any], dict[str, np.ndarray]] | None:
@@ -234,6 +268,9 @@ class _Decoder:
         if t == "obj":
             self.into(existing, node, path)
             return
+        if t == "provider":
+            self.provider(existing, node, path)
+            return
         if isinstance(existing, (list, tuple)) and t in ("list", "tuple") and any(
                 n.get("t") == "obj" for n in node.get("items", [])):
             if len(existing) != len(node["items"]):
@@ -255,6 +292,23 @@ class _Decoder:
         self._check_kind(existing, value, path)
         self.assignments.append((owner, name, existing, value))
 
+    def provider(self, backend: Any, node: dict[str, Any], path: str) -> None:
+        """Plan restoring a lane backend's lanes from their provider snapshots (after resetting them,
+        as a restore expects; the snapshot then replaces every lane's state)."""
+        from gradlab.envs.backend import LaneBackend
+
+        if not isinstance(backend, LaneBackend):
+            self.fail(path, "a lane backend", type(backend).__name__)
+        keys = node.get("lanes")
+        if not isinstance(keys, list) or len(keys) != backend.num_envs:
+            self.fail(path, f"{backend.num_envs} lane snapshots", str(len(keys) if isinstance(keys, list) else keys))
+        blobs = []
+        for i, key in enumerate(keys):
+            if key not in self.arrays or self.arrays[key].dtype != np.uint8 or self.arrays[key].ndim != 1:
+                self.fail(f"{path}[{i}]", f"a uint8 array of {ARRAYS_FILE}", repr(key))
+            blobs.append(self.arrays[key].tobytes())
+        self.assignments.append((_Restore(backend, blobs, path), None, None, None))
+
     def _check_kind(self, existing: Any, value: Any, path: str) -> None:
         if existing is None or value is None:
             return
@@ -265,7 +319,9 @@ class _Decoder:
 
     def apply(self) -> None:
         for owner, name, existing, value in self.assignments:
-            if isinstance(existing, np.ndarray) and isinstance(value, np.ndarray) and \
+            if isinstance(owner, _Restore):
+                owner.apply(self.where)
+            elif isinstance(existing, np.ndarray) and isinstance(value, np.ndarray) and \
                     existing.shape == value.shape and existing.dtype == value.dtype and existing.flags.writeable:
                 existing[...] = value  # in place: keeps views other objects hold
             elif isinstance(existing, np.random.Generator) and isinstance(value, np.random.Generator):
@@ -276,10 +332,30 @@ class _Decoder:
                 vars(owner)[name] = value
 
 
+class _Restore:
+    """Lanes of one backend put back from their provider snapshots (planned, applied last-but-in-order)."""
+
+    def __init__(self, backend: Any, blobs: list[bytes], path: str):
+        self.backend, self.blobs, self.path = backend, blobs, path
+
+    def apply(self, where: str) -> None:
+        from gradlab.errors import IntegrityError
+
+        lanes = list(range(self.backend.num_envs))
+        self.backend.reset_lanes(lanes, [None] * len(lanes))
+        for lane, blob in zip(lanes, self.blobs, strict=True):
+            try:
+                self.backend.restore_state(lane, blob)
+            except IntegrityError as e:
+                raise ContractViolation(f"{where}: {self.path}[{lane}]: not a snapshot of this lane: {e}") from None
+
+
 def restore(folder: Path, env: Any) -> None:
     """Assign the state saved in ``folder`` into a freshly built ``env`` of the same spec.
 
-    Nothing is assigned unless every saved path fits the fresh env.
+    Nothing is assigned unless every saved path fits the fresh env; a provider snapshot's contents
+    are checked by its provider as it is loaded (one of another game fails there, naming the lane,
+    and leaves the fresh env, built for this restore only, partly restored).
 
     Raises:
         ContractViolation: a file is malformed, of another format, or does not fit the env
@@ -291,7 +367,7 @@ def restore(folder: Path, env: Any) -> None:
         body = json.loads(where.read_text())
     except (OSError, ValueError) as e:
         raise ContractViolation(f"{where}: not readable lane state: {e}") from None
-    if not isinstance(body, dict) or body.get("format") != FORMAT:
+    if not isinstance(body, dict) or body.get("format") not in _READABLE:
         found = body.get("format") if isinstance(body, dict) else type(body).__name__
         raise ContractViolation(f"{where}: format expected {FORMAT}, found {found!r}")
     try:

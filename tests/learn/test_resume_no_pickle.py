@@ -126,7 +126,11 @@ def test_lane_state_round_trips_mid_episode_without_pickle(tmp_path: Path) -> No
         b.step_async(actions)
         (oa, ra, da, _), (ob, rb, db, _) = a.step_wait(), b.step_wait()
         assert (oa == ob).all() and (ra == rb).all() and (da == db).all()
-    # State that is not plain data (a lock, an emulator handle) makes the env unsupported: lanes reset.
+    # Inside a lane backend, state that is not plain data (an emulator handle) is saved as the
+    # lanes' provider snapshots; elsewhere it makes the env unsupported: lanes reset.
     a.venv.backend.envs[0].unwrapped.handle = threading.Lock()
+    saved = lane_state.capture(a)
+    assert saved is not None and saved[0]["tree"]["attrs"]["venv"]["attrs"]["backend"]["t"] == "provider"
+    a.venv.handle = threading.Lock()
     assert lane_state.capture(a) is None
-    assert "is not plain data" in lane_state.unsupported_reason(a)
+    assert "env.venv.handle: _thread.lock is not plain data" in lane_state.unsupported_reason(a)

@@ -2,10 +2,11 @@
 with observation normalisation, subprocess (async) lanes and ALE's native lanes.
 
 What is exact depends on whether the lanes can be saved: in-process lanes are saved with the
-checkpoint, so a resumed run is bit-identical to an uninterrupted one; subprocess lanes and ALE's
-emulators are not (their episodes restart at the resume, ``gradlab/learn/sb3.py``), so there the step
-counter, the schedules, the update count and the normalisation statistics continue exactly and
-the lanes start fresh episodes. Runs in-process (``run_learner``) to keep the imports paid once.
+checkpoint as data, subprocess lanes as their provider snapshots, so a resumed run is
+bit-identical to an uninterrupted one; ale-py's native vector env cannot capture a lane (its
+episodes restart at the resume, ``gradlab/learn/sb3.py``), so there the step counter, the
+schedules, the update count and the normalisation statistics continue exactly and the lanes start
+fresh episodes. Runs in-process (``run_learner``) to keep the imports paid once.
 """
 
 from __future__ import annotations
@@ -81,14 +82,15 @@ def test_a2c_with_observation_normalisation_resumes_bit_identically(tmp_path: Pa
     assert stats[0] == stats[1]
 
 
-def test_async_lanes_resume_with_exact_counters_and_schedules(tmp_path: Path) -> None:
+def test_async_lanes_resume_bit_identically(tmp_path: Path) -> None:
     env = {**CARTPOLE, "n_envs": 2, "vectorization": "async"}
     ppo = {"id": "sb3.ppo", "config": {"n_steps": 32, "batch_size": 64, "n_epochs": 1,
                                        "learning_rate": {"kind": "linear", "initial": 3e-4, "final": 0.0}}}
     spec = make_spec(env, ppo, timesteps=256, checkpoint_freq=64, seed=2)
     straight, broken, saved = _straight_and_resumed(spec, tmp_path, 128)
-    assert not saved  # subprocess lanes are not saved: their episodes restart at the resume
+    assert saved  # subprocess lanes are saved as their provider snapshots (captured in the workers)
     _counters_continue(straight, broken, "ppo", 128, 256)
+    assert _same_weights(straight, broken)  # so the episodes went on: bit-identical
 
 
 def test_ale_lanes_resume_with_exact_counters_and_schedules(tmp_path: Path) -> None:
@@ -98,7 +100,7 @@ def test_ale_lanes_resume_with_exact_counters_and_schedules(tmp_path: Path) -> N
                                        "learning_rate": {"kind": "linear", "initial": 2.5e-4, "final": 0.0}}}
     spec = make_spec(env, ppo, timesteps=256, checkpoint_freq=64, seed=1)
     straight, broken, saved = _straight_and_resumed(spec, tmp_path, 128)
-    assert not saved  # ALE's emulators are not saved: episodes restart at the resume
+    assert not saved  # ale-py's native vector env cannot capture a lane: episodes restart at the resume
     _counters_continue(straight, broken, "ppo", 128, 256)
 
 
