@@ -151,7 +151,7 @@ def cancel_on_ctrl_c() -> None:
     import signal
     import time
 
-    from gradlab.runs.driver import USER_CANCEL, cancel_by_user
+    from gradlab.runs.driver import SEALING, USER_CANCEL, cancel_by_user
 
     first: list[float] = []
 
@@ -163,7 +163,11 @@ def cancel_on_ctrl_c() -> None:
             raise KeyboardInterrupt
         first.append(time.monotonic())
         cancel_by_user()
-        err_console.print("cancelling: the learner stops and a cancelled receipt is sealed "
-                          "(Ctrl-C again to abort at once, without a receipt)")
+        if SEALING.is_set():
+            err_console.print("sealing the receipt now: the wait on W&B stops and its metrics stay pending for it "
+                              "(Ctrl-C again to abort at once)")
+        else:
+            err_console.print("cancelling: the learner stops and a cancelled receipt is sealed "
+                              "(Ctrl-C again to abort at once, without a receipt)")
 
     signal.signal(signal.SIGINT, on_sigint)

@@ -40,7 +40,7 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -114,7 +114,7 @@ def _close_service() -> None:
 
         closing = threading.Thread(target=wandb.teardown, name="wandb-teardown", daemon=True)
         closing.start()
-    graceful_s = _close_within_s * (1 - _KILL_SHARE)
+    graceful_s = max(_close_within_s, 0.0) * (1 - _KILL_SHARE)
     _, alive = psutil.wait_procs(services, timeout=graceful_s)
     for service in alive:
         logger.warning("W&B's service did not close in %.1f s: stopped (pid %d)", graceful_s, service.pid)
@@ -212,8 +212,8 @@ class WandbSink:
             keeps the events and delivers them later) and :meth:`finish` waits for it.
 
     Raises:
-        ConfigError: ``mode`` is not one of the three modes. Nothing else: W&B failures are reported
-            through :attr:`status` and :attr:`error`.
+        ConfigError: ``mode`` is not one of the three modes, or the budget is not a finite number of
+            seconds > 0. Nothing else: W&B failures are reported through :attr:`status` and :attr:`error`.
     """
 
     def __init__(
@@ -236,6 +236,8 @@ class WandbSink:
     ):
         if mode not in MODES:
             raise ConfigError(f"wandb mode: expected one of {', '.join(MODES)}, found {mode!r}")
+        if not 0 < init_timeout_s < float("inf"):
+            raise ConfigError(f"wandb budget (init_timeout_s): expected a finite number of seconds > 0, found {init_timeout_s!r}")
         self.run_id = run_id
         self.mode: WandbMode = mode  # type: ignore[assignment]
         self.dir = Path(dir)
@@ -249,6 +251,7 @@ class WandbSink:
         self._run_folder: Path | None = None
         self._lock = threading.Lock()
         self._ready = threading.Event()
+        self._interrupted: Callable[[], bool] = lambda: False
         if mode == "disabled":
             self._ready.set()
             return
@@ -308,17 +311,40 @@ class WandbSink:
         """True once initialisation has ended (successfully or not); :meth:`log` skips points before."""
         return self._ready.is_set()
 
+    @property
+    def wait_left_s(self) -> float:
+        """Seconds of the budget its callers may still block on W&B (the exit's reserve excluded)."""
+        return self._wait_left
+
+    def interrupt_when(self, interrupted: Callable[[], bool]) -> None:
+        """Stop every wait on W&B as soon as ``interrupted()`` is true (polled every 0.1 s: a Ctrl-C at
+        the seal), giving W&B up (``pending``) as when the budget runs out."""
+        self._interrupted = interrupted
+
+    def _wait(self, done: Callable[[float], bool], seconds: float) -> bool:
+        """``done(slice_s)`` waited for in slices until it is true, ``seconds`` pass or the wait is interrupted."""
+        deadline = time.monotonic() + seconds
+        while True:
+            left = deadline - time.monotonic()
+            if done(max(min(left, 0.1), 0.0)):
+                return True
+            if left <= 0 or self._interrupted():
+                return False
+
     def wait_ready(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` seconds (at most what is left of the budget) for initialisation to
-        end; True if it has. When the budget runs out first the sink gives W&B up (``pending``)."""
+        end; True if it has. When the budget runs out first, or the wait is interrupted
+        (:meth:`interrupt_when`), the sink gives W&B up (``pending``)."""
         if self._ready.is_set():
             return True
         wait_s = min(timeout_s, self._wait_left)
         started = time.monotonic()
-        ready = self._ready.wait(wait_s)
+        ready = self._wait(self._ready.wait, wait_s)
         self._spend(time.monotonic() - started)
-        if not ready and self._wait_left <= 0 and self.error is None:
-            self._fail("init", TimeoutError(f"W&B did not start within the sink's {self.init_timeout_s:g} s budget"))
+        if not ready and self.error is None and (self._wait_left <= 0 or self._interrupted()):
+            why = ("the wait for it was interrupted" if self._interrupted()
+                   else f"W&B did not start within the sink's {self.init_timeout_s:g} s budget")
+            self._fail("init", TimeoutError(why))
             _arm_bounded_close(self._reserve_s)  # the service may have started since init registered W&B's exit hook
         return ready
 
@@ -408,9 +434,10 @@ class WandbSink:
         deadline = started + finish_timeout_s
         thread = threading.Thread(target=close, name=f"wandb-finish-{self.run_id}", daemon=True)
         thread.start()
-        thread.join(finish_timeout_s)
+        self._wait(lambda s: (thread.join(s), not thread.is_alive())[1], finish_timeout_s)
         if thread.is_alive():
-            self._fail("finish", TimeoutError(f"did not finish in {finish_timeout_s} s"))
+            self._fail("finish", TimeoutError("the wait for it was interrupted" if self._interrupted()
+                                              else f"did not finish in {finish_timeout_s} s"))
         elif failure:
             self._fail("finish", failure[0])
         elif self._run_folder is not None and not _wait_for_exit_record(self._run_folder, deadline):

@@ -50,6 +50,9 @@ from gradlab.stores import Stores
 #: interrupted wherever it is.
 USER_CANCEL = threading.Event()
 _user_cancel_reason = ["interrupted by the user (Ctrl-C)"]
+#: Set while the attempt supervised in this process seals its receipt: a Ctrl-C then only stops
+#: the wait on W&B (its metrics stay pending for it) and the receipt is sealed at once.
+SEALING = threading.Event()
 
 
 def cancel_by_user(reason: str = "interrupted by the user (Ctrl-C)") -> None:
@@ -446,8 +449,14 @@ class AttemptDriver:
         on an unreachable W&B: what it did not take is reported pending)."""
         wandb_hw = None
         pending: list[str] = []
+        SEALING.set()
         if self.wandb is not None:
+            self.wandb.interrupt_when(USER_CANCEL.is_set)
             wait_s = self.wandb.init_timeout_s if wandb_wait_s is None else wandb_wait_s
+            if self.wandb.mode != "disabled" and not self.wandb.ready:
+                log.warning("run %s: W&B has not started yet; the seal waits up to %.0f s more for it (Ctrl-C stops "
+                            "the wait: its metrics stay pending for W&B)", self.spec.run_id,
+                            min(wait_s, self.wandb.wait_left_s))
             if self.wandb.mode != "disabled" and self.wandb.wait_ready(wait_s):
                 try:  # events kept back while W&B was starting
                     self.supervisor.deliver_metrics()

@@ -141,28 +141,53 @@ DEFAULT_STOP_WAIT_S = 120.0
 STOP_WAIT_ENV = "GRADLAB_STOP_WAIT_S"
 
 
+def _positive_seconds(name: str, default: float) -> float:
+    """Environment variable ``name`` as a finite number of seconds > 0, ``default`` when unset or empty.
+
+    Raises:
+        ConfigError: naming the variable, what was expected and what was found.
+    """
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds < float("inf"):
+        raise ConfigError(f"{name}: expected a finite number of seconds > 0, found {raw!r}")
+    return seconds
+
+
 def stop_wait_s() -> float:
     """Seconds a learner gets to act on its stop request: ``GRADLAB_STOP_WAIT_S``, else 120 s.
 
     Raises:
         ConfigError: the variable is not a finite number of seconds > 0.
     """
-    raw = os.environ.get(STOP_WAIT_ENV)
-    if not raw:
-        return DEFAULT_STOP_WAIT_S
-    try:
-        wait = float(raw)
-    except ValueError:
-        wait = -1.0
-    if not 0 < wait < float("inf"):
-        raise ConfigError(f"{STOP_WAIT_ENV}: expected a finite number of seconds > 0, found {raw!r}")
-    return wait
+    return _positive_seconds(STOP_WAIT_ENV, DEFAULT_STOP_WAIT_S)
+
+
+#: W&B's own start-up timeout variable, which gradlab also takes as the W&B sink's budget.
+WANDB_BUDGET_ENV = "WANDB_INIT_TIMEOUT"
+DEFAULT_WANDB_BUDGET_S = 30.0
+
+
+def wandb_budget_s() -> float:
+    """The W&B sink's budget: ``WANDB_INIT_TIMEOUT`` (W&B reads it as its start-up timeout too),
+    else 30 s (docs/ARCHITECTURE.md section 10).
+
+    Raises:
+        ConfigError: the variable is not a finite number of seconds > 0 (W&B itself would refuse
+            one that is not a number, and a budget of none leaves nothing to close its service with).
+    """
+    return _positive_seconds(WANDB_BUDGET_ENV, DEFAULT_WANDB_BUDGET_S)
 
 
 def check_run_environment() -> None:
     """Check the environment variables a run's attempt reads (``GRADLAB_LEASE_TTL_S``,
-    ``GRADLAB_STOP_WAIT_S``) before anything is created: ``gradlab train``, ``gradlab runs retry``
-    and the training-run flow call it first.
+    ``GRADLAB_STOP_WAIT_S``, ``WANDB_INIT_TIMEOUT``) before anything is created: ``gradlab train``,
+    ``gradlab runs retry`` and the training-run flow call it first.
 
     Raises:
         ConfigError: naming the variable, what was expected and what was found.
@@ -175,3 +200,4 @@ def check_run_environment() -> None:
     except ContractViolation as e:
         raise ConfigError(str(e)) from None
     stop_wait_s()
+    wandb_budget_s()

@@ -107,6 +107,9 @@ def _wide_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
     ("GRADLAB_STOP_WAIT_S", "abc", "expected a finite number of seconds > 0, found 'abc'"),
     ("GRADLAB_STOP_WAIT_S", "inf", "expected a finite number of seconds > 0, found 'inf'"),
     ("GRADLAB_LEASE_TTL_S", "1", "expected seconds >= 3, found '1'"),
+    ("WANDB_INIT_TIMEOUT", "-3", "expected a finite number of seconds > 0, found '-3'"),  # left W&B's service running
+    ("WANDB_INIT_TIMEOUT", "0", "expected a finite number of seconds > 0, found '0'"),
+    ("WANDB_INIT_TIMEOUT", "abc", "expected a finite number of seconds > 0, found 'abc'"),  # W&B refuses it too
 ])
 def test_train_refuses_a_bad_run_setting_before_anything_is_created(gradlab_home: Path, monkeypatch: pytest.MonkeyPatch,
                                                                      name: str, value: str, expected: str) -> None:
@@ -117,7 +120,8 @@ def test_train_refuses_a_bad_run_setting_before_anything_is_created(gradlab_home
     assert not (gradlab_home / "runs").exists() or not any((gradlab_home / "runs").iterdir())
 
 
-@pytest.mark.parametrize(("name", "value"), [("GRADLAB_STOP_WAIT_S", "abc"), ("GRADLAB_LEASE_TTL_S", "soon")])
+@pytest.mark.parametrize(("name", "value"), [("GRADLAB_STOP_WAIT_S", "abc"), ("GRADLAB_LEASE_TTL_S", "soon"),
+                                             ("WANDB_INIT_TIMEOUT", "-1")])
 def test_retry_refuses_a_bad_run_setting_before_an_attempt_is_opened(gradlab_home: Path, monkeypatch: pytest.MonkeyPatch,
                                                                      name: str, value: str) -> None:
     stores = open_stores()

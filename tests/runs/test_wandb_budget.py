@@ -1,7 +1,7 @@
 """An unreachable W&B in ``online`` mode costs a whole command at most the sink's budget (30 s).
 
-The server here accepts connections and never answers (a black-holed route, W&B's worst case: a
-refused port fails fast). The same bandit command runs offline, then online against it, with the
+The server here accepts connections and never answers (a black-holed route; a refused port, an
+HTTP 500 or a reset connection cost the same budget, as W&B retries them). The same bandit command runs offline, then online against it, with the
 flow in the command's own process; what W&B costs is the time from the learner's end to the
 command's exit, online less offline. It includes W&B's service teardown at interpreter exit.
 """
@@ -124,3 +124,50 @@ def test_an_unreachable_wandb_costs_a_command_at_most_its_budget(prefect_api: st
     assert cost <= BUDGET_S + LOAD_SLACK_S, f"W&B cost the command {cost:.1f} s (learner end to receipt, receipt to exit: {parts}); {said}"
     # after the receipt only W&B's service teardown is left, bounded by the budget's reserve
     assert online["exited_at"] - online["receipt_at"] <= TEARDOWN_S + LOAD_SLACK_S, f"{parts}; {said}"
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_the_seal_waits_on_wandb_seals_at_once(prefect_api: str, gradlab_home: Path,
+                                                            silent_server: str) -> None:
+    """A Ctrl-C after the learner's end (the flow waiting on an unreachable W&B at the seal) stops
+    that wait: the run's own receipt is sealed at once, still ``succeeded``, W&B pending."""
+    import os
+    import signal
+
+    env = gradlab_env(prefect_api, GRADLAB_HOME=str(gradlab_home), WANDB_MODE="online", WANDB_API_KEY="0" * 40,
+                      WANDB_BASE_URL=silent_server)
+    env.pop("WANDB_INIT_TIMEOUT", None)
+    proc = start_gradlab(["train", "gradlab__bandit/ppo", "--wandb", "online", "--json"], env, own_group=True)
+    stderr: list[str] = []
+    waiting = threading.Event()
+
+    def read_stderr() -> None:
+        for line in proc.stderr:
+            stderr.append(line)
+            if "the seal waits up to" in line:
+                waiting.set()
+
+    reader = threading.Thread(target=read_stderr, daemon=True)
+    reader.start()
+    try:
+        assert waiting.wait(240), "".join(stderr)[-3000:]  # the seal is waiting on W&B (its budget is 30 s)
+        interrupted_at = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)
+        stdout, receipt_at = [], None
+        for line in proc.stdout:
+            stdout.append(line)
+            if line.startswith("{"):
+                receipt_at = time.monotonic()
+        rc = proc.wait(timeout=120)
+        exited_at = time.monotonic()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    reader.join()
+    said = "".join(stderr)[-3000:]
+    assert rc == 0 and receipt_at is not None, said
+    receipt = last_json_line("".join(stdout))
+    assert receipt["outcome"] == "succeeded" and receipt["metrics"]["pending"] == ["wandb"], said
+    assert "sealing the receipt now: the wait on W&B stops" in said
+    assert receipt_at - interrupted_at <= LOAD_SLACK_S, (receipt_at - interrupted_at, said)
+    assert exited_at - receipt_at <= TEARDOWN_S + LOAD_SLACK_S, (exited_at - receipt_at, said)

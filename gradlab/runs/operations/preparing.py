@@ -84,21 +84,16 @@ def wandb_sink(settings: Settings, spec: RunSpec, paths: RunPaths, mode: str, *,
     In ``online`` mode the API key comes from ``[wandb] api_key_ref`` when ``WANDB_API_KEY`` is not
     set (:func:`~gradlab.metrics.wandb_sink.resolve_api_key`); a reference that does not resolve is
     logged and W&B looks for its key itself (no key: the sink ends ``pending``, the run goes on).
-    ``WANDB_INIT_TIMEOUT`` (seconds, default 30) is the sink's budget: W&B's start-up timeout and
+    ``WANDB_INIT_TIMEOUT`` (seconds > 0, default 30: :func:`gradlab.runs.timeouts.wandb_budget_s`) is the sink's budget: W&B's start-up timeout and
     the most the flow waits on W&B in all, exit included (docs/ARCHITECTURE.md section 10). ``group`` is the
     W&B group (the run's leaders' cohort key), ``tags`` its W&B tags (a sweep's cohort id); the
     project is :func:`~gradlab.metrics.wandb_sink.wandb_project`.
     """
-    import os
-
     from gradlab.errors import ConfigError
     from gradlab.metrics.wandb_sink import WandbSink, resolve_api_key, wandb_project
+    from gradlab.runs.timeouts import wandb_budget_s
 
-    try:
-        init_timeout_s = float(os.environ.get("WANDB_INIT_TIMEOUT") or 30.0)
-    except ValueError:
-        log.warning("WANDB_INIT_TIMEOUT=%r is not a number of seconds; using 30", os.environ["WANDB_INIT_TIMEOUT"])
-        init_timeout_s = 30.0
+    init_timeout_s = wandb_budget_s()  # checked before the attempt opened (check_run_environment)
 
     api_key = None
     if mode == "online":
