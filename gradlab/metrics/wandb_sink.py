@@ -32,6 +32,7 @@ history. So an offline run with more than one segment is *not* complete for W&B:
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import re
@@ -115,16 +116,23 @@ def _close_service() -> None:
         closing = threading.Thread(target=wandb.teardown, name="wandb-teardown", daemon=True)
         closing.start()
     graceful_s = max(_close_within_s, 0.0) * (1 - _KILL_SHARE)
-    _, alive = psutil.wait_procs(services, timeout=graceful_s)
+    try:
+        _, alive = psutil.wait_procs(services, timeout=graceful_s)
+        if alive:
+            logger.warning("W&B's service did not close in %.1f s: stopped (pid %s)", graceful_s,
+                           ", ".join(str(s.pid) for s in alive))
+    except KeyboardInterrupt:  # a Ctrl-C while it closes: no graceful close, and no traceback
+        alive = services
+        logger.warning("W&B's service stopped at once (Ctrl-C while it closed)")
     for service in alive:
-        logger.warning("W&B's service did not close in %.1f s: stopped (pid %d)", graceful_s, service.pid)
         try:
             service.kill()
         except psutil.Error:
             continue
-    psutil.wait_procs(alive, timeout=max(deadline - time.monotonic(), 0.0) / 2)
-    if closing is not None:
-        closing.join(max(deadline - time.monotonic(), 0.0))
+    with contextlib.suppress(KeyboardInterrupt):
+        psutil.wait_procs(alive, timeout=max(deadline - time.monotonic(), 0.0) / 2)
+        if closing is not None:
+            closing.join(max(deadline - time.monotonic(), 0.0))
 
 
 _early_hook = False  # registered with the threading module's shutdown hooks

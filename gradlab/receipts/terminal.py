@@ -134,6 +134,7 @@ def close_attempt(
     epoch: int | None = None,
     superseded_by: Supersession | None = None,
     fence: tuple[str, int] | None = None,
+    metrics: TerminalMetrics | None = None,
 ) -> TerminalReceipt | None:
     """Seal an attempt whose own process could not (a crash, a hook, a reconcile, a supersession)
     from :func:`attempt_inventory`; None when it was sealed already (by itself or a concurrent closer).
@@ -141,6 +142,8 @@ def close_attempt(
     ``final_step`` defaults to the highest step the attempt published.
 
     Args:
+        metrics: what the sinks hold when the closer can read the run's outbox (a hook on the
+            attempt's machine); by default none is claimed (``local_high_water`` 0, no sinks).
         fence: (attempt id, epoch) that must hold the run's lease for this write (a hook: its own
             attempt; a superseding attempt: itself); None for a reconciler that fenced the lease
             out first. ``epoch`` is recorded in the receipt (the writer's epoch).
@@ -166,7 +169,7 @@ def close_attempt(
         checkpoints=checkpoints,
         evaluations=evaluations,
         promotion=promotion,
-        metrics=TerminalMetrics(local_high_water=0, sinks={}),
+        metrics=metrics or TerminalMetrics(local_high_water=0, sinks={}),
         drained=False,
         learner=learner or LearnerExit(exit_code=None, stop_reason=None),
         epoch=epoch,

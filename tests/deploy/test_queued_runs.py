@@ -518,6 +518,8 @@ def test_a_sigkilled_flow_run_is_sealed_by_its_crash_hook_with_its_own_inventory
     assert terminal.outcome == "failed" and terminal.reason.startswith("crashed: "), terminal.reason
     published = [(p.step, p.sha256) for p in rules.list_publications(stores_of, run_id) if p.attempt_id == "attempt-001"]
     assert published and [(c.step, c.sha256) for c in terminal.checkpoints] == published
+    # what the journal holds, by the outbox's mark the dead flow wrote (no other sink is claimed)
+    assert terminal.metrics.local_high_water > 0 and terminal.metrics.sinks == {"journal": terminal.metrics.local_high_water}
     # the hook releases the lease after sealing, so a retry may start at once
     wait_for(lambda: read_lease(stores_of.control, run_id).lease.released, 60, "the crash hook's lease release")
     wait_for(lambda: not pid_alive(learner) and not group_alive(learner), 30, "the orphaned learner stopped")

@@ -136,12 +136,13 @@ def close_abandoned_attempt(stores: Stores, paths: RunPaths | None, run_id: str,
     if (held.lease.owner_pid, held.lease.owner_start) != (me.pid, me.start) and held.lease.owner_state() == "alive":
         return None  # the flow process still runs here: it seals by itself
     learner = LearnerExit(exit_code=None, stop_reason=None)
-    final_step = None
+    final_step = metrics = None
     if paths is not None and paths.outbox.is_file():
         learner, final_step = _stop_orphaned_learner(paths, reason, (attempt_id, epoch))
+        metrics = _journal_metrics(paths)
     try:
         receipt = close_attempt(stores, run_id, attempt_id, outcome=outcome, reason=reason, final_step=final_step,
-                                learner=learner, epoch=epoch, fence=(attempt_id, epoch))
+                                learner=learner, epoch=epoch, fence=(attempt_id, epoch), metrics=metrics)
     except LeaseLost as e:
         log.info("run %s: %s was superseded while its hook closed it: %s", run_id, attempt_id, e)
         return None
@@ -153,6 +154,24 @@ def close_abandoned_attempt(stores: Stores, paths: RunPaths | None, run_id: str,
         except LeaseLost as e:
             log.info("run %s: lease of %s not released: %s", run_id, attempt_id, e)
     return receipt
+
+
+def _journal_metrics(paths: RunPaths) -> TerminalMetrics | None:
+    """What the run's journal holds by the outbox's delivery mark (the flow that died wrote it), or
+    None when the outbox cannot be read; other sinks are not claimed."""
+    try:
+        outbox = Outbox(paths.outbox, readonly=True)
+    except Exception as e:  # noqa: BLE001 - an unreadable outbox: the receipt claims no metrics
+        log.info("%s: not read for the receipt's metrics: %s", paths.outbox, e)
+        return None
+    try:
+        local = outbox.high_water("journal")
+    except Exception as e:  # noqa: BLE001 - as above
+        log.info("%s: not read for the receipt's metrics: %s", paths.outbox, e)
+        return None
+    finally:
+        outbox.close()
+    return TerminalMetrics(local_high_water=local, sinks={"journal": local})
 
 
 def _stop_orphaned_learner(paths: RunPaths, reason: str, fence: tuple[str, int]) -> tuple[LearnerExit, int | None]:
