@@ -288,6 +288,11 @@ def training_run(
 
     settings = load_settings()
     check_run_environment()  # a bad lease TTL or stop wait fails the flow before an attempt is opened
+    from gradlab.contracts.goal import MAX_RUN_SEED
+    from gradlab.errors import ConfigError
+
+    if not 0 <= seed <= MAX_RUN_SEED:  # the command line's wording, not a validation dump from the run spec
+        raise ConfigError(f"seed: expected 0..{MAX_RUN_SEED}, found {seed}")
     secure_home(settings)  # a deployment's worker writes private files too
     record_this_flow_run(settings)  # the daemon tells a killed flow process from a live one
     stores = open_stores(settings)

@@ -355,7 +355,7 @@ def launch(
 
     resolve_or_exit(ref, overrides)
     if not 0 <= seed <= MAX_RUN_SEED:
-        fail(f"--seed {seed}: expected an integer in [0, {MAX_RUN_SEED}]")
+        fail(f"--seed: expected 0..{MAX_RUN_SEED}, found {seed}")
     if wandb is not None and wandb not in ("disabled", "offline", "online"):
         fail(f"--wandb {wandb!r}: expected disabled, offline or online")
     if eval_backend is not None and eval_backend not in ("local", "modal"):
@@ -431,14 +431,16 @@ def wait(
             time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
     summary = {"run_id": result["run_id"], "until": until, "reached": reached, "state": prefect.get("state"),
                "outcome": (result["stores"] or {}).get("outcome")}
+    # a flow run that failed before it opened a run has no gradlab run id: name its flow run
+    name = result["run_id"] or f"flow run {prefect.get('flow_run_id') or run}"
     if json_out:
         print_json(summary)
     elif reached:
-        console.print(f"{result['run_id']}: {prefect.get('state')}"
+        console.print(f"{name}: {prefect.get('state')}"
                       + (f" (receipt: {summary['outcome']})" if summary["outcome"] else ""), highlight=False)
     else:
         why = f"ended {prefect.get('state')}" if prefect.get("final") else f"still {prefect.get('state')} after {timeout}"
-        err_console.print(f"{result['run_id']}: not {until}: {why}", highlight=False)
+        err_console.print(f"{name}: not {until}: {why}", highlight=False)
     raise typer.Exit(0 if reached else 1)
 
 

@@ -19,7 +19,7 @@ from gradlab.cli.output import err_console
 
 def print_summary(receipt: dict, elapsed_s: float) -> None:
     """The table of a finished run on stderr: outcome, final step, checkpoints, evaluations,
-    promotion, metrics delivery and wall time.
+    promotion, metrics delivery, wall time and where the receipt is kept.
 
     Args:
         receipt: the terminal receipt JSON (``TerminalReceipt`` dumped with ``mode="json"``).
@@ -43,7 +43,19 @@ def print_summary(receipt: dict, elapsed_s: float) -> None:
     pending = f"; pending remotely: {', '.join(metrics['pending'])}" if metrics.get("pending") else ""
     table.add_row("metrics", f"{metrics['local_high_water']} events delivered locally{pending}")
     table.add_row("wall time", f"{elapsed_s:.1f} s")
+    table.add_row("receipt", _receipt_url(receipt))
     err_console.print(table)
+
+
+def _receipt_url(receipt: dict) -> str:
+    """Where the receipt is kept: its object in the control store (`gradlab runs show RUN` reads it)."""
+    from gradlab.errors import GradlabError
+    from gradlab.stores import keys, open_stores
+
+    try:
+        return escape(open_stores().control.url(keys.terminal(receipt["run_id"], receipt["attempt_id"])))
+    except GradlabError as e:  # the stores' settings cannot be read here: the command that reads it
+        return f"`gradlab runs show {receipt['run_id']}` ({escape(str(e))})"
 
 
 class Starting:

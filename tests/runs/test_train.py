@@ -52,6 +52,10 @@ def test_bandit_trains_and_is_promoted_with_file_stores(prefect_api: str, gradla
     receipt = last_json_line(out.stdout)
     _check_succeeded_bandit(receipt, gradlab_home, env)
     assert receipt["checkpoints"][0]["uri"].startswith((gradlab_home / "stores" / "model").as_uri())
+    # The summary says where the receipt is kept.
+    kept = gradlab_home / "stores" / "control" / "runs" / receipt["run_id"] / "attempts" / receipt["attempt_id"] / "terminal.json"
+    assert json.loads(kept.read_text()) == receipt
+    assert kept.as_uri() in "".join(out.stderr.split()), out.stderr[-2000:]  # (rich may wrap it)
     # Every published file is in the model store with the manifest's hashes.
     first = receipt["checkpoints"][0]
     folder = Path(first["uri"].removeprefix("file://"))
