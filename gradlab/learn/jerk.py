@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,12 @@ from gradlab.learn.search_backend import STATE_FILE, STATES_DIR, SearchBackend
 from gradlab.learn.stats import EpisodeStats, RolloutStats
 
 FORMAT = "gradlab.jerk/2"
+
+
+def retained_rank(seq: Mapping[str, Any]) -> tuple[float, int]:
+    """The sort key of a retained sequence, best first: the higher mean score (over its first
+    episode and every replay), then fewer actions. ``seq``: ``{"actions": [...], "returns": [...]}``."""
+    return -float(np.mean(seq["returns"])), len(seq["actions"])
 
 
 class JerkBackend(SearchBackend):
@@ -76,7 +83,7 @@ class JerkBackend(SearchBackend):
     def _best(self) -> dict[str, Any] | None:
         if not self.retained:
             return None
-        return max(self.retained, key=lambda s: (float(np.mean(s["returns"])), -len(s["actions"])))
+        return min(self.retained, key=retained_rank)
 
     def _fresh_lane(self) -> dict[str, Any]:
         # cum: the episode's cumulative reward; peak / peak_len: its highest value and the length of
@@ -131,7 +138,7 @@ class JerkBackend(SearchBackend):
             self.retained.append({"actions": s["actions"][:s["peak_len"]], "returns": [float(s["peak"])],
                                   "successes": int(success and whole)})
         if len(self.retained) > self.cfg.max_retained:
-            self.retained.sort(key=lambda q: (-float(np.mean(q["returns"])), len(q["actions"])))
+            self.retained.sort(key=retained_rank)
             del self.retained[self.cfg.max_retained:]
 
     def begin(self, *, resumed: bool) -> None:

@@ -171,7 +171,6 @@ def resolve_api_key(settings: Any) -> str | None:
     Raises:
         ConfigError: ``api_key_ref`` names an unset variable or keyring entry.
     """
-
     if os.environ.get("WANDB_API_KEY"):
         return None
     return settings.secret("wandb.api_key_ref")

@@ -248,14 +248,14 @@ def read_sequences(folder: Path) -> list[dict[str, Any]]:
         IntegrityError: the file does not match the manifest, or is not a JERK search state (naming
             the file and the key path at fault).
     """
-    from gradlab.learn.jerk import FORMAT
+    from gradlab.learn.jerk import FORMAT, retained_rank
     from gradlab.learn.search_backend import STATE_FILE
 
     path, state = _verified_json(Path(folder), STATE_FILE, "retained sequences", SEQUENCES_BACKEND)
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise IntegrityError(f"{path}: expected a JERK search state of format {FORMAT}")
     checked = _checked(_StoredJerk, path, state)
-    ranked = sorted(checked.retained, key=lambda q: (-sum(q.returns) / len(q.returns), len(q.actions)))
+    ranked = sorted(checked.retained, key=lambda q: retained_rank(q.model_dump()))
     return [{"key": f"{SEQUENCE_PREFIX}{i}", "rank": i, "actions": list(q.actions), "returns": list(q.returns),
              "successes": q.successes} for i, q in enumerate(ranked, start=1)]
 
