@@ -1,8 +1,10 @@
 """The sides and runs of ``gradlab benchmark curves``: what one run trains.
 
-A *side* is ``BACKEND[:PRECISION]`` (:class:`Side`); each side and seed is one run, keyed
+A *side* is ``BACKEND[:PRECISION][@RECIPE]`` (:class:`Side`); each side and seed is one run, keyed
 ``<side>-s<seed>`` (:func:`run_key`), trained from the goal's recipe for that backend
-(:data:`RECIPES`, :func:`side_ref`) with the benchmark's overrides (:func:`run_spec`). The
+(:data:`RECIPES`, :func:`side_ref`), or from the goal's recipe ``RECIPE`` when the side names one
+(``gradlab.ppo@ppo-archive-curriculum`` against ``gradlab.ppo``: a recipe variant against the plain
+recipe on the same backend), with the benchmark's overrides (:func:`run_spec`). The
 command (:mod:`gradlab.benchmarks.curves`) and its worker processes
 (:mod:`gradlab.benchmarks.curve_worker`) both read them.
 """
@@ -22,23 +24,30 @@ RECIPES = {"sb3.ppo": ("ppo-sb3", "ppo"), "gradlab.ppo": ("ppo",)}
 
 @dataclass(frozen=True)
 class Side:
-    """One side: a backend and (gradlab.ppo only) a precision; ``label`` is how it was written."""
+    """One side: a backend, (gradlab.ppo only) a precision, and optionally the goal's recipe to
+    train (``None``: the backend's own, :data:`RECIPES`); ``label`` is how it was written."""
 
     backend: str
     precision: str = "fp32"
+    recipe: str | None = None
 
     @property
     def label(self) -> str:
-        return self.backend if self.precision == "fp32" else f"{self.backend}:{self.precision}"
+        base = self.backend if self.precision == "fp32" else f"{self.backend}:{self.precision}"
+        return base if self.recipe is None else f"{base}@{self.recipe}"
 
     @classmethod
     def parse(cls, text: str) -> Side:
-        """``BACKEND[:PRECISION]``.
+        """``BACKEND[:PRECISION][@RECIPE]``.
 
         Raises:
-            ConfigError: an unknown backend or precision, or a precision on sb3.ppo.
+            ConfigError: an unknown backend or precision, a precision on sb3.ppo, or an empty recipe
+                after ``@`` (whether the goal has the recipe is :func:`side_ref`'s to say).
         """
-        backend, _, precision = text.partition(":")
+        head, at, recipe = text.partition("@")
+        if at and not recipe.strip():
+            raise ConfigError(f"--side {text!r}: expected a recipe name after '@', found nothing")
+        backend, _, precision = head.partition(":")
         precision = precision or "fp32"
         if backend not in BACKENDS:
             raise ConfigError(f"--side {text!r}: expected a backend of {', '.join(BACKENDS)}, found {backend!r}")
@@ -46,19 +55,19 @@ class Side:
             raise ConfigError(f"--side {text!r}: expected a precision of {', '.join(PRECISIONS)}, found {precision!r}")
         if backend == "sb3.ppo" and precision != "fp32":
             raise ConfigError(f"--side {text!r}: sb3.ppo trains in fp32 only")
-        return cls(backend, precision)
+        return cls(backend, precision, recipe.strip() if at else None)
 
 
 def run_key(side: Side, seed: int) -> str:
-    return f"{side.label.replace(':', '-')}-s{seed}"
+    return f"{side.label.replace(':', '-').replace('@', '-')}-s{seed}"
 
 
 def side_ref(goal: str, side: Side) -> str:
-    """``GOAL/RECIPE`` for ``side`` (:data:`RECIPES`).
+    """``GOAL/RECIPE`` for ``side``: its own recipe, else the first of :data:`RECIPES` the goal has.
 
     Raises:
         NotFound: an unknown goal (as ``gradlab train`` reports it: did-you-mean or the known goals),
-            or the goal has none of the backend's recipes.
+            the goal has no recipe ``side.recipe``, or none of the backend's recipes.
     """
     from gradlab.contracts.experiments import Experiments
     from gradlab.errors import NotFound
@@ -66,6 +75,11 @@ def side_ref(goal: str, side: Side) -> str:
     exp = Experiments()
     exp.goal_path(goal)  # NotFound: unknown goal 'X' (the resolver `gradlab train` goes through)
     names = set(exp.recipe_ids(goal))
+    if side.recipe is not None:
+        if side.recipe not in names:
+            raise NotFound(f"--side {side.label}: goal {goal} has no recipe {side.recipe!r}; its recipes: "
+                           f"{', '.join(sorted(names))}")
+        return f"{goal}/{side.recipe}"
     for recipe in RECIPES[side.backend]:
         if recipe in names:
             return f"{goal}/{recipe}"

@@ -34,10 +34,15 @@ TICK_S = 0.5
 class EpisodeLog:
     """A gradlab ``VectorEnv`` that records every finished episode's env step and raw return.
 
-    Every attribute but :meth:`step` is the wrapped env's. ``steps`` counts lane steps (``num_envs``
-    per :meth:`step`); ``episode_steps[i]`` (int) is ``steps`` after the step that ended episode i,
-    ``returns[i]`` (float) its ``EpisodeRecord.raw_return``. ``on_step`` (optional) is called after
-    each step.
+    Every attribute but :meth:`step` and :meth:`restore_lane` is the wrapped env's. ``steps`` counts
+    lane steps (``num_envs`` per :meth:`step`); ``episode_steps[i]`` (int) is ``steps`` after the step
+    that ended episode i, ``returns[i]`` (float) its ``EpisodeRecord.raw_return``. ``on_step``
+    (optional) is called after each step.
+
+    With an archive curriculum (docs/ARCHITECTURE.md section 12a) an episode whose lane was restored
+    from an archived state (``restore_lane``, on this env or on one of its lane groups) is of archive
+    origin: it goes to ``archive_episode_steps`` / ``archive_returns`` instead, as the learner's
+    ``train/episode/*`` metrics leave it out, so the curve is the target-origin one.
     """
 
     def __init__(self, venv: Any, on_step: Any = None):
@@ -46,24 +51,46 @@ class EpisodeLog:
         self.steps = 0
         self.episode_steps: list[int] = []
         self.returns: list[float] = []
+        self.archive_episode_steps: list[int] = []
+        self.archive_returns: list[float] = []
+        self._archive_lanes: set[int] = set()
         # Lane groups (gradlab.envs.groups): gradlab.ppo's rollout steps each group on its own, so
         # every group's step_wait is where episodes are recorded (LaneGroups.step goes through them).
         self._groups = list(getattr(venv, "groups", None) or [])
-        for group in self._groups:
-            group.step_wait = functools.partial(self._group_wait, group, group.step_wait)
+        slices = list(getattr(venv, "slices", None) or [])
+        for group, sl in zip(self._groups, slices, strict=True):
+            offset = sl.start or 0
+            group.step_wait = functools.partial(self._group_wait, group, group.step_wait, offset)
+            if hasattr(group, "restore_lane"):
+                group.restore_lane = functools.partial(self._restore, group.restore_lane, offset)
 
-    def _record(self, res: Any, lanes: int) -> None:
+    def _record(self, res: Any, lanes: int, offset: int = 0) -> None:
         self.steps += lanes
         for ep in res.episodes:
-            self.episode_steps.append(self.steps)
-            self.returns.append(float(ep.raw_return))
+            lane = offset + ep.lane
+            if lane in self._archive_lanes:
+                self._archive_lanes.discard(lane)
+                self.archive_episode_steps.append(self.steps)
+                self.archive_returns.append(float(ep.raw_return))
+            else:
+                self.episode_steps.append(self.steps)
+                self.returns.append(float(ep.raw_return))
         if self._on_step is not None:
             self._on_step()
 
-    def _group_wait(self, group: Any, wait: Any) -> Any:
+    def _group_wait(self, group: Any, wait: Any, offset: int) -> Any:
         res = wait()
-        self._record(res, group.num_envs)
+        self._record(res, group.num_envs, offset)
         return res
+
+    def _restore(self, restore: Any, offset: int, lane: int, state: bytes) -> Any:
+        obs = restore(lane, state)
+        self._archive_lanes.add(offset + lane)
+        return obs
+
+    def restore_lane(self, lane: int, state: bytes) -> Any:
+        """The wrapped env's ``restore_lane``; the lane's current episode is then of archive origin."""
+        return self._restore(self._venv.restore_lane, 0, lane, state)
 
     def step(self, actions: Any) -> Any:
         res = self._venv.step(actions)
@@ -169,7 +196,7 @@ def worker(goal: str, side: Side, seed: int, steps: int, threads: int, out: Path
         seconds = time.monotonic() - t0
         active = max(seconds - heartbeat.stalled_s, 1e-9)
         record.update(status=status, steps=log.steps, episode_steps=log.episode_steps, returns=log.returns,
-                      seconds=seconds, cpu_seconds=_cpu_seconds() - c0, stalled_s=heartbeat.stalled_s,
+                      archive_episodes=len(log.archive_returns), seconds=seconds, cpu_seconds=_cpu_seconds() - c0, stalled_s=heartbeat.stalled_s,
                       steps_per_s=log.steps / active)
         return record
 

@@ -194,3 +194,30 @@ def datasets_benchmark(
     from gradlab.benchmarks.datasets import main
 
     main(goals=tuple(goal), episodes=episodes, rounds=rounds, as_json=as_json)
+
+
+@benchmark_app.command("exploration")
+def exploration_benchmark(
+    goal: str = typer.Option("MontezumaRevenge-Atari2600-v0", help="Goal whose search recipe runs."),
+    recipe: str = typer.Option("go-explore", help="The goal's search recipe (gradlab.go_explore or gradlab.jerk)."),
+    seeds: str = typer.Option("0,1", help="Seeds, comma-separated: one worker each."),
+    steps: int = typer.Option(None, min=1, help="Agent steps at most per search (default: the recipe's train.timesteps)."),
+    score: float = typer.Option(100.0, help="The score to reach (shaped return from reset; 100: Montezuma's first key)."),
+    jobs: int = typer.Option(1, min=1, help="Seeds run at the same time, each in its own process."),
+    out: Path = typer.Option(None, help="Folder for exploration.json, exploration.png and runs/ (default: "
+                             "$GRADLAB_HOME/benchmarks/exploration-<goal>-<UTC time>)."),
+) -> None:
+    """Agent steps a search run needs to reach --score, against the best score of random actions in as many steps."""
+    from gradlab.benchmarks.exploration import run
+
+    try:
+        seed_list = [int(x) for x in seeds.split(",")]
+    except ValueError:
+        raise typer.BadParameter(f"expected integers (0,1), found {seeds!r}", param_hint="--seeds") from None
+    try:
+        run(goal, recipe, seed_list, steps, score=score, jobs=jobs, out=out)
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+    except RuntimeError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from None

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from gradlab.benchmarks.curve_sides import Side
+from gradlab.benchmarks.curve_sides import Side, run_key
 from gradlab.benchmarks.curve_stats import (
     Curve,
     compare_area,
@@ -104,7 +104,12 @@ def test_verdict_needs_the_final_point_and_the_area_within_seed_noise() -> None:
 def test_side_syntax() -> None:
     assert Side.parse("gradlab.ppo:bf16") == Side("gradlab.ppo", "bf16")
     assert Side.parse("sb3.ppo").label == "sb3.ppo" and Side.parse("gradlab.ppo:fp32").label == "gradlab.ppo"
+    # A recipe of the goal on a side: the label keeps it, a run's file name has no '@' or ':'.
+    variant = Side.parse("gradlab.ppo:bf16@ppo-archive-curriculum")
+    assert variant == Side("gradlab.ppo", "bf16", "ppo-archive-curriculum")
+    assert variant.label == "gradlab.ppo:bf16@ppo-archive-curriculum"
+    assert run_key(variant, 2) == "gradlab.ppo-bf16-ppo-archive-curriculum-s2"
     for bad, message in (("sb3.a2c", "expected a backend"), ("gradlab.ppo:fp8", "expected a precision"),
-                         ("sb3.ppo:bf16", "fp32 only")):
+                         ("sb3.ppo:bf16", "fp32 only"), ("gradlab.ppo@", "expected a recipe name")):
         with pytest.raises(ConfigError, match=message):
             Side.parse(bad)

@@ -93,6 +93,34 @@ def test_two_sides_survive_a_pause_and_leave_json_png_and_verdict(tmp_path: Path
     assert len(colours) > 50 and img[..., :3].std() > 0.05
 
 
+@pytest.mark.slow
+def test_a_recipe_side_records_the_target_origin_curve_of_an_archive_curriculum(tmp_path: Path) -> None:
+    """``gradlab.ppo@ppo-archive-curriculum``: episodes started from archived states stay out of the curve,
+    as the learner's own ``train/episode/*`` metrics leave them out."""
+    out = tmp_path / "curves"
+    cmd = [sys.executable, "-m", "gradlab.cli.app", "benchmark", "curves", "--goal", "gradlab__keydoor",
+           "--side", "gradlab.ppo@ppo-archive-curriculum", "--steps", "8192", "--seeds", "0", "--out", str(out)]
+    res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "200"})
+    assert res.returncode == 0, res.stdout + res.stderr
+    (run,) = json.loads((out / "curves.json").read_text())["runs"]
+    assert run["side"] == "gradlab.ppo@ppo-archive-curriculum" and run["ref"] == "gradlab__keydoor/ppo-archive-curriculum"
+    assert run["status"] == "done" and run["steps"] == 8192
+    # Half the maze's episodes start from the archive (share 0.5): they are counted apart ...
+    assert run["archive_episodes"] > 10 and len(run["returns"]) > 10
+    # ... and the curve's last window is the learner's own target-origin mean, exactly.
+    assert run["outbox_check"]["match"] is True, run["outbox_check"]
+    assert (out / "runs" / "gradlab.ppo-ppo-archive-curriculum-s0.json").exists()
+
+
+def test_a_side_naming_a_recipe_the_goal_lacks_lists_its_recipes() -> None:
+    from gradlab.benchmarks.curve_sides import Side, side_ref
+    from gradlab.errors import NotFound
+
+    assert side_ref("gradlab__keydoor", Side.parse("gradlab.ppo@go-explore")) == "gradlab__keydoor/go-explore"
+    with pytest.raises(NotFound, match=r"gradlab__keydoor has no recipe 'nope'; its recipes: go-explore, jerk"):
+        side_ref("gradlab__keydoor", Side.parse("gradlab.ppo@nope"))
+
+
 def test_run_spec_keeps_the_recipes_schedule_horizon_unless_told() -> None:
     from gradlab.benchmarks.curve_sides import Side, run_spec
 

@@ -1,0 +1,56 @@
+"""`gradlab benchmark exploration` end to end on the key-door maze: Go-Explore to the goal, then random actions."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_go_explore_reaches_the_maze_goal_and_random_actions_get_as_many_steps(tmp_path: Path) -> None:
+    out = tmp_path / "bench"
+    cmd = [sys.executable, "-m", "gradlab.cli.app", "benchmark", "exploration", "--goal", "gradlab__keydoor",
+           "--score", "1.0", "--seeds", "0", "--out", str(out)]
+    res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "200"})
+    assert res.returncode == 0, res.stdout + res.stderr
+    doc = json.loads((out / "exploration.json").read_text())
+    assert doc["complete"] and doc["budget"] == 16384 and doc["backend"] == "gradlab.go_explore"
+    (run,) = doc["runs"]
+    search, rnd = run["search"], run["random"]
+    reached = search["reached_step"]
+    # The first rollout whose best trajectory reached the goal (1.0, plus the key's 0.1) is the one recorded ...
+    steps = np.array([s for s, _ in search["series"]])
+    best = np.array([b for _, b in search["series"]])
+    first = int(steps[np.argmax(best >= 1.0)])
+    assert reached == first and best[steps < reached].max() < 1.0
+    assert np.all(np.diff(best) >= 0) and np.all(np.diff(steps) > 0)  # a best-so-far, one point per rollout
+    # ... and the learner stopped on the benchmark's outbox request, well before its budget.
+    assert search["stop_reason"] == "stop_requested" and reached <= search["final_step"] < 16384
+    # Random actions get exactly as many agent steps, and on this maze find the key at best.
+    assert rnd["status"] == "done" and rnd["steps"] == rnd["budget"] == reached
+    assert rnd["reached_step"] is None and rnd["best"] < 1.0 and rnd["episodes"] > 0
+    assert run["status"] == "done"
+    # The table and the plot.
+    text = " ".join(res.stdout.split())
+    assert f"{reached:,}" in text and "wrote" in text
+    assert (out / "exploration.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_recipe_that_does_not_search_is_refused_by_name() -> None:
+    from typer.testing import CliRunner
+
+    from gradlab.cli.app import app
+
+    res = CliRunner().invoke(app, ["benchmark", "exploration", "--goal", "gradlab__keydoor", "--recipe", "ppo"])
+    assert res.exit_code != 0
+    assert "expected a search recipe" in " ".join(str(res.exception or res.output).split())
+    res = CliRunner().invoke(app, ["benchmark", "exploration", "--seeds", "0,x"])
+    assert res.exit_code == 2 and "--seeds" in res.output
