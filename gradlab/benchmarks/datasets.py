@@ -1,7 +1,8 @@
 """``gradlab benchmark datasets``: recording throughput against the bare evaluation of the same episodes.
 
 Both sides run the same episodes (a goal's evaluation manifest for N episodes, one chunk, the
-random policy, frames off) in this process, imports and env construction excluded from neither:
+random policy, frames off) in this process, each timed from building the chunk's manifest on (so
+the manifest, the environment's validation and the env construction are in both; imports in neither):
 the bare side is :func:`gradlab.evaluation.runner.run_episodes` without an observer; the
 recording side is :func:`gradlab.datasets.record.record_chunk` (the same loop with the recorder,
 plus writing the chunk's one step shard, hashing it, and its ``chunk.json``). The fastest of ``rounds`` counts; the goal
@@ -26,9 +27,11 @@ def bare(plan) -> float:
     from gradlab.envs import make_vector_env
     from gradlab.evaluation.runner import policy_rng, run_episodes
 
+    # Timed from the same point as record_chunk: the evaluation builds its manifest and validates its
+    # environment too.
+    start = time.perf_counter()
     manifest = chunk_manifest(plan, 0)
     environment = EnvironmentSpec.model_validate(plan.environment)
-    start = time.perf_counter()
     venv = make_vector_env(environment.model_copy(update={"n_envs": manifest.n_lanes}), seed=plan.base_seed,
                            lane_seeds=[q[0].seed for q in manifest.lane_queues()])
     try:

@@ -162,7 +162,7 @@ class EpisodeRecorder:
         return ChunkResult.model_construct(
             chunk=chunk, folder=str(self.out_dir), rows=_ROWS.dump_python(rows, mode="json", by_alias=True), files=files,
             written={str(i): [self.steps_file, self.frame_files.get(i)] for i in sorted(self.kept)},
-            offsets={str(i): list(offsets[p][:2]) for i, p in sorted(self.kept.items())}, spaces=spaces)
+            offsets={str(i): [offsets[p][0], offsets[p][1]] for i, p in sorted(self.kept.items())}, spaces=spaces)
 
     def close(self) -> None:
         self.buffer.close()

@@ -264,7 +264,7 @@ class StepBuffer:
             self.columns["observations"].add(obs)
             step0 = self.columns["actions"].rows - total
             obs0 = self.columns["observations"].rows - total - k
-            self.offsets.extend((int(step0 + x), int(obs0 + y), int(z)) for x, y, z in zip(first, o_first, lengths, strict=True))
+            self.offsets.extend(zip((first + step0).tolist(), (o_first + obs0).tolist(), lengths.tolist(), strict=True))
             self.finished = []
         keep_from = min(self.start) - self.base
         if keep_from > 0 and self.arrays:
