@@ -47,7 +47,9 @@ class Side:
         head, at, recipe = text.partition("@")
         if at and not recipe.strip():
             raise ConfigError(f"--side {text!r}: expected a recipe name after '@', found nothing")
-        backend, _, precision = head.partition(":")
+        backend, colon, precision = head.partition(":")
+        if colon and not precision:
+            raise ConfigError(f"--side {text!r}: expected a precision after ':' ({', '.join(PRECISIONS)}), found nothing")
         precision = precision or "fp32"
         if backend not in BACKENDS:
             raise ConfigError(f"--side {text!r}: expected a backend of {', '.join(BACKENDS)}, found {backend!r}")
@@ -111,6 +113,11 @@ def run_spec(goal: str, side: Side, seed: int, steps: int, threads: int, horizon
     if side.backend == "gradlab.ppo":
         overrides += [f"train.backend.config.threads={threads}", f"train.backend.config.precision={side.precision}"]
     exp, ref = Experiments(), side_ref(goal, side)
+    if side.recipe is not None:  # a recipe of another algorithm would fail on its keys, one line each
+        own = exp.resolve(ref, []).recipe.train.backend.id
+        if own not in BACKENDS:
+            raise ConfigError(f"--side {side.label}: recipe {ref} trains {own}; a curves side trains "
+                              f"{' or '.join(BACKENDS)}")
     resolved = exp.resolve(ref, overrides)
     if horizon == "steps" or resolved.recipe.train.timesteps < steps:
         resolved = exp.resolve(ref, [f"train.timesteps={steps}", *overrides])

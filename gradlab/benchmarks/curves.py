@@ -114,7 +114,7 @@ def default_out(goal: str) -> Path:
     from gradlab.settings import load_settings
 
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    return load_settings().home / "benchmarks" / f"curves-{goal}-{stamp}"
+    return load_settings().home / "benchmarks" / f"curves-{goal.replace('/', '+')}-{stamp}"
 
 
 def summarize(runs: list[_Run], sides: list[Side], marks: list[int], window: int = WINDOW,
@@ -248,11 +248,17 @@ def run(goal: str, sides: list[Side], seeds: list[int], steps: int, threads: int
         raise ConfigError(f"--side: each side once, found {', '.join(s.label for s in sides)}")
     if steps < 1 or jobs < 1 or threads < 1 or not seeds:
         raise ConfigError("--steps, --jobs, --threads: expected >= 1; --seeds: at least one")
+    trained: dict[tuple[str, str, str], str] = {}
     for s in sides:  # fail before any process starts
-        run_spec(goal, s, seeds[0], steps, threads, horizon)
+        spec = run_spec(goal, s, seeds[0], steps, threads, horizon)
+        same = trained.setdefault((f"{spec.goal_id}/{spec.recipe_id}", s.backend, s.precision), s.label)
+        if same != s.label:
+            raise ConfigError(f"--side: {same} and {s.label} train the same recipe ({spec.goal_id}/{spec.recipe_id}) "
+                              f"on the same backend and precision")
     console = console or Console(width=None if sys.stdout.isatty() else 160)
-    out = Path(out) if out is not None else default_out(goal)
-    (out / "runs").mkdir(parents=True, exist_ok=True)
+    from gradlab.benchmarks import make_out
+
+    out = make_out(Path(out) if out is not None else default_out(goal))
     every = milestone or max(steps // 10, 1)
     marks = milestones(steps, every)
     order = [(s, seed) for i, seed in enumerate(seeds) for s in (sides if i % 2 == 0 else sides[::-1])]

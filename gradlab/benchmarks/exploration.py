@@ -16,7 +16,10 @@ a time) does two phases:
    for Montezuma's Revenge, unclipped, is the game score) and ``.../archive/cell_count``. At the first
    rollout whose best return reaches ``--score`` it records that rollout's step (``reached_step``:
    resolution one rollout, ``n_steps`` x lanes agent steps) and asks the learner to stop through the
-   outbox's stop request (the supervisor's own mechanism), so the run ends at its next update.
+   outbox's stop request (the supervisor's own mechanism); the learner obeys at the update after it
+   reads it (the watcher reads every :data:`WATCH_S`, so a run of short rollouts may go on a few
+   rollouts past ``reached_step``; ``final_step`` says where it ended). The budget is whole
+   rollouts: ``--steps`` rounded up to the next multiple of ``n_steps`` x lanes.
 2. **random**: the same goal's training lanes (the same provider, preprocessing, sticky actions and
    seed) stepped from reset with uniformly random actions (numpy's PCG64 seeded by the seed) for
    ``reached_step`` agent steps, or the search's whole budget when it never reached the score.
@@ -29,7 +32,8 @@ Agent steps are lane steps (one action; 4 emulator frames under ALE v5's frame s
 Outputs in ``--out`` (default ``$GRADLAB_HOME/benchmarks/exploration-<goal>-<UTC time>``):
 ``exploration.json`` (the settings, the machine and load average, and per seed both phases:
 status, steps, seconds, ``reached_step``, the best-return series ``[[step, best], ...]`` per
-phase, cells), rewritten as runs progress; ``exploration.png``: best score against agent steps per
+phase, cells), rewritten every :data:`FLUSH_S` seconds while the runs go on and at the end (a
+worker that died is marked ``killed`` with its exit code); ``exploration.png``: best score against agent steps per
 seed and phase, with the ``--score`` line; ``runs/s<seed>.json`` and ``.log`` per worker. A table
 at the end. Ctrl-C stops the workers (the learner at its next update) and writes what was recorded.
 """
@@ -37,6 +41,7 @@ at the end. Ctrl-C stops the workers (the learner at its next update) and writes
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -51,7 +56,9 @@ from gradlab.benchmarks.curve_worker import write_json
 from gradlab.errors import ConfigError
 
 POLL_S = 1.0
-"""Seconds between the watcher's reads of the learner's outbox, and between the command's polls."""
+"""Seconds between the command's polls of its workers' records."""
+WATCH_S = 0.25
+"""Seconds between the watcher's reads of the learner's outbox."""
 FLUSH_S = 5.0
 """Seconds between a worker's rewrites of its record."""
 
@@ -141,7 +148,10 @@ def _search(spec: Any, score: float, budget: int, record: _Record, parent_pid: i
             if outbox is not None:
                 after = drain(outbox, after)
                 record.flush()
-            finished.wait(POLL_S)
+            finished.wait(WATCH_S)
+        # The last read, after the learner ended: it may have written all of a short run between two reads.
+        if outbox is None and path.exists():
+            outbox = Outbox(path)
         if outbox is not None:
             drain(outbox, after)
             outbox.close()
@@ -155,8 +165,9 @@ def _search(spec: Any, score: float, budget: int, record: _Record, parent_pid: i
         finally:
             finished.set()
             watcher.join()
-    phase.update(status="done", seconds=time.monotonic() - t0, final_step=result.final_step,
-                 stop_reason=result.stop_reason)
+    stopped = result.stop_reason in ("sigterm", "supervisor_lost")
+    phase.update(status="stopped" if stopped else "done", seconds=time.monotonic() - t0,
+                 final_step=result.final_step, stop_reason=result.stop_reason)
     record.flush(force=True)
     return phase
 
@@ -202,6 +213,10 @@ def _random(spec: Any, steps: int, score: float, record: _Record, stop: threadin
     return phase
 
 
+_EARLY_STOP = threading.Event()
+"""Set by the worker's SIGTERM/SIGINT handler outside the learner (before it starts, and in the random phase)."""
+
+
 def worker(goal: str, recipe: str, seed: int, steps: int | None, score: float, out: Path, parent_pid: int) -> dict:
     """Both phases for one seed, keeping ``out`` (its JSON record) current; returns the record."""
     spec = search_spec(goal, recipe, seed, steps)
@@ -209,14 +224,19 @@ def worker(goal: str, recipe: str, seed: int, steps: int | None, score: float, o
     record = _Record(out, {"seed": seed, "goal": goal, "recipe": recipe, "budget": budget, "score": score,
                            "backend": spec.recipe.train.backend.id, "lanes": spec.environment.n_envs,
                            "pid": os.getpid()})
-    stop = threading.Event()
-    search = _search(spec, score, budget, record, parent_pid)
-    if search["stop_reason"] in ("sigterm", "supervisor_lost"):
+    record.flush(force=True)
+    if _EARLY_STOP.is_set():  # SIGTERM/SIGINT before the learner's own handler was in place
         record.doc["status"] = "stopped"
         record.flush(force=True)
         return record.doc
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    search = _search(spec, score, budget, record, parent_pid)
+    signal.signal(signal.SIGTERM, lambda *_: _EARLY_STOP.set())
+    signal.signal(signal.SIGINT, lambda *_: _EARLY_STOP.set())
+    if search["status"] == "stopped" or _EARLY_STOP.is_set():
+        record.doc["status"] = "stopped"
+        record.flush(force=True)
+        return record.doc
+    stop = _EARLY_STOP
     _random(spec, search["reached_step"] or search["final_step"], score, record, stop)
     record.doc["status"] = "stopped" if stop.is_set() else "done"
     record.flush(force=True)
@@ -229,7 +249,7 @@ def default_out(goal: str) -> Path:
     from gradlab.settings import load_settings
 
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    return load_settings().home / "benchmarks" / f"exploration-{goal}-{stamp}"
+    return load_settings().home / "benchmarks" / f"exploration-{goal.replace('/', '+')}-{stamp}"
 
 
 def plot(runs: list[dict], path: Path, title: str, score: float) -> None:
@@ -266,14 +286,17 @@ def _fmt(v: Any) -> str:
 def table(runs: list[dict], score: float, recipe: str) -> Any:
     from rich.table import Table
 
-    t = Table("seed", f"{recipe}: steps to score >= {score:g}", "cells then", f"{recipe} best",
+    t = Table("seed", f"{recipe}: steps to score >= {score:g}", "archive then", f"{recipe} best",
               "random: steps", "random best", "random first >= score", "random episodes", "seconds")
     for r in runs:
         s, rnd = r.get("search") or {}, r.get("random") or {}
         at = s.get("reached_step")
         cells = [c for step, c in s.get("cells") or [] if at is None or step <= at]
         best = s["series"][-1][1] if s.get("series") else None
-        t.add_row(str(r["seed"]), _fmt(at) if at is not None else f"not in {_fmt(s.get('steps'))}",
+        ran = s.get("final_step", s.get("steps"))
+        reached = _fmt(at) if at is not None else f"not in {_fmt(ran)}" if s.get("status") == "done" else \
+            f"{s.get('status', r.get('status', '-'))} at {_fmt(ran)}"
+        t.add_row(str(r["seed"]), reached,
                   _fmt(int(cells[-1]) if cells else None),
                   _fmt(best), _fmt(rnd.get("steps")), _fmt(rnd.get("best")), _fmt(rnd.get("reached_step")),
                   _fmt(rnd.get("episodes")), _fmt((s.get("seconds") or 0.0) + (rnd.get("seconds") or 0.0)))
@@ -296,14 +319,19 @@ def run(goal: str = "MontezumaRevenge-Atari2600-v0", recipe: str = "go-explore",
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from gradlab.benchmarks import make_out
+
     seeds = list(seeds)
-    if not seeds or len(set(seeds)) != len(seeds) or jobs < 1 or (steps is not None and steps < 1):
-        raise ConfigError("--seeds: each seed once, at least one; --jobs, --steps: expected >= 1")
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ConfigError(f"--seeds: expected each seed once, at least one, found {seeds}")
+    if jobs < 1 or (steps is not None and steps < 1):
+        raise ConfigError(f"--jobs, --steps: expected >= 1, found {jobs} and {steps}")
+    if not math.isfinite(score):
+        raise ConfigError(f"--score: expected a finite number, found {score}")
     spec = search_spec(goal, recipe, seeds[0], steps)  # fails before any process starts
     budget = steps or spec.recipe.train.timesteps
     console = console or Console(width=None if sys.stdout.isatty() else 160)
-    out = Path(out) if out is not None else default_out(goal)
-    (out / "runs").mkdir(parents=True, exist_ok=True)
+    out = make_out(Path(out) if out is not None else default_out(goal))
     header = {"benchmark": "exploration", "goal": goal, "recipe": recipe, "backend": spec.recipe.train.backend.id,
               "seeds": seeds, "budget": budget, "score": score, "jobs": jobs, "device": "cpu",
               "started_at": datetime.now(UTC).isoformat(),
@@ -316,9 +344,13 @@ def run(goal: str = "MontezumaRevenge-Atari2600-v0", recipe: str = "go-explore",
         docs = []
         for seed in seeds:
             try:
-                docs.append(json.loads(paths[seed].read_text()))
+                doc = json.loads(paths[seed].read_text())
             except (FileNotFoundError, json.JSONDecodeError):  # not started, or between atomic writes
-                docs.append({"seed": seed, "status": "not run" if seed not in procs else "starting"})
+                doc = {"seed": seed, "status": "not run" if seed not in procs else "starting"}
+            code = procs[seed].poll() if seed in procs else None
+            if code not in (None, 0):  # the worker died (SIGKILL, a crash): its record says so
+                doc = {**doc, "status": "killed" if code < 0 else "failed", "exit_code": code}
+            docs.append(doc)
         return docs
 
     def flush(complete: bool) -> dict:
@@ -334,6 +366,7 @@ def run(goal: str = "MontezumaRevenge-Atari2600-v0", recipe: str = "go-explore",
            for sig in (signal.SIGINT, signal.SIGTERM)}
     console.print(f"[bold]{title}[/]: budget {budget:,} agent steps per seed, {jobs} seed(s) at a time; writing {out}")
     failed = []
+    last_flush = time.monotonic()
     try:
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console) as bar:
@@ -361,6 +394,9 @@ def run(goal: str = "MontezumaRevenge-Atari2600-v0", recipe: str = "go-explore",
                     elif s:
                         best = s["series"][-1][1] if s.get("series") else None
                         bar.update(tasks[r["seed"]], completed=s.get("steps", 0), info=f"search, best {_fmt(best)}")
+                if time.monotonic() - last_flush >= FLUSH_S:
+                    last_flush = time.monotonic()
+                    flush(complete=False)
                 time.sleep(POLL_S)
         for seed, p in procs.items():
             if p.returncode not in (0, None) and not interrupted[0]:
@@ -382,6 +418,8 @@ def run(goal: str = "MontezumaRevenge-Atari2600-v0", recipe: str = "go-explore",
 if __name__ == "__main__":  # one seed: python -m gradlab.benchmarks.exploration '{"goal": ..., "seed": ..., ...}'
     import logging
 
+    signal.signal(signal.SIGTERM, lambda *_: _EARLY_STOP.set())
+    signal.signal(signal.SIGINT, lambda *_: _EARLY_STOP.set())
     logging.basicConfig(level=logging.WARNING)
     _a = json.loads(sys.argv[1])
     worker(_a["goal"], _a["recipe"], int(_a["seed"]), _a["steps"], float(_a["score"]), Path(_a["out"]),

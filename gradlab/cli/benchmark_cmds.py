@@ -9,6 +9,33 @@ from pathlib import Path
 
 import typer
 
+
+def parse_seeds(seeds: list[str]) -> list[int]:
+    """``--seeds 0,1,2`` (or repeated ``--seeds``) as integers, each once, each a run seed.
+
+    Raises:
+        typer.BadParameter: an empty item, a non-integer, a repeated seed, or one outside 0..MAX_RUN_SEED (exit 2).
+    """
+    from gradlab.contracts.goal import MAX_RUN_SEED
+
+    items = [x.strip() for text in seeds for x in text.split(",")]
+    found = ",".join(seeds)
+    if "" in items:
+        raise typer.BadParameter(f"expected integers (0,1,2), found an empty item in {found!r}", param_hint="--seeds")
+    try:
+        seed_list = [int(x) for x in items]
+    except ValueError:
+        raise typer.BadParameter(f"expected integers (0,1,2), found {found!r}", param_hint="--seeds") from None
+    outside = [s for s in seed_list if not 0 <= s <= MAX_RUN_SEED]
+    if outside:
+        raise typer.BadParameter(f"expected seeds in 0..{MAX_RUN_SEED}, found {outside[0]}", param_hint="--seeds")
+    repeated = sorted({s for s in seed_list if seed_list.count(s) > 1})
+    if repeated:
+        raise typer.BadParameter(f"expected each seed once, found {', '.join(map(str, repeated))} repeated in "
+                                 f"{found!r}", param_hint="--seeds")
+    return seed_list
+
+
 benchmark_app = typer.Typer(help="Measure speed against the bare libraries (prints a table of ratios).",
                             no_args_is_help=True)
 
@@ -79,18 +106,7 @@ def curves(
     from gradlab.benchmarks.curves import run
     from gradlab.errors import ConfigError
 
-    items = [x.strip() for text in seeds for x in text.split(",")]
-    found = ",".join(seeds)
-    if "" in items:
-        raise typer.BadParameter(f"expected integers (0,1,2), found an empty item in {found!r}", param_hint="--seeds")
-    try:
-        seed_list = [int(x) for x in items]
-    except ValueError:
-        raise typer.BadParameter(f"expected integers (0,1,2), found {found!r}", param_hint="--seeds") from None
-    repeated = sorted({s for s in seed_list if seed_list.count(s) > 1})
-    if repeated:
-        raise typer.BadParameter(f"expected each seed once, found {', '.join(map(str, repeated))} repeated in "
-                                 f"{found!r}", param_hint="--seeds")
+    seed_list = parse_seeds(seeds)
     try:
         parsed = [Side.parse(s) for s in side]
     except ConfigError as e:  # a malformed command line: exit 2 like the other options
@@ -200,20 +216,22 @@ def datasets_benchmark(
 def exploration_benchmark(
     goal: str = typer.Option("MontezumaRevenge-Atari2600-v0", help="Goal whose search recipe runs."),
     recipe: str = typer.Option("go-explore", help="The goal's search recipe (gradlab.go_explore or gradlab.jerk)."),
-    seeds: str = typer.Option("0,1", help="Seeds, comma-separated: one worker each."),
-    steps: int = typer.Option(None, min=1, help="Agent steps at most per search (default: the recipe's train.timesteps)."),
+    seeds: list[str] = typer.Option(["0,1"], help="Seeds: 0,1 or --seeds 0 --seeds 1; one worker each."),
+    steps: int = typer.Option(None, min=1, help="Agent steps per search at most, rounded up to whole rollouts "
+                              "(default: the recipe's train.timesteps)."),
     score: float = typer.Option(100.0, help="The score to reach (shaped return from reset; 100: Montezuma's first key)."),
     jobs: int = typer.Option(1, min=1, help="Seeds run at the same time, each in its own process."),
     out: Path = typer.Option(None, help="Folder for exploration.json, exploration.png and runs/ (default: "
                              "$GRADLAB_HOME/benchmarks/exploration-<goal>-<UTC time>)."),
 ) -> None:
     """Agent steps a search run needs to reach --score, against the best score of random actions in as many steps."""
+    import math
+
     from gradlab.benchmarks.exploration import run
 
-    try:
-        seed_list = [int(x) for x in seeds.split(",")]
-    except ValueError:
-        raise typer.BadParameter(f"expected integers (0,1), found {seeds!r}", param_hint="--seeds") from None
+    seed_list = parse_seeds(seeds)
+    if not math.isfinite(score):
+        raise typer.BadParameter(f"expected a finite number, found {score}", param_hint="--score")
     try:
         run(goal, recipe, seed_list, steps, score=score, jobs=jobs, out=out)
     except KeyboardInterrupt:

@@ -44,13 +44,38 @@ def test_go_explore_reaches_the_maze_goal_and_random_actions_get_as_many_steps(t
     assert (out / "exploration.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_a_recipe_that_does_not_search_is_refused_by_name() -> None:
+@pytest.mark.slow
+def test_a_search_that_ends_before_the_watchers_first_read_is_still_recorded(tmp_path: Path) -> None:
+    """One rollout's budget and a score its first rollout reaches: the watcher's last read finds it."""
+    out = tmp_path / "bench"
+    cmd = [sys.executable, "-m", "gradlab.cli.app", "benchmark", "exploration", "--goal", "gradlab__keydoor",
+           "--score", "0", "--steps", "512", "--seeds", "0", "--out", str(out)]
+    res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "200"})
+    assert res.returncode == 0, res.stdout + res.stderr
+    (run,) = json.loads((out / "exploration.json").read_text())["runs"]
+    search = run["search"]
+    assert search["metric"] == "train/algorithm/go_explore/best/return"
+    assert search["reached_step"] == 512 == search["final_step"] and search["series"][0][0] == 512
+    assert run["random"]["steps"] == 512 and run["status"] == "done"
+
+
+def test_bad_arguments_are_refused_by_name_before_anything_runs(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
     from gradlab.cli.app import app
 
-    res = CliRunner().invoke(app, ["benchmark", "exploration", "--goal", "gradlab__keydoor", "--recipe", "ppo"])
-    assert res.exit_code != 0
-    assert "expected a search recipe" in " ".join(str(res.exception or res.output).split())
-    res = CliRunner().invoke(app, ["benchmark", "exploration", "--seeds", "0,x"])
-    assert res.exit_code == 2 and "--seeds" in res.output
+    def invoke(*args: str):
+        res = CliRunner().invoke(app, ["benchmark", "exploration", "--goal", "gradlab__keydoor", *args])
+        return res, " ".join((res.output + str(res.exception or "")).replace("│", " ").split())
+
+    res, text = invoke("--recipe", "ppo", "--out", str(tmp_path / "a"))
+    assert res.exit_code != 0 and "expected a search recipe" in text and not (tmp_path / "a").exists()
+    for args, found in ((["--seeds", "0,x"], "--seeds"), (["--seeds", "-1"], "expected seeds in 0..1048576, found -1"),
+                        (["--seeds", "0,0"], "0 repeated"), (["--score", "nan"], "expected a finite number, found nan"),
+                        (["--score", "-inf"], "found -inf")):
+        res, text = invoke(*args)
+        assert res.exit_code == 2 and found in text, text
+    in_the_way = tmp_path / "file"
+    in_the_way.write_text("keep me")
+    res, text = invoke("--out", str(in_the_way))
+    assert res.exit_code != 0 and "expected a folder that can be created" in text and in_the_way.read_text() == "keep me"

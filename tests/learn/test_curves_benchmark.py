@@ -112,6 +112,44 @@ def test_a_recipe_side_records_the_target_origin_curve_of_an_archive_curriculum(
     assert (out / "runs" / "gradlab.ppo-ppo-archive-curriculum-s0.json").exists()
 
 
+@pytest.mark.parametrize("grouped", [False, True])
+def test_an_episode_restored_from_an_archived_state_is_kept_out_of_the_curve(grouped: bool) -> None:
+    """EpisodeLog counts the episode a restore began as archive-origin, once, on a lane env and on lane groups."""
+    from gradlab.benchmarks.curve_worker import EpisodeLog
+    from gradlab.contracts.experiments import Experiments
+    from gradlab.contracts.run_spec import RunSpec
+    from gradlab.envs import make_vector_env
+    from gradlab.envs.groups import make_lane_groups
+    from gradlab.learn.ppo_curriculum import lane_env
+
+    spec = RunSpec.from_resolved(Experiments().resolve("gradlab__keydoor/ppo"), seed=0)
+    venv = make_lane_groups(spec.environment, seed=0, groups=2) if grouped else make_vector_env(spec.environment, seed=0)
+    log = EpisodeLog(venv)
+    ends: list[tuple[int, int]] = []  # (lane steps so far, lane) of every episode end, as the envs report them
+    try:
+        log.reset()
+        actions = np.zeros(venv.num_envs, dtype=np.int64)  # into a wall: every episode times out at 150 steps
+
+        def steps(k: int) -> None:
+            for _ in range(k):
+                res = log.step(actions)
+                ends.extend((log.steps, ep.lane) for ep in res.episodes)
+
+        steps(40)
+        env, local = lane_env(log, 5)  # how the curriculum reaches a lane (a group, or this env)
+        state = env.capture_lane(local)  # lane 5, 40 steps into its episode
+        steps(110)  # every lane's first episode ends (target origin)
+        env.restore_lane(local, state)  # lane 5's second episode starts 40 steps in
+        steps(150)
+    finally:
+        log.close()
+    n = venv.num_envs
+    assert sorted(ends) == sorted([(150 * n, lane) for lane in range(n)] + [(260 * n, 5)]
+                                  + [(300 * n, lane) for lane in range(n) if lane != 5])
+    assert log.archive_episode_steps == [260 * n] and log.archive_returns == [0.0]
+    assert log.episode_steps == [150 * n] * n + [300 * n] * (n - 1) and len(log.returns) == 2 * n - 1
+
+
 def test_a_side_naming_a_recipe_the_goal_lacks_lists_its_recipes() -> None:
     from gradlab.benchmarks.curve_sides import Side, side_ref
     from gradlab.errors import NotFound
@@ -151,10 +189,35 @@ def test_bad_side_seeds_and_unknown_goal_are_one_line_errors() -> None:
     res = CliRunner().invoke(app, ["benchmark", "curves", "--seeds", "0,x"])
     assert res.exit_code == 2 and "--seeds" in res.output
     for seeds, found in ((["0,0"], "0 repeated in '0,0'"), (["1", "0,1"], "1 repeated in '1,0,1'"),
-                         (["0,,1"], "an empty item in '0,,1'")):
+                         (["0,,1"], "an empty item in '0,,1'"), (["-1"], "expected seeds in 0..1048576, found -1"),
+                         (["1048577"], "found 1048577")):
         res = CliRunner().invoke(app, ["benchmark", "curves", *(a for s in seeds for a in ("--seeds", s))])
         text = " ".join(res.output.replace("│", " ").split())  # rich's error box, wrapped
         assert res.exit_code == 2 and "--seeds" in text and found in text, res.output
+    res = CliRunner().invoke(app, ["benchmark", "curves", "--side", "gradlab.ppo:@ppo"])
+    assert res.exit_code == 2 and "expected a precision after ':'" in " ".join(res.output.replace("│", " ").split())
+
+
+def test_a_side_that_cannot_train_or_trains_twice_and_an_out_in_the_way_are_refused(tmp_path: Path) -> None:
+    from gradlab.benchmarks.curve_sides import Side
+    from gradlab.benchmarks.curves import run
+    from gradlab.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"recipe gradlab__keydoor/go-explore trains gradlab.go_explore; a curves "
+                                          r"side trains sb3.ppo or gradlab.ppo"):
+        run("gradlab__keydoor", [Side.parse("gradlab.ppo@go-explore")], [0], 10, out=tmp_path / "a")
+    with pytest.raises(ConfigError, match=r"gradlab.ppo and gradlab.ppo@ppo train the same recipe \(gradlab__keydoor/ppo\)"):
+        run("gradlab__keydoor", [Side.parse("gradlab.ppo"), Side.parse("gradlab.ppo@ppo")], [0], 10, out=tmp_path / "b")
+    in_the_way = tmp_path / "file"
+    in_the_way.write_text("keep me")
+    with pytest.raises(ConfigError, match=r"--out .*file: expected a folder that can be created"):
+        run("gradlab__keydoor", [Side.parse("gradlab.ppo")], [0], 10, out=in_the_way)
+    assert in_the_way.read_text() == "keep me" and not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_unknown_goal_is_reported_as_train_reports_it() -> None:
+    from typer.testing import CliRunner
+
     # The unknown goal is reported as `gradlab train` reports it (Experiments.goal_path).
     res = CliRunner().invoke(app, ["benchmark", "curves", "--goal", "NoSuchGoal-v0", "--steps", "10"])
     assert res.exit_code != 0 and "unknown goal 'NoSuchGoal-v0'" in str(res.exception)
