@@ -209,7 +209,13 @@ class Verdict:
 
 
 def verdict(side: str, ref_side: str, final: Comparison, area: Comparison) -> Verdict:
-    """Combine the final-step and area comparisons (module docstring)."""
+    """Combine the final-step and area comparisons (module docstring). Sides whose returns do not
+    vary at all (every episode of every seed the same return) are not judged: there is no noise to
+    be within, and the verdict says so."""
+    if final.kind in ("seed", "episode") and final.noise == 0.0 and final.diff == 0.0 and final.lo == final.hi:
+        return Verdict(side, ref_side, None, "none",
+                       f"{side} vs {ref_side}: not judged (every window return is {final.ref_mean:.2f} on both sides: "
+                       f"no spread to judge against; train longer)")
     if final.kind == "seed":
         parts = [final.within] + ([area.within] if area.kind == "seed" else [])
         within = all(bool(p) for p in parts)

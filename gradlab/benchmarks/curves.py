@@ -389,7 +389,8 @@ def run(goal: str, sides: list[Side], seeds: list[int], steps: int, threads: int
     for r in runs:
         rec = r.record or {}
         check = rec.get("outbox_check") or {}
-        console.print(f"{r.key}: {r.status}, {r.steps():,} steps, {len(rec.get('returns', []))} episodes, "
+        left_out = f" (and {rec['archive_episodes']} begun from archived states, left out)" if rec.get("archive_episodes") else ""
+        console.print(f"{r.key}: {r.status}, {r.steps():,} steps, {len(rec.get('returns', []))} episodes{left_out}, "
                       f"{_fmt(rec.get('seconds'), '.0f')} s ({_fmt(rec.get('stalled_s'), '.0f')} s stalled), "
                       f"{_fmt(rec.get('steps_per_s'), ',.0f')} steps/s"
                       + ("" if check.get("match", True) else " [red]episode log disagrees with the outbox[/]"))

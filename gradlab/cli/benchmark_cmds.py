@@ -83,9 +83,12 @@ def learning(
 def curves(
     goal: str = typer.Option("Breakout-Atari2600-v0", help="Goal whose recipes the sides train (ppo-sb3 for sb3.ppo "
                              "when it has one, else ppo; ppo for gradlab.ppo)."),
-    side: list[str] = typer.Option(["sb3.ppo", "gradlab.ppo"], help="BACKEND[:PRECISION]: sb3.ppo, gradlab.ppo, "
-                                   "gradlab.ppo:bf16; repeat it; the first is the reference."),
-    steps: int = typer.Option(1_000_000, min=1, help="Env steps per run."),
+    side: list[str] = typer.Option(["sb3.ppo", "gradlab.ppo"], help="BACKEND[:PRECISION][@RECIPE]: sb3.ppo, "
+                                   "gradlab.ppo, gradlab.ppo:bf16, or a recipe of the goal on a backend "
+                                   "(gradlab.ppo@ppo-archive-curriculum: episodes begun from archived states stay "
+                                   "out of its curve); repeat it; the first is the reference."),
+    steps: int = typer.Option(1_000_000, min=1, help="Env steps per run (rounded up to whole rollouts; the "
+                              "tables stop at --steps)."),
     seeds: list[str] = typer.Option(["0"], help="Seeds per side: 0,1,2 or --seeds 0 --seeds 1 (>= 2 to judge "
                                     "seed noise)."),
     threads: int = typer.Option(1, min=1, help="Torch threads per run."),
@@ -224,7 +227,11 @@ def exploration_benchmark(
     out: Path = typer.Option(None, help="Folder for exploration.json, exploration.png and runs/ (default: "
                              "$GRADLAB_HOME/benchmarks/exploration-<goal>-<UTC time>)."),
 ) -> None:
-    """Agent steps a search run needs to reach --score, against the best score of random actions in as many steps."""
+    """Agent steps a search run needs to reach --score, against the best score of random actions in as many steps.
+
+    The table's "archive then" is the search's archive when it reached the score: Go-Explore's cells, or
+    the sequences JERK retains.
+    """
     import math
 
     from gradlab.benchmarks.exploration import run

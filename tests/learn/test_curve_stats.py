@@ -113,3 +113,12 @@ def test_side_syntax() -> None:
                          ("sb3.ppo:bf16", "fp32 only"), ("gradlab.ppo@", "expected a recipe name")):
         with pytest.raises(ConfigError, match=message):
             Side.parse(bad)
+
+
+def test_sides_whose_returns_never_vary_are_not_judged_within_noise() -> None:
+    """Every episode 0 on both sides (the maze before either side finds the goal): no noise to be within."""
+    flat = [Curve.of([100 * (i + 1) for i in range(50)], [0.0] * 50) for _ in range(2)]
+    marks = [2_500, 5_000]
+    for ref, other in ((flat, flat), (flat[:1], flat[:1])):
+        v = verdict("b", "a", compare_at(5_000, ref, other), compare_area(marks, ref, other))
+        assert v.within is None and v.kind == "none" and "no spread to judge against" in v.text
