@@ -34,11 +34,15 @@ def applies(net: Any, precision: str, compiled: bool) -> bool:
 
 
 def _layers(net: Any) -> tuple[list[Any], list[Any]]:
-    from torch import nn
+    """The policy's and the value's linear layers in order, found once per network."""
+    layers = net.__dict__.get("_fast_path_layers")
+    if layers is None:
+        from torch import nn
 
-    pi = [m for m in net.mlp_extractor.policy_net if isinstance(m, nn.Linear)] + [net.action_net]
-    vf = [m for m in net.mlp_extractor.value_net if isinstance(m, nn.Linear)] + [net.value_net]
-    return pi, vf
+        pi = [m for m in net.mlp_extractor.policy_net if isinstance(m, nn.Linear)] + [net.action_net]
+        vf = [m for m in net.mlp_extractor.value_net if isinstance(m, nn.Linear)] + [net.value_net]
+        layers = net.__dict__["_fast_path_layers"] = (pi, vf)
+    return layers
 
 
 def _forward(layers: list[Any], x: Any, tanh: bool) -> list[Any]:
@@ -62,16 +66,24 @@ def _forward(layers: list[Any], x: Any, tanh: bool) -> list[Any]:
 
 
 def _backward(layers: list[Any], outs: list[Any], g: Any, tanh: bool) -> None:
-    """Write ``layer.weight.grad`` / ``layer.bias.grad`` from the output gradient ``g`` (B, out)."""
+    """Write ``layer.weight.grad`` / ``layer.bias.grad`` from the output gradient ``g`` (B, out):
+    into the existing gradient tensors (``out=``; the flat buffer of
+    :class:`gradlab.learn.ppo_flat.FlatAdam`), or new ones where a parameter has none."""
+    import torch
+
     for i in range(len(layers) - 1, -1, -1):
         layer = layers[i]
         h = outs[i]
-        layer.weight.grad = g.t().mm(h)
-        layer.bias.grad = g.sum(0)
+        w, bias = layer.weight, layer.bias
+        if w.grad is None or bias.grad is None:
+            w.grad, bias.grad = g.t().mm(h), g.sum(0)
+        else:
+            torch.mm(g.t(), h, out=w.grad)
+            torch.sum(g, 0, out=bias.grad)
         if i == 0:
             break
-        g = g.mm(layer.weight)
-        g = g * (1 - h * h) if tanh else g * (h > 0)
+        g = g.mm(w)
+        g = g * (1 - h * h) if tanh else g * (h > 0)  # tanh' = 1 - y^2 (autograd's formula); relu' = [y > 0]
 
 
 def loss_and_grads(net: Any, mb: dict[str, Any], adv: Any, *, clip_range: float, clip_range_vf: float | None,

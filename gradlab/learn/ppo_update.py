@@ -71,7 +71,9 @@ def ppo_update(net: Any, optimizer: Any, batch: dict[str, Any], cfg: GradlabPPOC
         autocast: a context factory for the forward pass (bf16 / fp16 autocast), or None.
         scaler: a ``torch.amp.GradScaler`` for fp16, or None.
         fast: compute the loss and gradients with :mod:`gradlab.learn.ppo_mlp` (hand-written
-            chain rule) instead of autograd; only where ``ppo_mlp.applies``.
+            chain rule) instead of autograd; only where ``ppo_mlp.applies``. With a plain Adam
+            (:func:`gradlab.learn.ppo_flat.supported`) and no ``scaler``, the clip and Adam's step
+            then run over flat buffers (:class:`gradlab.learn.ppo_flat.FlatAdam`), the same arithmetic.
         forward: the network's forward to call (a ``torch.compile``d one), default ``net``.
 
     Returns:
@@ -93,6 +95,13 @@ def ppo_update(net: Any, optimizer: Any, batch: dict[str, Any], cfg: GradlabPPOC
     loss = torch.zeros(())
     epochs = 0
     params = [p for p in net.parameters()]
+    flat = None
+    if fast and scaler is None:
+        from gradlab.learn import ppo_flat
+
+        if ppo_flat.supported(optimizer):
+            flat = ppo_flat.FlatAdam.of(optimizer)
+    whole_adv = None  # the whole batch's normalised advantages, when a minibatch is the whole batch
     for epoch in range(cfg.n_epochs):
         kls = []
         stop = False
@@ -117,7 +126,12 @@ def ppo_update(net: Any, optimizer: Any, batch: dict[str, Any], cfg: GradlabPPOC
                     mb = {k: v[start:start + bs] for k, v in batch.items()}
             adv = mb["advantages"]
             if cfg.normalize_advantage and adv.shape[0] > 1:
-                adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+                if mb is not batch:
+                    adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+                else:  # the same every epoch: normalised once
+                    if whole_adv is None:
+                        whole_adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+                    adv = whole_adv
             if fast:
                 terms = ppo_mlp.loss_and_grads(net, mb, adv, clip_range=clip_range, clip_range_vf=cfg.clip_range_vf,
                                                ent_coef=ent_coef, vf_coef=cfg.vf_coef)
@@ -155,6 +169,8 @@ def ppo_update(net: Any, optimizer: Any, batch: dict[str, Any], cfg: GradlabPPOC
                 gn.append(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm, foreach=True))
                 scaler.step(optimizer)
                 scaler.update()
+            elif flat is not None:
+                gn.append(flat.clip_and_step(cfg.max_grad_norm))
             else:
                 if not fast:
                     loss.backward()
@@ -163,6 +179,8 @@ def ppo_update(net: Any, optimizer: Any, batch: dict[str, Any], cfg: GradlabPPOC
         epochs += 1
         if stop:
             break
+    if flat is not None:
+        flat.record_step()
 
     def mean(xs: list[Any]) -> float:
         return float(torch.stack(xs).float().mean()) if xs else float("nan")
