@@ -50,21 +50,27 @@ class FlatAdam:
     ``eps`` added to the bias-corrected ``sqrt(v)``), which stable-baselines3's PPO uses.
     """
 
-    def __init__(self, optimizer: Any):
+    def __init__(self, optimizer: Any, order: list[Any] | None = None):
         import torch
 
         self.optimizer = optimizer
         self.params = list(optimizer.param_groups[0]["params"])
+        if order is not None:  # a layout of the same parameters (gradlab.learn.ppo_mlp.flat_order)
+            if len(order) != len(self.params) or {id(p) for p in order} != {id(p) for p in self.params}:
+                raise ValueError("FlatAdam: the layout must list the optimizer's parameters, each once")
+            self.params = list(order)
         n = sum(p.numel() for p in self.params)
         self.flat = torch.empty(n, dtype=torch.float32)
         self.grad = torch.zeros(n, dtype=torch.float32)
         self.exp_avg = torch.zeros(n, dtype=torch.float32)
         self.exp_avg_sq = torch.zeros(n, dtype=torch.float32)
         self._views: list[tuple[Any, Any, Any, Any]] = []
+        self._offsets: dict[int, int] = {}
         offset = 0
         with torch.no_grad():
             for p in self.params:
                 k = p.numel()
+                self._offsets[id(p)] = offset
                 view = self.flat[offset:offset + k].view_as(p)
                 view.copy_(p.detach())
                 p.data = view
@@ -77,14 +83,28 @@ class FlatAdam:
         self._adopt_state()
 
     @classmethod
-    def of(cls, optimizer: Any) -> FlatAdam:
-        """The binding of ``optimizer`` (made on first use), checked by :meth:`bind`."""
+    def of(cls, optimizer: Any, order: list[Any] | None = None) -> FlatAdam:
+        """The binding of ``optimizer`` (made on first use, laid out in ``order`` or the optimizer's
+        parameter order), checked by :meth:`bind`."""
         flat = _BOUND.get(optimizer)
         if flat is None:
-            flat = _BOUND[optimizer] = cls(optimizer)
+            flat = _BOUND[optimizer] = cls(optimizer, order)
         else:
             flat.bind()
         return flat
+
+    def stacked(self, params: list[Any]) -> tuple[Any, Any] | None:
+        """(values, gradients), each a (len(params), *shape) view of the flat buffers, where
+        ``params`` lie one after another in the layout with one shape; else None."""
+        shape = params[0].shape
+        first = self._offsets.get(id(params[0]))
+        k = params[0].numel()
+        if first is None or any(q.shape != shape or self._offsets.get(id(q)) != first + i * k
+                                for i, q in enumerate(params)):
+            return None
+        n = len(params) * k
+        return (self.flat[first:first + n].view(len(params), *shape),
+                self.grad[first:first + n].view(len(params), *shape))
 
     def bind(self) -> None:
         """Re-bind whatever was replaced since the last update: parameter data (a new tensor from

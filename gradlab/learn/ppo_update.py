@@ -95,12 +95,13 @@ def ppo_update(net: Any, optimizer: Any, batch: dict[str, Any], cfg: GradlabPPOC
     loss = torch.zeros(())
     epochs = 0
     params = [p for p in net.parameters()]
-    flat = None
+    flat = twins = None
     if fast and scaler is None:
         from gradlab.learn import ppo_flat
 
         if ppo_flat.supported(optimizer):
-            flat = ppo_flat.FlatAdam.of(optimizer)
+            flat = ppo_flat.FlatAdam.of(optimizer, ppo_mlp.flat_order(net))
+            twins = ppo_mlp.twin_layers(net, flat)
     whole_adv = None  # the whole batch's normalised advantages, when a minibatch is the whole batch
     for epoch in range(cfg.n_epochs):
         kls = []
@@ -134,9 +135,10 @@ def ppo_update(net: Any, optimizer: Any, batch: dict[str, Any], cfg: GradlabPPOC
                     adv = whole_adv
             if fast:
                 terms = ppo_mlp.loss_and_grads(net, mb, adv, clip_range=clip_range, clip_range_vf=cfg.clip_range_vf,
-                                               ent_coef=ent_coef, vf_coef=cfg.vf_coef)
-                pg_loss, value_loss, entropy_loss, loss = (terms[k] for k in ("pg_loss", "value_loss", "entropy_loss", "loss"))
+                                               ent_coef=ent_coef, vf_coef=cfg.vf_coef, twins=twins)
+                pg_loss, value_loss, entropy_loss = (terms[k] for k in ("pg_loss", "value_loss", "entropy_loss"))
                 ratio, log_ratio = terms["ratio"], terms["log_ratio"]
+                loss = None  # only the last minibatch's is reported: formed after the loop
             else:
                 with ctx():
                     head, values = forward(mb["obs"])
@@ -181,6 +183,8 @@ def ppo_update(net: Any, optimizer: Any, batch: dict[str, Any], cfg: GradlabPPOC
             break
     if flat is not None:
         flat.record_step()
+    if loss is None:
+        loss = pg[-1] + ent_coef * ent[-1] + cfg.vf_coef * vl[-1]
 
     def mean(xs: list[Any]) -> float:
         return float(torch.stack(xs).float().mean()) if xs else float("nan")
