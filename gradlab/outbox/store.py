@@ -188,7 +188,7 @@ class Outbox:
 
     def __init__(self, path: Path, *, readonly: bool = False):
         self.path = Path(path)
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entered by a held append that commits its batch
         if readonly:
             if not self.path.is_file():
                 from gradlab.errors import NotFound
@@ -202,6 +202,8 @@ class Outbox:
                         + ("attempt, epoch" if {"attempt", "epoch"} <= cols else "NULL, NULL") + " FROM events")
         #: The fence this connection stamps its events with (see the module docstring).
         self.stamp: tuple[str, int] | None = None
+        self._held: list[tuple[Any, ...]] = []  # events appended with hold_s, not yet committed
+        self._committed_at = float("-inf")  # time.monotonic() of this connection's last commit
 
     def _open(self, readonly: bool) -> set[str]:
         """Connect and (unless ``readonly``) set WAL and the schema; returns the events columns.
@@ -253,8 +255,12 @@ class Outbox:
 
     # -- lifecycle ---------------------------------------------------------------------------
     def close(self) -> None:
-        with self._lock:
-            self._conn.close()
+        """Commit the held events, then close the connection (also when that commit fails)."""
+        try:
+            self.flush()
+        finally:
+            with self._lock:
+                self._conn.close()
 
     def __enter__(self) -> Outbox:
         return self
@@ -263,16 +269,27 @@ class Outbox:
         self.close()
 
     # -- events ------------------------------------------------------------------------------
-    def append(self, kind: str, step: int, payload: dict[str, Any]) -> int | None:
-        """Insert one event in its own transaction.
+    def append(self, kind: str, step: int, payload: dict[str, Any], *, hold_s: float = 0.0) -> int | None:
+        """Insert one event, committed at once, or held for a batch (``hold_s > 0``).
+
+        A held event is checked and stamped now and committed at once if this outbox's last
+        commit is ``hold_s`` seconds old or more; otherwise it waits, and is committed in one
+        transaction with the events held beside it by the first later append that finds the last
+        commit that old, by the next append that is not held (ahead of it, so the order of calls
+        is the order of ``event_seq``), or by :meth:`flush` / :meth:`close`. So events that come
+        less than ``hold_s`` apart share a commit, and a slower stream is not delayed. The learner
+        holds its per-rollout ``metrics`` events this way: one fsync per batch instead of one per
+        rollout (docs/ARCHITECTURE.md section 5); it flushes before it waits on anything.
 
         Args:
             kind: event kind (:data:`EVENT_KINDS`).
             step: env steps at the event.
             payload: JSON object (finite numbers only).
+            hold_s: seconds the event may wait for a batch; 0 commits it now.
 
         Returns:
-            The new ``event_seq``, or None when an event with the same content already existed.
+            The new ``event_seq``; None when an event with the same content already existed or
+            the event is still held.
 
         Raises:
             ContractViolation: the payload is not a JSON object of finite values.
@@ -282,28 +299,50 @@ class Outbox:
         stamp = self.stamp
         eid = event_id(kind, step, payload, stamp)
         body = json.dumps(payload, sort_keys=True, separators=(",", ":"), allow_nan=False)
+        row = (eid, kind, int(step), body, _now(), *(stamp if stamp else (None, None)))
+        if hold_s > 0:
+            with self._lock:
+                self._held.append(row)
+                if time.monotonic() - self._committed_at < hold_s:
+                    return None
+                return self._commit([])
+        return self._commit([row])
+
+    def flush(self) -> None:
+        """Commit the held events (:meth:`append` with ``hold_s``), if any."""
+        with self._lock:
+            if self._held:
+                self._commit([])
+
+    def _commit(self, rows: list[tuple[Any, ...]]) -> int | None:
+        """Insert the held events, then ``rows``, in one write transaction; the last one's ``event_seq``."""
+        last: int | None = None
         with self._lock, _named(self.path):
+            rows = self._held + rows
             # Look up and insert in one write transaction: a plain INSERT OR IGNORE would burn an
             # AUTOINCREMENT number on the ignored row and leave a gap in event_seq.
             self._conn.execute("BEGIN IMMEDIATE")
             try:
-                if self._conn.execute("SELECT 1 FROM events WHERE event_id = ?", (eid,)).fetchone():
-                    self._conn.execute("COMMIT")
-                    return None
-                cur = self._conn.execute(
-                    "INSERT INTO events(event_id, kind, step, payload, created_at, attempt, epoch) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (eid, kind, int(step), body, _now(), *(stamp if stamp else (None, None))),
-                )
+                for row in rows:
+                    if self._conn.execute("SELECT 1 FROM events WHERE event_id = ?", (row[0],)).fetchone():
+                        last = None
+                        continue
+                    cur = self._conn.execute(
+                        "INSERT INTO events(event_id, kind, step, payload, created_at, attempt, epoch) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?)", row)
+                    last = int(cur.lastrowid)  # type: ignore[arg-type]
                 self._conn.execute("COMMIT")
+                self._committed_at = time.monotonic()
             except BaseException:
                 # SQLite may have rolled back already (a full disk does): a second ROLLBACK would
-                # raise "no transaction is active" and hide the first error.
+                # raise "no transaction is active" and hide the first error. The held events stay
+                # held, so a later commit can still write them.
                 if self._conn.in_transaction:
                     with contextlib.suppress(sqlite3.Error):
                         self._conn.execute("ROLLBACK")
                 raise
-            return int(cur.lastrowid)  # type: ignore[arg-type]
+            self._held = []
+            return last
 
     def read(self, after_seq: int = 0, limit: int = 1000, *, kind: str | None = None) -> list[Event]:
         """Events with ``event_seq > after_seq`` in order, at most ``limit`` of them (optionally one kind)."""

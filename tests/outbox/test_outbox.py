@@ -142,3 +142,38 @@ def test_sigkill_mid_write_leaves_readable_outbox(tmp_path: Path) -> None:
     assert all(e.payload["metrics"]["train/global_step"] == e.step == e.event_seq for e in events)
     # And the file is writable again by the next writer.
     assert ob.append("learner_started", n, {"pid": 1, "step": n}) == n + 1
+
+
+def test_held_events_commit_together_in_call_order(tmp_path: Path) -> None:
+    """Events appended with hold_s inside the window wait (another reader sees none of them) and
+    commit in one transaction, in call order, ahead of the next event that is not held."""
+    path = tmp_path / "outbox.sqlite"
+    writer, reader = Outbox(path), Outbox(path, readonly=True)
+    first = writer.append("metrics", 1, {"metrics": {"m": 1.0}}, hold_s=3600)
+    assert first is not None  # the connection's first commit: nothing to share a batch with yet
+    held = [writer.append("metrics", s, {"metrics": {"m": float(s)}}, hold_s=3600) for s in (2, 3, 4)]
+    assert held == [None, None, None] and reader.count() == 1
+    seq = writer.append("checkpoint_ready", 4, {"sha256": "ab"})
+    events = reader.read(0)
+    assert [(e.kind, e.step) for e in events] == [("metrics", 1), ("metrics", 2), ("metrics", 3), ("metrics", 4),
+                                                  ("checkpoint_ready", 4)]
+    assert seq == events[-1].event_seq
+    writer.append("metrics", 5, {"metrics": {"m": 5.0}}, hold_s=3600)
+    assert reader.count("metrics") == 4
+    writer.flush()
+    assert reader.count("metrics") == 5
+    writer.append("metrics", 6, {"metrics": {"m": 6.0}}, hold_s=3600)
+    writer.close()  # commits what is held
+    assert [e.step for e in reader.read(0, kind="metrics")] == [1, 2, 3, 4, 5, 6]
+    reader.close()
+
+
+def test_a_held_event_after_the_window_commits_at_once(tmp_path: Path) -> None:
+    """A stream slower than hold_s is not delayed: each event finds the last commit old enough."""
+    path = tmp_path / "outbox.sqlite"
+    writer, reader = Outbox(path), Outbox(path, readonly=True)
+    for step in range(3):
+        assert writer.append("metrics", step, {"metrics": {"m": float(step)}}, hold_s=1e-9) is not None
+        assert reader.count("metrics") == step + 1
+    writer.close()
+    reader.close()
