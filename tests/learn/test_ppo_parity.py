@@ -188,6 +188,11 @@ def test_gae_equals_hand_computation_and_sb3_rollout_buffer() -> None:
                                      torch.as_tensor(dones), torch.as_tensor(d["last_values"]), GAMMA, LAM)
     hand = _hand_gae(d)
     assert ours_adv.numpy() == pytest.approx(hand, abs=1e-5)
+    # The CPU rollout runs the recursion on NumPy views: bitwise the same float32 results.
+    np_adv, np_ret = compute_gae((d["rewards"] + boot).astype(np.float32), d["values"].astype(np.float32), dones,
+                                 d["last_values"].astype(np.float32), GAMMA, LAM)
+    assert np_adv.dtype == np.float32 and np.array_equal(np_adv, ours_adv.numpy())
+    assert np.array_equal(np_ret, ours_ret.numpy())
     assert ours_ret.numpy() == pytest.approx(hand + d["values"], abs=1e-5)
     # Hand-checked corners: lane 0 step 1 terminates (delta = r - V), lane 1 step 1 bootstraps.
     assert hand[1, 0] == pytest.approx(2.0 - 0.2)
