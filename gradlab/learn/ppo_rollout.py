@@ -103,12 +103,21 @@ def collect_rollout(b: Any) -> None:
     obs = b._obs
     env_s = 0.0
     cur = b.curriculum
+    # On a CPU the per-step writes go through NumPy views of the rollout tensors (the same memory): a
+    # NumPy slice assignment costs a fraction of a torch one, ~15 us less per step for CartPole here.
+    views = None
+    if b.device.type == "cpu":
+        views = {name: getattr(b, name).numpy() for name in ("buf_actions", "buf_rewards", "buf_dones", "buf_boot")}
+        views["buf_obs"] = b.buf_obs.numpy() if b.buf_obs.is_contiguous() else None
     if cur is not None:
         cur.begin_rollout()
 
     def act(t: int, sl: slice) -> np.ndarray:
         """Actions of lanes ``sl`` at step ``t`` (their observations into the rollout tensors)."""
-        b.buf_obs[t, sl].copy_(_to_device(b.device, obs[sl]))
+        if views is not None and views["buf_obs"] is not None:
+            views["buf_obs"][t, sl] = obs[sl]
+        else:
+            b.buf_obs[t, sl].copy_(_to_device(b.device, obs[sl]))
         obs_t = b.buf_obs[t, sl]
         with ctx():
             if batched:
@@ -117,10 +126,13 @@ def collect_rollout(b: Any) -> None:
                 head, value = forward(obs_t)
                 b.buf_values[t, sl] = value.float()
         actions, logp = sample_actions(net, head)
-        b.buf_actions[t, sl] = actions
         if not batched:
             b.buf_logp[t, sl] = logp
         a = actions.cpu().numpy()
+        if views is not None:
+            views["buf_actions"][t, sl] = a
+        else:
+            b.buf_actions[t, sl] = actions
         return a if box is None else np.clip(a, box[0], box[1])
 
     def record(t: int, sl: slice, res: Any) -> np.ndarray:
@@ -131,10 +143,14 @@ def collect_rollout(b: Any) -> None:
         if norm is not None:  # VecNormalize's order: statistics updated, then applied (all lanes)
             raw_rewards[t] = reward
             next_obs, reward = norm.step(next_obs, reward, done)
-        b.buf_rewards[t, sl] = _to_device(b.device, reward)
-        b.buf_dones[t, sl] = _to_device(b.device, done)
-        boot = b.buf_boot[t, sl]
-        boot.zero_()
+        if views is not None:
+            views["buf_rewards"][t, sl] = reward
+            views["buf_dones"][t, sl] = done
+            views["buf_boot"][t, sl] = 0.0
+        else:
+            b.buf_rewards[t, sl] = _to_device(b.device, reward)
+            b.buf_dones[t, sl] = _to_device(b.device, done)
+            b.buf_boot[t, sl].zero_()
         if res.episodes:
             truncated = [ep.lane for ep in res.episodes if res.truncated[ep.lane] and not res.terminated[ep.lane]]
             if truncated:
@@ -142,7 +158,7 @@ def collect_rollout(b: Any) -> None:
                 final = _to_device(b.device, norm.normalize_obs(final) if norm is not None else final)
                 with ctx():
                     v = value_fn(final).float()
-                boot[torch.as_tensor(truncated, device=b.device)] = gamma * v
+                b.buf_boot[t, sl][torch.as_tensor(truncated, device=b.device)] = gamma * v
             if cur is None:
                 for ep in res.episodes:
                     b.episodes.add(ep.as_json())  # raw and shaped returns: never normalised
