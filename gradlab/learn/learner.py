@@ -289,8 +289,9 @@ def run_learner(spec: RunSpec, run_dir: Path, *, resume_from: Path | None = None
         outbox.close()
 
 
-#: Seconds between readings of the outbox while a learner waits for its supervisor.
-AWAIT_POLL_S = 0.05
+#: Seconds between readings of the outbox while a learner waits for its supervisor (microseconds
+#: each; the first step waits at most this long after the supervisor starts watching).
+AWAIT_POLL_S = 0.01
 
 
 def _await_supervisor(outbox: Outbox, flag: _SignalFlag, supervisor: ProcessWatch | None) -> str | None:
