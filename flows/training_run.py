@@ -42,6 +42,14 @@ class _Done:
     def result(self) -> Any:
         return self.future.result(raise_on_failure=True)
 
+    def add_done_callback(self, fn: Any) -> None:
+        """Call ``fn(self)`` in the task runner's thread once the task has ended (at once if it has):
+        the driver's loop wakes for it instead of seeing it at its next tick. Futures without a
+        task runner's future behind them are seen at the next tick."""
+        wrapped = getattr(self.future, "wrapped_future", None)
+        if wrapped is not None and callable(getattr(wrapped, "add_done_callback", None)):
+            wrapped.add_done_callback(lambda _: fn(self))
+
 
 #: Seconds the evaluation task's own timeout is above the backend's deadline (which cancels the
 #: backend's job cleanly first; the task timeout only catches a backend that ignores it).
@@ -319,7 +327,7 @@ def training_run(
                 spec.run_id, paths, plan.resume_dir, warm_learner_dir(settings))
         if spec.evaluate and spec.goal.evaluation_mode == "evaluated":
             operations.prewarm_evaluation(eval_backend)
-        mode = wandb_mode or settings.wandb_mode or spec.recipe.logging.wandb_mode
+        mode = operations.wandb_mode(settings, spec, wandb_mode)
         from gradlab.results.cohorts import cohort_group
 
         wandb = operations.wandb_sink(settings, spec, paths, mode, group=cohort_group(spec.goal_id, spec.recipe_id,

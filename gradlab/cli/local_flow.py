@@ -91,12 +91,20 @@ def run_flow(**params):
         successor sealed, not the successor's own); else the latest attempt's stored receipt, else
         None; the flow run's final Prefect state).
     """
-    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+    from prefect import tags
+    from prefect.context import SettingsContext, get_settings_context
 
     from flows.training_run import training_run
 
-    # The engine joins a heartbeat thread at flow end (~1 s, docs/ARCHITECTURE.md, field notes): off for local runs.
-    with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+    # The engine joins a heartbeat thread at flow end (~1 s, docs/ARCHITECTURE.md, field notes): off
+    # for local runs. The current settings with that one field changed (what ``temporary_settings``
+    # gives, without validating every settings source again: ~20 ms on the run's critical path).
+    context = get_settings_context()
+    settings = context.settings.model_copy(
+        update={"flows": context.settings.flows.model_copy(update={"heartbeat_frequency": None})})
+    # The flow run is created with its run-id tag (no update of the flow run for it, section 11).
+    run_tags = [params["run_id"]] if params.get("run_id") else []
+    with SettingsContext(profile=context.profile, settings=settings), tags(*run_tags):
         state = training_run(**params, return_state=True)
     receipt = state.result(raise_on_failure=False) if state.is_completed() else _carried_receipt(state)
     if isinstance(receipt, dict) and not state.is_completed():

@@ -49,10 +49,6 @@ def train(
         fail(f"--wandb: expected disabled, offline or online, found {wandb!r}")
     if eval_backend not in ("local", "modal"):
         fail(f"--eval-backend: expected local or modal, found {eval_backend!r}")
-    from gradlab.contracts.goal import MAX_RUN_SEED
-
-    if not 0 <= seed <= MAX_RUN_SEED:
-        fail(f"--seed: expected 0..{MAX_RUN_SEED}, found {seed}")
     if eval_backend == "modal" and not no_eval and not (
             os.environ.get("MODAL_TOKEN_ID") or (Path.home() / ".modal.toml").is_file()):
         fail("--eval-backend modal: no Modal credentials (set MODAL_TOKEN_ID and MODAL_TOKEN_SECRET, or run "
@@ -60,6 +56,18 @@ def train(
     if wandb == "online" and not _wandb_key_configured():
         fail("--wandb online: no W&B API key (set WANDB_API_KEY, [wandb] api_key_ref = \"env:NAME\" in the config "
              "file, or run `wandb login`); use --wandb offline to keep metrics locally and sync later")
+    from gradlab.cli import warm_handoff
+
+    code = warm_handoff.hand_off(_command_line(ref, seed, overrides, wandb, eval_backend, no_eval, json_out, init_from,
+                                            init_optimizer))
+    if code is not None:  # the warm flow ran it, with this command's terminal, environment and directory
+        raise typer.Exit(code)
+    # Checked by whichever process runs the command (the warm flow's child runs this function too):
+    # their imports define pydantic models, ~0.1 s a command handed off does not pay first.
+    from gradlab.contracts.goal import MAX_RUN_SEED
+
+    if not 0 <= seed <= MAX_RUN_SEED:
+        fail(f"--seed: expected 0..{MAX_RUN_SEED}, found {seed}")
     from gradlab.errors import ConfigError
     from gradlab.runs.timeouts import check_run_environment
 
@@ -67,12 +75,6 @@ def train(
         check_run_environment()
     except ConfigError as e:
         fail(str(e))
-    from gradlab.cli import warm_handoff
-
-    code = warm_handoff.hand_off(_command_line(ref, seed, overrides, wandb, eval_backend, no_eval, json_out, init_from,
-                                            init_optimizer))
-    if code is not None:  # the warm flow ran it, with this command's terminal, environment and directory
-        raise typer.Exit(code)
     started = time.monotonic()
     # Every contract problem, and an environment this machine cannot build, before anything is created.
     runnable_or_exit(resolve_or_exit(ref, overrides))
@@ -91,6 +93,9 @@ def train(
     # watches (supervised from the first step, cold or warm: docs/ARCHITECTURE.md section 8).
     learner = LearnerProcess.start(paths, zygote=warm_learner_dir(settings), await_supervisor=True)
     cancel_on_ctrl_c()
+    # W&B's service starts now, while Prefect starts the flow: the sink's start (~0.3 s more) is
+    # then done before the drain, whose seal waits for it (docs/ARCHITECTURE.md section 11).
+    operations.start_wandb_service(operations.wandb_mode(settings, spec, wandb))
     if spec.evaluate and spec.goal.evaluation_mode == "evaluated":
         # The flow (in this process) takes its evaluation worker from here: it imports torch while
         # Prefect starts, instead of after, and is ready when the first checkpoint is published.

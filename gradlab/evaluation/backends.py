@@ -345,6 +345,24 @@ class LocalBackend:
             return job.answer[1]
         raise _rebuild_error(job.answer[1], job.answer[2])
 
+    def wait(self, handle: EvalHandle, timeout_s: float) -> None:
+        """Block at most ``timeout_s`` seconds until the job's worker has answered or ended (a queued
+        job: until any running worker has, which frees a slot). Returns at once for a finished or
+        unknown job; :meth:`poll` then collects it. This is how :func:`evaluate_with` waits for a local
+        evaluation: its answer is seen as soon as it is sent, not at the next poll."""
+        from multiprocessing.connection import wait
+
+        job = self._jobs.get(handle.id)
+        if job is None or job.answer is not None:
+            return
+        running = [job] if job.process is not None else [
+            j for j in self._jobs.values() if j.process is not None and j.answer is None]
+        waitables = [w for j in running for w in (j.conn, j.process.sentinel)]
+        if waitables:
+            wait(waitables, timeout_s)
+        else:  # nothing running yet (cannot happen after submit): look again after the interval
+            time.sleep(timeout_s)
+
     def cancel(self, handle: EvalHandle) -> bool:
         """Drop a queued evaluation or terminate a running one; False when it had already finished."""
         job = self._jobs.pop(handle.id, None)
@@ -565,13 +583,15 @@ def get_backend(name: str = "local", **kwargs: Any) -> EvaluationBackend:
 def evaluate_with(
     backend: EvaluationBackend, request: EvalRequest, *, poll_interval_s: float = 0.2, timeout_s: float | None = None
 ) -> EvalResult:
-    """Submit and poll until the result arrives.
+    """Submit and poll until the result arrives: every ``poll_interval_s`` seconds, or, for a backend
+    that can wait for its job (``wait(handle, timeout_s)``, the local one), as soon as it answers.
 
     Raises:
         BackendUnavailable: ``timeout_s`` passed (the evaluation is cancelled); or any ``poll`` error.
     """
     handle = backend.submit(request)
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    wait = getattr(backend, "wait", None)
     while True:
         result = backend.poll(handle)
         if result is not None:
@@ -579,7 +599,10 @@ def evaluate_with(
         if deadline is not None and time.monotonic() > deadline:
             backend.cancel(handle)
             raise BackendUnavailable(f"{backend.name} evaluation {handle.id} did not finish within {timeout_s:g} s")
-        time.sleep(poll_interval_s)
+        if callable(wait):
+            wait(handle, poll_interval_s)
+        else:
+            time.sleep(poll_interval_s)
 
 
 __all__ = [

@@ -296,8 +296,9 @@ def run_learner(spec: RunSpec, run_dir: Path, *, resume_from: Path | None = None
 #: disk) was 5-8% of a gradlab.ppo run.
 METRICS_HOLD_S = 0.25
 
-#: Seconds between readings of the outbox while a learner waits for its supervisor.
-AWAIT_POLL_S = 0.05
+#: Seconds between readings of the outbox while a learner waits for its supervisor (microseconds
+#: each; the first step waits at most this long after the supervisor starts watching).
+AWAIT_POLL_S = 0.01
 
 
 def _await_supervisor(outbox: Outbox, flag: _SignalFlag, supervisor: ProcessWatch | None) -> str | None:

@@ -159,6 +159,33 @@ def _arm_bounded_close(reserve_s: float) -> None:
     atexit.register(_close_service)  # a second pass: a service started after the first one
 
 
+def start_service(mode: str) -> None:
+    """Start W&B's service process (``wandb.setup()``, ~0.2 s: it starts ``wandb-core``) in a
+    background thread, so the run's sink, created later, finds it up (``wandb.init`` then only
+    opens the run). Nothing for ``disabled``; never raises (a failure is the sink's to report).
+
+    The thread blocks SIGINT first, as the sink's own start does: the service inherits that mask,
+    so a Ctrl-C in the terminal reaches only the supervisor. The exit hook that bounds W&B's close
+    (:data:`TEARDOWN_S`) is armed with it.
+    """
+    if mode not in ("offline", "online"):
+        return
+    os.environ.setdefault(TELEMETRY_ENV, "false")
+
+    def setup() -> None:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            import wandb
+
+            wandb.setup()
+        except Exception as e:  # noqa: BLE001 - W&B must never fail the run; the sink starts it again
+            logger.debug("W&B's service did not start ahead of the run: %s", e)
+        finally:
+            _arm_bounded_close(TEARDOWN_S)
+
+    threading.Thread(target=setup, name="wandb-service-start", daemon=True).start()
+
+
 def resolve_api_key(settings: Any) -> str | None:
     """The W&B API key to hand to :class:`WandbSink` for ``online`` mode.
 

@@ -116,10 +116,12 @@ class AttemptDriver:
     evaluate: bool = True
     wandb: Any = None
     cancel_requested: Callable[[], bool] = lambda: False
-    #: Seconds between ticks: each polls the outbox (one SQLite read) and hands out what is ready, so
-    #: a checkpoint's publication, its evaluation and the stop after an accepted one wait at most
-    #: this long (the lease and the cancel probe have their own clocks).
-    tick_s: float = 0.1
+    #: Seconds between ticks: each polls the outbox (one SQLite read, a few microseconds) and hands
+    #: out what is ready, so a new checkpoint waits at most this long for its publication (the lease
+    #: and the cancel probe have their own clocks). A submitted task that ends wakes the loop at once
+    #: (its future's done callback), so the evaluation after a publication and the stop after an
+    #: accepted result do not wait for a tick (docs/ARCHITECTURE.md section 11).
+    tick_s: float = 0.02
     #: Seconds between metric deliveries while the learner runs (each is durable writes: the journal
     #: and the outbox's acknowledgements); once it has exited, metrics are delivered when the rest is done.
     deliver_every_s: float = 0.5
@@ -137,9 +139,12 @@ class AttemptDriver:
         if self.wandb is not None and self.wandb.mode != "disabled":
             sinks.append(WandbMetricSink(self.wandb))
         evaluated = self.evaluate and self.spec.goal.evaluation_mode == "evaluated"
+        #: Set by a submitted task's future when it ends: the loop's wait between ticks ends at once.
+        self._wake = threading.Event()
         self.supervisor = Supervisor(
             spec=self.spec, attempt_id=self.plan.attempt.attempt_id, outbox=self.outbox,
-            submit_publish=self.submit_publish, submit_evaluate=self.submit_evaluate, sinks=sinks,
+            submit_publish=self._waking(self.submit_publish), submit_evaluate=self._waking(self.submit_evaluate),
+            sinks=sinks,
             evaluate=evaluated, stop_on_acceptance=self.spec.goal.stops_on_acceptance,
             max_parallel_evals=self.max_parallel_evals, request_stop=self.record_stop, first_seq=self.plan.first_seq,
             fence=self.plan.fence, opened_seq=self.plan.opened_seq,
@@ -210,7 +215,8 @@ class AttemptDriver:
                         sup.deliver_metrics()
                         if sup.drained():
                             break
-                time.sleep(self.tick_s)
+                self._wake.wait(self.tick_s)
+                self._wake.clear()  # before the next tick: a task ending during it wakes the wait after it
         except BaseException as e:
             if isinstance(e, LeaseLost) or self.lease_lost:
                 return self._superseded(self.lease_lost or str(e))
@@ -229,6 +235,18 @@ class AttemptDriver:
             return self._finish(learner_exit)
         except LeaseLost as e:  # the promotion (or a last delivery) was refused: superseded
             return self._superseded(str(e))
+
+    def _waking(self, submit: Callable[[CheckpointTrack], Future]) -> Callable[[CheckpointTrack], Future]:
+        """``submit``, with the future it returns waking the loop when it is done (a future without
+        ``add_done_callback`` is seen at the next tick instead)."""
+        def submit_and_wake(track: CheckpointTrack) -> Future:
+            future = submit(track)
+            add_done_callback = getattr(future, "add_done_callback", None)
+            if callable(add_done_callback):
+                add_done_callback(lambda _: self._wake.set())
+            return future
+
+        return submit_and_wake
 
     def _enforce_stop(self) -> None:
         """Stop a learner by signals that has not exited ``stop_wait_s`` after its stop request."""

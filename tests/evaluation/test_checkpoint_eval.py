@@ -93,3 +93,21 @@ def test_local_backend_runs_two_evaluations_and_cancels(bandit_run):
             evaluate_with(backend, _request(run_dir, c1).model_copy(update={"checkpoint_sha256": "0" * 64}))
     finally:
         backend.close()
+
+
+@pytest.mark.slow
+def test_a_local_evaluation_is_collected_when_its_worker_answers_not_at_the_next_poll(bandit_run):
+    """``evaluate_with`` waits on the local worker's pipe (``LocalBackend.wait``): with a poll interval
+    far longer than the evaluation, the result still comes as soon as the worker sends it."""
+    import time
+
+    run_dir, (_, c2) = bandit_run
+    backend = LocalBackend(max_workers=1)
+    try:
+        started = time.monotonic()
+        result = evaluate_with(backend, _request(run_dir, c2), poll_interval_s=300.0)
+        elapsed = time.monotonic() - started
+    finally:
+        backend.close()
+    assert result.checkpoint_step == 1024 and result.verdict == "accepted"
+    assert elapsed < 120.0  # a spawned worker imports torch (seconds); the next poll would be at 300 s

@@ -77,6 +77,21 @@ def outbox_high_water(paths: RunPaths, sink: str) -> int:
     return Outbox(paths.outbox).high_water(sink)
 
 
+def wandb_mode(settings: Settings, spec: RunSpec, requested: str | None = None) -> str:
+    """The run's W&B mode: ``requested`` (``--wandb``, the flow's ``wandb_mode``), else the machine's
+    (``GRADLAB_WANDB_MODE`` / config), else the recipe's ``logging.wandb_mode``."""
+    return requested or settings.wandb_mode or spec.recipe.logging.wandb_mode
+
+
+def start_wandb_service(mode: str) -> None:
+    """Start W&B's service now, in the background, for a run whose sink comes later
+    (:func:`gradlab.metrics.wandb_sink.start_service`; nothing for ``disabled``)."""
+    if mode != "disabled":
+        from gradlab.metrics.wandb_sink import start_service
+
+        start_service(mode)
+
+
 def wandb_sink(settings: Settings, spec: RunSpec, paths: RunPaths, mode: str, *, group: str | None = None,
                tags: list[str] | None = None) -> Any:
     """The run's :class:`~gradlab.metrics.wandb_sink.WandbSink`, started in the background.
