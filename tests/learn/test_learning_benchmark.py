@@ -24,3 +24,12 @@ def test_gradlab_ppo_reaches_acrobots_acceptance_within_twice_sb3s_median(tmp_pa
                               max_steps=65536)
     assert math.isfinite(row.steps_to_accept), f"not accepted by 65,536 steps (best mean return {row.best_return})"
     assert row.steps_to_accept <= 65536 and row.best_return >= -100
+
+
+def test_gradlab_ppo_reaches_cartpoles_acceptance_within_twice_sb3s_median(tmp_path: Path) -> None:
+    # The un-normalised classic-control goal (docs/BENCHMARKS.md: sb3.ppo's median over 5 seeds is
+    # 16,384 steps). One seed, with a margin of two: 32,768 steps.
+    row = steps_to_acceptance("CartPole-v1/ppo", "gradlab.ppo", seed=3, checkpoint_freq=8192, work=tmp_path,
+                              max_steps=32768)
+    assert math.isfinite(row.steps_to_accept), f"not accepted by 32,768 steps (best mean return {row.best_return})"
+    assert row.steps_to_accept <= 32768 and row.best_return >= 475
