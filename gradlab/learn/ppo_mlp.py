@@ -8,7 +8,10 @@ written out; ``tests/learn/test_ppo_parity.py`` checks both against stable-basel
 ``PPO.train`` (loss terms, gradients, updated parameters).
 
 Used when :func:`applies`: Discrete actions, a flatten extractor shared by both heads, fp32 and no
-``torch.compile``. The derivatives (B samples, ``l = log_softmax(z)``, ``p = exp(l)``):
+``torch.compile``. With the parameters in :class:`gradlab.learn.ppo_flat.FlatAdam`'s flat buffers laid
+out by :func:`flat_order`, the policy's and the value's hidden layers of one shape run as one batched
+product per layer (:func:`twin_layers`: CartPole's two 64-64 MLPs in half the operations) and the
+gradients are written straight into the flat gradient buffer. The derivatives (B samples, ``l = log_softmax(z)``, ``p = exp(l)``):
 
 * policy term ``-mean(min(A r, A clip(r, 1-c, 1+c)))``, ``r = exp(l_a - old)``:
   ``d/dl_a = -A r m / B`` with ``m = [A r <= A clip(r)]`` (torch's ``min`` and ``clamp``
