@@ -47,10 +47,17 @@ def learner(
     case: list[str] = typer.Option(["cartpole", "breakout"], help="Cases to run: cartpole, breakout."),
     rounds: int = typer.Option(3, min=1, help="Alternating runs per side, each in a fresh process; the fastest counts."),
     as_json: bool = typer.Option(False, "--json", help="Print the rows as one JSON document."),
-    backend: str = typer.Option(None, help="gradlab.ppo: that backend vs sb3.ppo through the same learner "
-                                           "(goals: CartPole >= 1.8x, Breakout >= 1.5x, bf16 >= 2x)."),
+    backend: str = typer.Option(None, help="gradlab.ppo: that backend vs sb3.ppo through the same learner, "
+                                           "steps/s per side and their ratios (goals: CartPole >= 2.5x, Breakout "
+                                           "fp32 >= 1.8x, bf16 >= 2.5x; docs/BENCHMARKS.md)."),
 ) -> None:
-    """sb3.ppo through gradlab's learner vs plain SB3 PPO.learn: steps/s and the ratio (goal >= 0.95)."""
+    """sb3.ppo through gradlab's learner vs plain SB3 PPO.learn (steps/s and the ratio, goal >= 0.95);
+    with --backend gradlab.ppo, that backend vs sb3.ppo through the same learner."""
+    from gradlab.benchmarks.learner import CASES
+
+    unknown = [c for c in case if c not in CASES]
+    if unknown:
+        raise typer.BadParameter(f"expected {' or '.join(CASES)}, found {unknown[0]!r}", param_hint="--case")
     if backend is not None:
         from gradlab.benchmarks.learner import main_backend
 

@@ -25,6 +25,20 @@ class LinearSchedule(Contract):
 Schedule = float | LinearSchedule
 
 
+def check_schedule(value: Schedule) -> Schedule:
+    """A learning rate, clip range or entropy coefficient is never negative, constant or at either
+    end of its schedule (Adam refuses a negative learning rate only once training has started; a
+    negative clip range or entropy coefficient turns PPO's objective around without a word).
+
+    Raises:
+        ValueError: a negative value (pydantic locates it at the field's key path).
+    """
+    ends = [value] if isinstance(value, (int, float)) else [value.initial, value.final]
+    if any(not v >= 0 for v in ends):  # also NaN
+        raise ValueError("a value >= 0, or a linear schedule between values >= 0")
+    return value
+
+
 class PolicyModel(Contract):
     """The policy network. ``extractor: auto`` picks the Nature CNN (Mnih et al. 2015) for image
     observations and a flat MLP otherwise."""
@@ -74,12 +88,14 @@ class PPOConfig(Contract):
     gamma: float = Field(default=0.99, ge=0.0, le=1.0)
     gae_lambda: float = Field(default=0.95, ge=0.0, le=1.0)
     clip_range: Schedule = 0.2
-    clip_range_vf: float | None = None
+    clip_range_vf: float | None = Field(default=None, gt=0.0)
     normalize_advantage: bool = True
     ent_coef: Schedule = 0.0
     vf_coef: float = Field(default=0.5, ge=0.0)
     max_grad_norm: float = Field(default=0.5, gt=0.0)
-    target_kl: float | None = None
+    target_kl: float | None = Field(default=None, gt=0.0)
+
+    _check_schedules = field_validator("learning_rate", "clip_range", "ent_coef")(check_schedule)
 
 
 #: Most torch threads a recipe may ask for (``train.backend.config.threads``); at run time the
@@ -119,6 +135,8 @@ class A2CConfig(Contract):
     vf_coef: float = Field(default=0.5, ge=0.0)
     max_grad_norm: float = Field(default=0.5, gt=0.0)
     rms_prop_eps: float = Field(default=1e-5, gt=0.0)
+
+    _check_schedules = field_validator("learning_rate", "ent_coef")(check_schedule)
     use_rms_prop: bool = True
     normalize_advantage: bool = False
 

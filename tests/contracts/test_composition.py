@@ -121,6 +121,24 @@ def test_bad_set_value_and_unknown_set_key(experiments_copy: Path) -> None:
     assert "--set: train.timestepz: unknown key (did you mean timesteps?)" in problems
 
 
+def test_negative_rates_and_non_positive_limits_are_refused_before_training(experiments_copy: Path) -> None:
+    # Adam refused a negative learning rate only inside the learner, after a run existed; a negative
+    # clip range or entropy coefficient was accepted and turned the objective around.
+    sets = ("train.backend.config.learning_rate=-0.1", "train.backend.config.clip_range.initial=-0.2",
+            "train.backend.config.ent_coef=-0.01", "train.backend.config.target_kl=0",
+            "train.backend.config.clip_range_vf=-1")
+    problems = _problems(experiments_copy, GOOD, sets)
+    expected = "expected a value >= 0, or a linear schedule between values >= 0; found"
+    assert f"--set: train.backend.config.learning_rate: {expected} -0.1" in problems, problems
+    assert any(p.startswith(f"--set: train.backend.config.clip_range: {expected} {{") for p in problems), problems
+    assert f"--set: train.backend.config.ent_coef: {expected} -0.01" in problems, problems
+    assert "--set: train.backend.config.target_kl: expected greater than 0; found 0" in problems, problems
+    assert "--set: train.backend.config.clip_range_vf: expected greater than 0; found -1" in problems, problems
+    # A schedule that anneals to zero, and a zero entropy coefficient, stay valid.
+    Experiments().resolve("CartPole-v1/bad", ["train.backend.config.clip_range.initial=0.2",
+                                              "train.backend.config.ent_coef=0"])
+
+
 def test_set_without_equals_and_eval_override_are_refused() -> None:
     with pytest.raises(ConfigError) as info:
         Experiments().resolve("CartPole-v1/ppo", ["train.timesteps", "eval.episodes=3"])

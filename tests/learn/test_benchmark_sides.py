@@ -23,3 +23,15 @@ def test_plain_and_gradlab_sides_end_with_the_same_parameters() -> None:
     assert set(ours.detail) == {"bookkeeping_s", "checkpoint_s"}
     assert ours.detail["checkpoint_s"] > 0  # the final checkpoint (512 < checkpoint_freq 16384)
     assert plain.detail == {}
+
+
+def test_an_unknown_case_is_a_usage_error_naming_the_cases() -> None:
+    from typer.testing import CliRunner
+
+    from gradlab.cli.app import app
+
+    for args in (["--case", "cartpol"], ["--backend", "gradlab.ppo", "--case", "cartpole", "--case", "pong"]):
+        res = CliRunner().invoke(app, ["benchmark", "learner", "--rounds", "1", *args])
+        text = " ".join(res.output.replace("│", " ").split())
+        assert res.exit_code == 2 and "--case" in text and "expected cartpole or breakout" in text, res.output
+        assert "Traceback" not in res.output
