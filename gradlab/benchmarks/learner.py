@@ -263,6 +263,11 @@ BACKEND_SIDES: dict[str, tuple[str, str]] = {
 }
 """Sides of ``--backend`` runs: the learner with that backend (and precision) on the case's recipe."""
 
+#: Issue 27's speed goals: the side's median steps/s over sb3.ppo's, by case (docs/BENCHMARKS.md).
+SPEED_GOALS: dict[tuple[str, str], float] = {
+    ("cartpole", "gradlab.ppo"): 2.5, ("breakout", "gradlab.ppo"): 1.8, ("breakout", "gradlab.ppo-bf16"): 2.5,
+}
+
 
 def measure(case: str, side: str, steps: int) -> Measurement:
     """One timed run of ``side`` in this process (imports warmed first): ``gradlab`` (sb3.ppo through the
@@ -367,18 +372,23 @@ def render_backend(rows: list[BackendRow], as_json: bool) -> None:
 
     console = Console(width=None if sys.stdout.isatty() else 200)
     table = Table(title="gradlab.ppo vs sb3.ppo through the same learner (steps/s over every round, fresh process each)")
-    for col in ("case", "side", "steps", "rounds", "best", "median", "spread (min-max)", "ratio best", "ratio median",
-                "steps/CPU-s", "ratio CPU", "rollout s", "update s", "load 1-min"):
+    for col in ("case", "side", "steps", "rounds", "best steps/s", "median steps/s", "spread (min-max)", "ratio best",
+                "ratio median", "goal (median)", "steps/CPU-s", "ratio CPU", "rollout s*", "update s*", "load 1-min"):
         table.add_column(col, justify="left" if col in ("case", "side") else "right")
     for r in rows:
         for side, ms in r.runs.items():
             fastest = min(ms, key=lambda m: m.seconds)
+            ratio = r.median(side) / r.median("sb3.ppo")
+            goal = SPEED_GOALS.get((r.case, side))
             table.add_row(r.case, side, str(r.steps), str(len(ms)), f"{r.best(side):,.0f}", f"{r.median(side):,.0f}",
                           f"{min(m.steps_per_s for m in ms):,.0f}-{max(m.steps_per_s for m in ms):,.0f}",
-                          f"{r.best(side) / r.best('sb3.ppo'):.2f}x", f"{r.median(side) / r.median('sb3.ppo'):.2f}x",
+                          f"{r.best(side) / r.best('sb3.ppo'):.2f}x", f"{ratio:.2f}x",
+                          "" if goal is None else f">= {goal}x: {'met' if ratio >= goal else 'not met'}",
                           f"{r.per_cpu_s(side):,.0f}", f"{r.per_cpu_s(side) / r.per_cpu_s('sb3.ppo'):.2f}x",
                           f"{fastest.rollout_s:.2f}", f"{fastest.update_s:.2f}", f"{r.load[0]:.1f} -> {r.load[1]:.1f}")
     console.print(table)
+    console.print("* of the side's fastest round. load 1-min: the machine's 1-minute load average at the case's "
+                  "start and end (ratios of one run on a busy machine are not results).")
 
 
 def main_backend(backend: str, cases: tuple[str, ...], steps: dict[str, int], rounds: int, as_json: bool) -> None:
