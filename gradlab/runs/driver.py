@@ -65,6 +65,9 @@ log = logging.getLogger(__name__)
 
 #: ``learner.stop_reason`` of a learner stopped by signals after ignoring its stop request.
 KILLED_AFTER_STOP_REQUEST = "killed_after_stop_request"
+#: The stop reason a drain records when the earlier attempt's learner ended without ``learner_finished``
+#: (killed after one of its checkpoints was accepted): the run is judged on what it published.
+ENDED_UNFINISHED = "ended_unfinished"
 
 
 #: Free bytes below which the run directory's filesystem counts as full (one checkpoint does not fit).
@@ -355,6 +358,11 @@ class AttemptDriver:
         killed = self.learner_killed
         if killed is not None and finished is None:  # stopped as asked, by signals: judged on what it published
             finished = {"stop_reason": KILLED_AFTER_STOP_REQUEST, "final_step": sup.last_step or None}
+        drained_unfinished = finished is None and self.learner is None
+        if drained_unfinished:
+            # A drain (no learner of its own) after a learner that never finished: a checkpoint of its was
+            # accepted (docs/ARCHITECTURE.md section 8), so the run is judged on what it published.
+            finished = {"stop_reason": ENDED_UNFINISHED, "final_step": sup.last_step or None}
         stop_reason = finished.get("stop_reason") if finished else None
         final_step = finished.get("final_step") if finished else (sup.last_step or None)
         failures = sup.publish_failures()
@@ -386,6 +394,8 @@ class AttemptDriver:
             outcome, reason = "failed", f"no checkpoint met the acceptance rule by step {final_step} ({stop_reason})"
         if killed is not None:
             reason = f"{reason}; {killed}"
+        if drained_unfinished:
+            reason = f"{reason}; drained after the learner of an earlier attempt ended without finishing"
         return self._seal(outcome, reason, final_step, drained=sup.drained(),
                           learner=LearnerExit(exit_code=learner_exit, stop_reason=stop_reason))
 

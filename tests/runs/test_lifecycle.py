@@ -101,6 +101,44 @@ def test_retry_after_a_cancel_before_any_publication_resumes_from_the_local_chec
     assert max(step for step, _ in published) == 16384
 
 
+def _first_checkpoint(home: Path) -> Path | None:
+    run_dir = only_run_dir(home)
+    return run_dir if run_dir is not None and _last(run_dir, "checkpoint_ready") is not None else None
+
+
+@pytest.mark.slow
+def test_a_learner_killed_after_an_accepted_checkpoint_is_drained_and_promoted_by_the_retry(
+        prefect_api: str, gradlab_home: Path) -> None:
+    """A learner SIGKILLed once a checkpoint was accepted never writes learner_finished: the retry
+    drains (no learner) and promotes the accepted checkpoint (it sealed failed, every retry alike)."""
+    env = gradlab_env(prefect_api)
+    proc = start_gradlab(["train", "gradlab__bandit/ppo", "--seed", "0", "--json"], env)
+    try:
+        run_dir = wait_for(lambda: _first_checkpoint(gradlab_home), 120, "the learner's first checkpoint")
+        pid = int(_last(run_dir, "learner_started").payload["pid"])
+        stop_outside_a_write([pid], run_dir / "outbox.sqlite")  # it waits, paused, for the verdict
+
+        def accepted() -> int | None:
+            records = [rec for _, rec in rules.list_evaluations(open_stores(), run_dir.name) if rec]
+            return next((r.checkpoint_step for r in records if r.status == "accepted"), None)
+
+        accepted_step = wait_for(accepted, 120, "an accepted evaluation (seed 0 accepts its first checkpoint)")
+        os.kill(pid, signal.SIGKILL)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    first = last_json_line(out)
+    assert first["outcome"] == "failed" and "SIGKILL" in first["reason"], first["reason"]
+    assert first["promotion"] is None
+    retry = run_gradlab(["runs", "retry", run_dir.name, "--json"], env, timeout_s=300)
+    assert retry.returncode == 0, retry.stderr[-3000:]
+    second = last_json_line(retry.stdout)
+    assert (second["attempt_id"], second["outcome"]) == ("attempt-002", "succeeded"), second["reason"]
+    assert second["promotion"]["checkpoint_step"] == accepted_step
+    assert "ended without finishing" in second["reason"] and second["learner"]["stop_reason"] == "ended_unfinished"
+    assert rules.list_attempts(open_stores(), run_dir.name)[-1].mode == "drain"
+
+
 @pytest.fixture
 def small_runs_filesystem(gradlab_home: Path) -> Iterator[Path]:
     """``$GRADLAB_HOME/runs`` on a 16 MiB tmpfs of its own (the stores stay on the real disk), so the
