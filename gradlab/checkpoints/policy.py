@@ -17,6 +17,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gradlab.checkpoints.manifest import POLICY_SPEC_FILE, WEIGHTS_FILE
+from gradlab.contracts.recipe import MAX_NET_LAYERS, MAX_NET_WIDTH, check_net_arch
 from gradlab.errors import ContractViolation, IntegrityError
 
 OBS_MEAN_KEY = "gradlab.obs_rms.mean"
@@ -27,8 +28,8 @@ OBS_VAR_KEY = "gradlab.obs_rms.var"
 #: (128 Mi float32 parameters = 512 MiB), counted on torch's meta device, which allocates nothing.
 MAX_OBS_ELEMENTS = 1 << 22
 MAX_ACTIONS = 1 << 16
-MAX_LAYERS = 16
-MAX_WIDTH = 1 << 14
+MAX_LAYERS = MAX_NET_LAYERS
+MAX_WIDTH = MAX_NET_WIDTH
 MAX_PARAMETERS = 1 << 27
 
 
@@ -110,10 +111,10 @@ class PolicySpec(BaseModel):
     @field_validator("net_arch")
     @classmethod
     def _bounded_arch(cls, arch: list[int] | dict[str, list[int]]) -> list[int] | dict[str, list[int]]:
-        for layers in (arch.values() if isinstance(arch, dict) else [arch]):
-            if len(layers) > MAX_LAYERS or any(not 1 <= w <= MAX_WIDTH for w in layers):
-                raise ValueError(f"expected at most {MAX_LAYERS} layers of 1..{MAX_WIDTH} units, found {layers}")
-        return arch
+        try:
+            return check_net_arch(arch)
+        except ValueError as e:
+            raise ValueError(f"expected {e}, found {arch}") from None
 
 
 def read_policy_spec(path: Path) -> PolicySpec:

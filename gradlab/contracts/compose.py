@@ -102,12 +102,35 @@ def merge(documents: list[dict[str, Any]], file: str) -> dict[str, Any]:
     Raises:
         ConfigError: OmegaConf refused a value or an interpolation.
     """
+    documents = _drop_replaced_containers(documents)
     try:
         merged = OmegaConf.merge(*[OmegaConf.create(d) for d in documents]) if documents else OmegaConf.create({})
         return OmegaConf.to_container(merged, resolve=True)  # type: ignore[return-value]
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", "") or ""
         raise ConfigError([ConfigProblem(file=file, key_path=str(key), message=f"cannot merge: {e.msg if hasattr(e, 'msg') else e}")]) from None
+
+
+def _drop_replaced_containers(documents: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The documents, where a later one gives a key a mapping in place of a list (or a list in place
+    of a mapping: ``--set 'train.policy_model.net_arch={pi: [32], vf: [64]}'`` over ``[64, 64]``),
+    without the earlier value: OmegaConf cannot merge the two kinds and raised a bare TypeError;
+    the later value replaces it, as a list replaces a list. Inputs are not changed."""
+    import copy
+
+    def drop(earlier: dict[str, Any], later: dict[str, Any]) -> None:
+        for k, v in later.items():
+            old = earlier.get(k)
+            if isinstance(old, dict) and isinstance(v, dict):
+                drop(old, v)
+            elif isinstance(old, (dict, list)) and isinstance(v, (dict, list)) and type(old) is not type(v):
+                del earlier[k]
+
+    docs = copy.deepcopy(documents)
+    for i in range(1, len(docs)):
+        for j in range(i):
+            drop(docs[j], docs[i])
+    return docs
 
 
 def render_templates(data: Any, context: dict[str, str], comp: Composition, path: KeyPath = ()) -> tuple[Any, list[ConfigProblem]]:

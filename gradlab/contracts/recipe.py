@@ -39,6 +39,26 @@ def check_schedule(value: Schedule) -> Schedule:
     return value
 
 
+#: Bounds of a network's hidden layers (``net_arch``): layers per MLP and units per layer. A recipe
+#: and a policy spec read back from a store (gradlab.checkpoints.policy) are held to the same ones.
+MAX_NET_LAYERS = 16
+MAX_NET_WIDTH = 1 << 14
+
+
+def check_net_arch(arch: list[int] | dict[str, list[int]]) -> list[int] | dict[str, list[int]]:
+    """``net_arch`` as given, when every MLP has at most :data:`MAX_NET_LAYERS` layers of
+    1..:data:`MAX_NET_WIDTH` units.
+
+    Raises:
+        ValueError: a layer out of bounds (a zero-width layer trained until its first checkpoint
+            before the policy spec refused it; a negative one failed in the learner).
+    """
+    for layers in (arch.values() if isinstance(arch, dict) else [arch]):
+        if len(layers) > MAX_NET_LAYERS or any(not 1 <= w <= MAX_NET_WIDTH for w in layers):
+            raise ValueError(f"at most {MAX_NET_LAYERS} layers of 1..{MAX_NET_WIDTH} units")
+    return arch
+
+
 class PolicyModel(Contract):
     """The policy network. ``extractor: auto`` picks the Nature CNN (Mnih et al. 2015) for image
     observations and a flat MLP otherwise."""
@@ -49,6 +69,8 @@ class PolicyModel(Contract):
     ortho_init: bool = True
     features_dim: int = Field(default=512, ge=1, description="Nature CNN output width.")
     share_features_extractor: bool = True
+
+    _check_net_arch = field_validator("net_arch")(check_net_arch)
 
 
 #: stable-baselines3 constructor arguments (PPO's and A2C's) that are not backend config keys, each

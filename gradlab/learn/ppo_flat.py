@@ -17,10 +17,10 @@ replaces its tensors) is copied into the buffers at the next :meth:`FlatAdam.bin
 from __future__ import annotations
 
 import math
-import weakref
 from typing import Any
 
-_BOUND: weakref.WeakKeyDictionary[Any, FlatAdam] = weakref.WeakKeyDictionary()
+#: Where an optimizer keeps its binding (an attribute of the optimizer: the two live and die together).
+_BINDING = "_gradlab_flat_adam"
 
 
 def supported(optimizer: Any) -> bool:
@@ -86,9 +86,10 @@ class FlatAdam:
     def of(cls, optimizer: Any, order: list[Any] | None = None) -> FlatAdam:
         """The binding of ``optimizer`` (made on first use, laid out in ``order`` or the optimizer's
         parameter order), checked by :meth:`bind`."""
-        flat = _BOUND.get(optimizer)
+        flat = optimizer.__dict__.get(_BINDING)
         if flat is None:
-            flat = _BOUND[optimizer] = cls(optimizer, order)
+            flat = cls(optimizer, order)
+            setattr(optimizer, _BINDING, flat)
         else:
             flat.bind()
         return flat

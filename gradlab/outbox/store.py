@@ -204,6 +204,8 @@ class Outbox:
         self.stamp: tuple[str, int] | None = None
         self._held: list[tuple[Any, ...]] = []  # events appended with hold_s, not yet committed
         self._committed_at = float("-inf")  # time.monotonic() of this connection's last commit
+        self._timer: threading.Timer | None = None  # commits held events hold_s after the first was held
+        self._closed = False
 
     def _open(self, readonly: bool) -> set[str]:
         """Connect and (unless ``readonly``) set WAL and the schema; returns the events columns.
@@ -255,11 +257,22 @@ class Outbox:
 
     # -- lifecycle ---------------------------------------------------------------------------
     def close(self) -> None:
-        """Commit the held events, then close the connection (also when that commit fails)."""
-        try:
-            self.flush()
-        finally:
-            with self._lock:
+        """Commit the held events, then close the connection.
+
+        A commit that fails here is logged, not raised: close runs in ``finally`` blocks, where
+        raising would replace the error that is on its way out (a full disk, a bug) with this one;
+        what is lost is at most the held ``metrics`` events, as a SIGKILL would lose them.
+        """
+        with self._lock:
+            self._closed = True
+            if self._timer is not None:
+                self._timer.cancel()
+            try:
+                if self._held:
+                    self._commit([])
+            except Exception as e:  # noqa: BLE001 - see the docstring
+                logger.warning("%s: %d held event(s) not committed at close: %s", self.path, len(self._held), e)
+            finally:
                 self._conn.close()
 
     def __enter__(self) -> Outbox:
@@ -276,8 +289,10 @@ class Outbox:
         commit is ``hold_s`` seconds old or more; otherwise it waits, and is committed in one
         transaction with the events held beside it by the first later append that finds the last
         commit that old, by the next append that is not held (ahead of it, so the order of calls
-        is the order of ``event_seq``), or by :meth:`flush` / :meth:`close`. So events that come
-        less than ``hold_s`` apart share a commit, and a slower stream is not delayed. The learner
+        is the order of ``event_seq``), by :meth:`flush` / :meth:`close`, or by a timer thread
+        ``hold_s`` seconds after the first of them was held, whichever comes first. So events that
+        come less than ``hold_s`` apart share a commit, none waits much more than ``hold_s``, and a
+        slower stream is not delayed. The learner
         holds its per-rollout ``metrics`` events this way: one fsync per batch instead of one per
         rollout (docs/ARCHITECTURE.md section 5); it flushes before it waits on anything.
 
@@ -304,9 +319,24 @@ class Outbox:
             with self._lock:
                 self._held.append(row)
                 if time.monotonic() - self._committed_at < hold_s:
+                    if self._timer is None:
+                        self._timer = threading.Timer(hold_s, self._commit_held)
+                        self._timer.daemon = True
+                        self._timer.start()
                     return None
                 return self._commit([])
         return self._commit([row])
+
+    def _commit_held(self) -> None:
+        """The hold timer: commit what is held (a failure is logged; the next append or close retries)."""
+        with self._lock:
+            self._timer = None
+            if self._closed or not self._held:
+                return
+            try:
+                self._commit([])
+            except Exception as e:  # noqa: BLE001 - a thread has no caller to raise to
+                logger.warning("%s: held events not committed yet: %s", self.path, e)
 
     def flush(self) -> None:
         """Commit the held events (:meth:`append` with ``hold_s``), if any."""
@@ -333,6 +363,9 @@ class Outbox:
                     last = int(cur.lastrowid)  # type: ignore[arg-type]
                 self._conn.execute("COMMIT")
                 self._committed_at = time.monotonic()
+                if self._timer is not None:
+                    self._timer.cancel()
+                    self._timer = None
             except BaseException:
                 # SQLite may have rolled back already (a full disk does): a second ROLLBACK would
                 # raise "no transaction is active" and hide the first error. The held events stay

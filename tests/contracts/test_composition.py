@@ -139,6 +139,20 @@ def test_negative_rates_and_non_positive_limits_are_refused_before_training(expe
                                               "train.backend.config.ent_coef=0"])
 
 
+def test_net_arch_is_bounded_and_a_set_may_turn_its_list_into_pi_and_vf(experiments_copy: Path) -> None:
+    # A zero-width layer trained until its first checkpoint before the policy spec refused it; a
+    # mapping over the list default was OmegaConf's TypeError traceback.
+    for arch in ("[0]", "[-3]", "[" + ",".join(["8"] * 17) + "]"):
+        problems = _problems(experiments_copy, GOOD, (f"train.policy_model.net_arch={arch}",))
+        assert problems == [f"--set: train.policy_model.net_arch: expected at most 16 layers of 1..16384 units; "
+                            f"found {arch.replace(',', ', ')}"], problems
+    resolved = Experiments().resolve("CartPole-v1/ppo", ["train.policy_model.net_arch={pi: [32], vf: [64, 64]}"])
+    assert resolved.recipe.train.policy_model.net_arch == {"pi": [32], "vf": [64, 64]}
+    back = Experiments().resolve("CartPole-v1/ppo", ["train.policy_model.net_arch={pi: [32]}",
+                                                     "train.policy_model.net_arch=[16]"])
+    assert back.recipe.train.policy_model.net_arch == [16]
+
+
 def test_set_without_equals_and_eval_override_are_refused() -> None:
     with pytest.raises(ConfigError) as info:
         Experiments().resolve("CartPole-v1/ppo", ["train.timesteps", "eval.episodes=3"])

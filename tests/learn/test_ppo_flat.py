@@ -124,3 +124,17 @@ def test_an_adam_flat_buffers_cannot_compute_is_refused() -> None:
     assert not ppo_flat.supported(torch.optim.Adam(net.parameters(), weight_decay=1e-4))
     assert not ppo_flat.supported(torch.optim.SGD(net.parameters(), lr=0.1))
     assert ppo_flat.supported(torch.optim.Adam(net.parameters(), eps=1e-5))
+
+
+def test_a_binding_lives_and_dies_with_its_optimizer() -> None:
+    import gc
+    import weakref
+
+    net = _net()
+    opt = torch.optim.Adam(net.parameters())
+    flat = ppo_flat.FlatAdam.of(opt, ppo_mlp.flat_order(net))
+    assert ppo_flat.FlatAdam.of(opt) is flat
+    gone = weakref.ref(flat)
+    del net, opt, flat
+    gc.collect()
+    assert gone() is None  # nothing outside the optimizer keeps its buffers alive

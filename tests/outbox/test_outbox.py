@@ -177,3 +177,20 @@ def test_a_held_event_after_the_window_commits_at_once(tmp_path: Path) -> None:
         assert reader.count("metrics") == step + 1
     writer.close()
     reader.close()
+
+
+def test_a_held_event_is_committed_by_the_timer_when_nothing_follows(tmp_path: Path) -> None:
+    """A held event after which the writer goes quiet (a slow rollout after a fast one, a paused
+    learner) is committed about hold_s later by the outbox's timer, not at the next append."""
+    path = tmp_path / "outbox.sqlite"
+    writer, reader = Outbox(path), Outbox(path, readonly=True)
+    writer.append("metrics", 1, {"metrics": {"m": 1.0}}, hold_s=0.5)  # committed: the first commit
+    held_at = time.monotonic()
+    assert writer.append("metrics", 2, {"metrics": {"m": 2.0}}, hold_s=0.5) is None
+    while reader.count("metrics") < 2:
+        assert time.monotonic() - held_at < 60, "the held event was never committed"
+        time.sleep(0.01)
+    assert time.monotonic() - held_at >= 0.45  # held for its window, not committed at once
+    writer.close()
+    assert [e.step for e in reader.read(0)] == [1, 2]
+    reader.close()
