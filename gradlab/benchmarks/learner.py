@@ -370,7 +370,7 @@ def render_backend(rows: list[BackendRow], as_json: bool) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(width=None if sys.stdout.isatty() else 200)
+    console = Console(width=None if sys.stdout.isatty() else 260)
     table = Table(title="gradlab.ppo vs sb3.ppo through the same learner (steps/s over every round, fresh process each)")
     for col in ("case", "side", "steps", "rounds", "best steps/s", "median steps/s", "spread (min-max)", "ratio best",
                 "ratio median", "goal (median)", "steps/CPU-s", "ratio CPU", "rollout s*", "update s*", "load 1-min"):
@@ -379,7 +379,8 @@ def render_backend(rows: list[BackendRow], as_json: bool) -> None:
         for side, ms in r.runs.items():
             fastest = min(ms, key=lambda m: m.seconds)
             ratio = r.median(side) / r.median("sb3.ppo")
-            goal = SPEED_GOALS.get((r.case, side))
+            goal = next((g for (case, s), g in SPEED_GOALS.items()
+                         if s == side and r.case == CASES[case].label.replace("sb3.ppo ", "")), None)
             table.add_row(r.case, side, str(r.steps), str(len(ms)), f"{r.best(side):,.0f}", f"{r.median(side):,.0f}",
                           f"{min(m.steps_per_s for m in ms):,.0f}-{max(m.steps_per_s for m in ms):,.0f}",
                           f"{r.best(side) / r.best('sb3.ppo'):.2f}x", f"{ratio:.2f}x",

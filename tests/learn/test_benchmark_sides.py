@@ -35,3 +35,16 @@ def test_an_unknown_case_is_a_usage_error_naming_the_cases() -> None:
         text = " ".join(res.output.replace("│", " ").split())
         assert res.exit_code == 2 and "--case" in text and "expected cartpole or breakout" in text, res.output
         assert "Traceback" not in res.output
+
+
+def test_the_backend_table_says_whether_each_speed_goal_is_met(capsys: pytest.CaptureFixture[str]) -> None:
+    from gradlab.benchmarks.learner import CASES, BackendRow, Measurement, render_backend
+
+    def runs(seconds: float) -> list[Measurement]:
+        return [Measurement("x", 65536, seconds, seconds, 1.0, 2.0, seconds - 3.0, "") for _ in range(3)]
+
+    label = CASES["cartpole"].label.replace("sb3.ppo ", "")
+    render_backend([BackendRow(label, 65536, 3, {"sb3.ppo": runs(10.0), "gradlab.ppo": runs(3.9)}, (0.5, 0.6))], False)
+    assert ">= 2.5x: met" in capsys.readouterr().out  # 10.0 / 3.9 = 2.56
+    render_backend([BackendRow(label, 65536, 3, {"sb3.ppo": runs(10.0), "gradlab.ppo": runs(4.1)}, (0.5, 0.6))], False)
+    assert ">= 2.5x: not met" in capsys.readouterr().out  # 2.44
