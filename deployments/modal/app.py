@@ -1,7 +1,7 @@
 """Modal app ``gradlab-eval``: the remote evaluation backend.
 
 The function ``evaluate`` receives the JSON payload built by
-``gradlab.evaluation.backends.build_modal_payload`` (the ``EvalRequest`` plus the checkpoint's
+``gradlab.evaluation.modal.build_modal_payload`` (the ``EvalRequest`` plus the checkpoint's
 weights-only files, base64) and returns the same ``EvalResult`` JSON the local backend returns.
 
 Image: Debian slim + ``uv sync --frozen`` of this project's ``pyproject.toml``/``uv.lock`` (the same
@@ -41,7 +41,7 @@ def evaluate(payload: dict) -> dict:
 
     import torch
 
-    from gradlab.evaluation.backends import handle_modal_payload
+    from gradlab.evaluation.modal import handle_modal_payload
 
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory(prefix="gradlab-eval-") as workdir:

@@ -16,15 +16,8 @@ import pytest
 
 from gradlab.errors import ConfigError, ContractViolation, IntegrityError, NotFound
 from gradlab.evaluation import EvalRequest, run_evaluation
-from gradlab.evaluation.backends import (
-    BackendUnavailable,
-    EvaluationFailed,
-    ModalBackend,
-    SdkModalClient,
-    build_modal_payload,
-    evaluate_with,
-    get_backend,
-)
+from gradlab.evaluation.backends import BackendUnavailable, EvaluationFailed, evaluate_with, get_backend
+from gradlab.evaluation.modal import ModalBackend, SdkModalClient, build_modal_payload
 
 REPO = Path(__file__).resolve().parents[2]
 
