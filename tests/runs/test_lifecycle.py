@@ -32,8 +32,11 @@ from tests.runs.conftest import (
     wait_for,
 )
 
-#: No periodic checkpoint: the only one a cancelled learner leaves is its final one, never published.
-NO_PERIODIC = ["--set", "train.timesteps=16384", "--set", "train.checkpoint_freq=1000000"]
+#: A budget the cancel lands well inside (gradlab.ppo trains the bandit's 16,384 steps in well under a
+#: second, sometimes before a Ctrl-C reached it), and no periodic checkpoint: the only one a cancelled
+#: learner leaves is its final one, never published.
+BUDGET = 262144
+NO_PERIODIC = ["--set", f"train.timesteps={BUDGET}", "--set", "train.checkpoint_freq=1000000"]
 
 
 def _outbox(run_dir: Path) -> Outbox | None:
@@ -84,7 +87,7 @@ def test_retry_after_a_cancel_before_any_publication_resumes_from_the_local_chec
     late = Outbox(run_dir / "outbox.sqlite", readonly=True).last("checkpoint_ready")
     assert late is not None, err[-3000:]
     late_step, late_sha = int(late.payload["step"]), str(late.payload["sha256"])
-    assert 0 < late_step < 16384
+    assert 0 < late_step < BUDGET
     assert rules.list_publications(open_stores(), run_id) == []
 
     retry = run_gradlab(["runs", "retry", run_id, "--json"], env, timeout_s=300)
@@ -92,13 +95,13 @@ def test_retry_after_a_cancel_before_any_publication_resumes_from_the_local_chec
     second = last_json_line(retry.stdout)
     assert (second["attempt_id"], second["outcome"]) == ("attempt-002", "succeeded"), second["reason"]
     # No inherited stop request: the resumed learner ran to its budget.
-    assert second["learner"]["stop_reason"] == "budget" and second["final_step"] == 16384
+    assert second["learner"]["stop_reason"] == "budget" and second["final_step"] == BUDGET
     attempt = rules.list_attempts(open_stores(), run_id)[-1]
     assert attempt.mode == "resume" and (attempt.resume_from.step, attempt.resume_from.sha256) == (late_step, late_sha)
     published = {(c["step"], c["sha256"]) for c in second["checkpoints"]}
     assert (late_step, late_sha) in published  # the checkpoint it resumed from is published, as it was written
     assert attempt.resume_from.uri in {c["uri"] for c in second["checkpoints"]}
-    assert max(step for step, _ in published) == 16384
+    assert max(step for step, _ in published) == BUDGET
 
 
 def _first_checkpoint(home: Path) -> Path | None:
