@@ -17,6 +17,7 @@ replaces its tensors) is copied into the buffers at the next :meth:`FlatAdam.bin
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 #: Where an optimizer keeps its binding (an attribute of the optimizer: the two live and die together).
@@ -39,10 +40,9 @@ class FlatAdam:
     """Global-norm gradient clipping and Adam over flat buffers, bound to a ``torch.optim.Adam``.
 
     Attributes:
-        params: the optimizer's parameters in its order; each ``.data`` is a view of ``flat``.
+        params: the optimizer's parameters in layout order; each ``.data`` is a view of ``flat``.
         flat, grad, exp_avg, exp_avg_sq: (n,) float32 buffers, n the parameter count; each
-            parameter's ``.grad`` is a view of ``grad``.
-        grads: ``{parameter: its view of grad}``, where a hand-written backward writes (``out=``).
+            parameter's ``.grad`` is a view of ``grad``, where a hand-written backward writes (``out=``).
         step: Adam steps taken (as the optimizer's ``state[p]["step"]``).
 
     The arithmetic is ``torch.nn.utils.clip_grad_norm_`` (coefficient ``max_norm / (norm + 1e-6)``
@@ -78,17 +78,16 @@ class FlatAdam:
                 self._views.append((view, p.grad, self.exp_avg[offset:offset + k].view_as(p),
                                     self.exp_avg_sq[offset:offset + k].view_as(p)))
                 offset += k
-        self.grads = {p: v[1] for p, v in zip(self.params, self._views, strict=True)}
         self.step = 0
         self._adopt_state()
 
     @classmethod
-    def of(cls, optimizer: Any, order: list[Any] | None = None) -> FlatAdam:
-        """The binding of ``optimizer`` (made on first use, laid out in ``order`` or the optimizer's
-        parameter order), checked by :meth:`bind`."""
+    def of(cls, optimizer: Any, order: list[Any] | Callable[[], list[Any] | None] | None = None) -> FlatAdam:
+        """The binding of ``optimizer`` (made on first use, laid out in ``order``, or what calling it
+        returns, else in the optimizer's parameter order), checked by :meth:`bind`."""
         flat = optimizer.__dict__.get(_BINDING)
         if flat is None:
-            flat = cls(optimizer, order)
+            flat = cls(optimizer, order() if callable(order) else order)
             setattr(optimizer, _BINDING, flat)
         else:
             flat.bind()

@@ -100,7 +100,7 @@ def ppo_update(net: Any, optimizer: Any, batch: dict[str, Any], cfg: GradlabPPOC
         from gradlab.learn import ppo_flat
 
         if ppo_flat.supported(optimizer):
-            flat = ppo_flat.FlatAdam.of(optimizer, ppo_mlp.flat_order(net))
+            flat = ppo_flat.FlatAdam.of(optimizer, lambda: ppo_mlp.flat_order(net))  # the layout: first update only
             twins = ppo_mlp.twin_layers(net, flat)
     whole_adv = None  # the whole batch's normalised advantages, when a minibatch is the whole batch
     for epoch in range(cfg.n_epochs):

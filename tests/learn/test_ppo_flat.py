@@ -132,8 +132,9 @@ def test_a_binding_lives_and_dies_with_its_optimizer() -> None:
 
     net = _net()
     opt = torch.optim.Adam(net.parameters())
-    flat = ppo_flat.FlatAdam.of(opt, ppo_mlp.flat_order(net))
-    assert ppo_flat.FlatAdam.of(opt) is flat
+    flat = ppo_flat.FlatAdam.of(opt, lambda: ppo_mlp.flat_order(net))  # a layout made only on first use
+    assert ppo_flat.FlatAdam.of(opt, lambda: pytest.fail("the layout is asked for again")) is flat
+    assert ppo_mlp.twin_layers(net, flat) is not None  # laid out as the callable said
     gone = weakref.ref(flat)
     del net, opt, flat
     gc.collect()
