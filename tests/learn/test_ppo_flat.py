@@ -132,7 +132,7 @@ def test_a_binding_lives_and_dies_with_its_optimizer() -> None:
 
     net = _net()
     opt = torch.optim.Adam(net.parameters())
-    flat = ppo_flat.FlatAdam.of(opt, lambda: ppo_mlp.flat_order(net))  # a layout made only on first use
+    flat = ppo_flat.FlatAdam.of(opt, lambda order=ppo_mlp.flat_order(net): order)  # asked for on first use only
     assert ppo_flat.FlatAdam.of(opt, lambda: pytest.fail("the layout is asked for again")) is flat
     assert ppo_mlp.twin_layers(net, flat) is not None  # laid out as the callable said
     gone = weakref.ref(flat)
