@@ -36,6 +36,7 @@ def test_atari_actions_colour_screen_beside_the_observation_and_a_scrubber_in_st
             screen = page.locator("#panel-game img[alt='game frame']")
             observation = page.locator("#panel-game img[alt='agent observation']")
             _wait(page, "() => document.querySelector(\"#panel-game img[alt='agent observation']\").naturalWidth > 0")
+            # The screen had its frame already: frames are decoded before they are swapped in.
             assert screen.evaluate("(i) => [i.naturalWidth, i.naturalHeight]") == [160, 210]
             assert observation.evaluate("(i) => [i.naturalWidth, i.naturalHeight]") == [84, 84]
             assert page.get_attribute("#panel-game", "data-screen") == "colour screen"
@@ -43,18 +44,22 @@ def test_atari_actions_colour_screen_beside_the_observation_and_a_scrubber_in_st
             assert b["x"] >= a["x"] + a["width"] - 1  # beside it, not over it
             screenshot(page, "play-atari-1-screen-and-observation")
 
-            # While playing, every animation frame shows the scrubber at the step the game panel shows.
-            lags = page.evaluate("""() => new Promise((done) => {
-                const out = []; let n = 0;
+            # While playing, every animation frame shows the scrubber at the step the game panel shows,
+            # and neither image is ever blank (an <img> whose src changes before the new frame decoded
+            # shows nothing for a moment: the screen would blink).
+            lags, blanks = page.evaluate("""() => new Promise((done) => {
+                const lags = [], blanks = []; let n = 0;
                 const tick = () => {
                   const game = document.querySelector('#panel-game').dataset.t;
                   const scrub = document.querySelector('#panel-scrubber').dataset.t;
-                  if (game !== undefined) out.push(game === scrub ? 0 : 1);
-                  if (++n < 90) requestAnimationFrame(tick); else done(out);
+                  if (game !== undefined) lags.push(game === scrub ? 0 : 1);
+                  for (const img of document.querySelectorAll('#panel-game img')) blanks.push(img.naturalWidth > 0 ? 0 : 1);
+                  if (++n < 90) requestAnimationFrame(tick); else done([lags, blanks]);
                 };
                 requestAnimationFrame(tick);
             })""")
             assert len(lags) == 90 and sum(lags) == 0, lags
+            assert len(blanks) == 180 and sum(blanks) == 0, blanks
 
             page.uncheck("#observation")  # the agent's view can be hidden
             assert observation.is_hidden() and screen.is_visible()

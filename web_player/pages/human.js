@@ -51,6 +51,7 @@ export async function humanView(goal) {
   let held = [];             // keys held now, in press order
   let mode = "turn";
   let current = null;        // the step shown
+  let previous = null;       // the step whose frame was shown before (its URLs retired at the next frame)
   const state = { ready: false, seq: 0, actions: [], landed: 0, published: null };
   window.gradlab = { state };
 
@@ -115,10 +116,10 @@ export async function humanView(goal) {
     observation(seq, blob) { if (current && current.msg.seq === seq) current.obsUrl = URL.createObjectURL(blob); },
     frame(seq, t, blob) {
       if (!current || current.msg.seq !== seq) return;
-      if (game.shownUrl) URL.revokeObjectURL(game.shownUrl);
+      if (previous) game.retire(previous.url, previous.obsUrl);
       current.url = URL.createObjectURL(blob);
       game.show(current);
-      game.shownUrl = current.url;
+      previous = current;
       state.seq = seq;
     },
     error(message) { showError(message); },

@@ -110,7 +110,7 @@ export async function playbackView(run, step) {
   });
 
   function newEpisode() {
-    steps.forEach((s) => { if (s.url) URL.revokeObjectURL(s.url); if (s.obsUrl) URL.revokeObjectURL(s.obsUrl); });
+    steps.forEach((s) => game.retire(s.url, s.obsUrl));
     steps = [];
     view = -1;
   }
@@ -130,10 +130,11 @@ export async function playbackView(run, step) {
     let idx = view >= 0 ? Math.min(view, steps.length - 1) : steps.length - 1;
     if (view < 0) while (idx > 0 && !steps[idx].url) idx -= 1; // newest step whose frame arrived
     const s = steps[idx];
-    game.show(s);
+    const live = view < 0;
+    // The scrubber moves when the frame is on screen, never before or behind it (a range and a label: cheap).
+    if (!game.show(s, () => scrub.show(steps, idx, live))) scrub.show(steps, idx, live);
     if (actions) actions.show(s);
     episode.live(s);
-    scrub.show(steps, idx, view < 0); // with the frame, never behind it (a range and a label: cheap)
     const now = performance.now();
     if (playing && view < 0 && now - chartsAt < CHART_INTERVAL_MS) {
       if (!chartTimer) chartTimer = setTimeout(() => { chartTimer = null; schedule(); }, CHART_INTERVAL_MS);

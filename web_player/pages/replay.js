@@ -210,7 +210,7 @@ export async function replayView(name, index) {
     session.close();
     reward.destroy();
     grid.destroy();
-    steps.forEach((s) => { if (s.url) URL.revokeObjectURL(s.url); });
+    steps.forEach((s) => game.retire(s.url));
     steps = [];
   };
 }
