@@ -59,7 +59,7 @@ def train(
     from gradlab.cli import warm_handoff
 
     code = warm_handoff.hand_off(_command_line(ref, seed, overrides, wandb, eval_backend, no_eval, json_out, init_from,
-                                            init_optimizer))
+                                            init_optimizer), started_daemon=_start_local_server())
     if code is not None:  # the warm flow ran it, with this command's terminal, environment and directory
         raise typer.Exit(code)
     # Checked by whichever process runs the command (the warm flow's child runs this function too):
@@ -213,6 +213,26 @@ def _attempt_opened(run_id: str) -> bool:
         return bool(rules.list_attempts(open_stores(), run_id))
     except Exception:  # noqa: BLE001 - the store is down: say what we know
         return False
+
+
+def _start_local_server() -> int | None:
+    """A fresh shell's first command: start the background daemon before anything else, so that its
+    warm learner and warm flow import beside the server's start-up and this command hands itself
+    to the warm flow (docs/ARCHITECTURE.md section 11); the daemon's pid, else None (one runs or is
+    starting, ``GRADLAB_DAEMON=0``, a Prefect API of the user's, or this is the warm flow's child)."""
+    from gradlab.cli import warm_handoff
+    from gradlab.settings import load_settings
+
+    settings = load_settings()
+    if (not settings.daemon or os.environ.get("PREFECT_API_URL") or settings.prefect_api_url
+            or os.environ.get(warm_handoff.CHILD_ENV)):
+        return None
+    from gradlab.runs.server import STARTED_DAEMON_ENV, start_daemon
+
+    pid = start_daemon(settings, say=lambda line: err_console.print(escape(line), highlight=False))
+    if pid is not None:  # also for this process, should it run the flow itself after all
+        os.environ[STARTED_DAEMON_ENV] = str(pid)
+    return pid
 
 
 def _keep_zygote_warm(settings) -> None:

@@ -27,8 +27,10 @@ The child forks two evaluation workers before it starts any thread (``gradlab.ev
 .prewarm`` with the ``fork`` start method): torch and the evaluation runner are imported already,
 so the first two checkpoints' evaluations start at once (later ones start a process each).
 
-Fallback: no warm flow is ready (``GRADLAB_DAEMON=0``, no local server yet or a daemon starting
-for someone else, the zygote still importing), its code fingerprint is stale (it is retired) or it
+A warm flow still importing is waited for (a fresh shell's first command starts the daemon,
+which starts the warm flow as the server starts, and waits for it: ``hand_off``). Fallback: no
+warm flow (``GRADLAB_DAEMON=0``, a daemon that could not start one, imports past
+``gradlab.learn.zygote.STARTING_WAIT_S``), its code fingerprint is stale (it is retired) or it
 was started with other import-time settings, or the request fails before ``ok``: ``hand_off``
 returns None and the command runs the flow in its own process, as before.
 

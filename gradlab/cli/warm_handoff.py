@@ -37,6 +37,9 @@ CHILD_ENV = "GRADLAB_WARM_FLOW"
 #: Signals the requester relays to the child.
 RELAYED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
+#: Seconds a command that has just started the daemon waits for it to start its warm flow.
+DAEMON_APPEAR_S = 15.0
+
 #: Seconds a requester waits for the zygote's exit record of a child that ended without a word.
 EXIT_RECORD_WAIT_S = 3.0
 
@@ -45,13 +48,17 @@ EXIT_RECORD_WAIT_S = 3.0
 # Requester side (the ``gradlab train`` command)
 
 
-def hand_off(argv: list[str], *, home: Path | None = None) -> int | None:
+def hand_off(argv: list[str], *, home: Path | None = None, started_daemon: int | None = None) -> int | None:
     """Run ``gradlab ARGV`` in a warm flow process, relaying signals; its exit code, or None.
 
     Args:
         argv: the ``gradlab`` arguments, e.g. ``["train", "CartPole-v1/ppo", "--seed", "0"]``.
         home: the gradlab data directory (default: the settings', and then nothing is handed off
             under ``GRADLAB_DAEMON=0``).
+        started_daemon: the pid of the background daemon this command has just started
+            (:func:`gradlab.runs.server.start_daemon`): its warm flow, started beside the server,
+            is waited for while it imports (it is ready about when the server is), and the child
+            is told the server is this command's.
 
     Returns:
         The child's exit code; None when no warm flow could take it (see the module docstring):
@@ -68,9 +75,9 @@ def hand_off(argv: list[str], *, home: Path | None = None) -> int | None:
             return None
         home = settings.home
     directory = zygote.flow_zygote_dir(home)
-    if not directory.is_dir():
-        return None
-    ready = zygote.ready_zygotes(directory)
+    # A warm flow still importing is waited for: this command's own imports would take as long.
+    ready = zygote.await_ready(directory, appear_s=DAEMON_APPEAR_S if started_daemon else 0.0,
+                                starter_pid=started_daemon)
     if not ready:
         return None
     _clear_exit_records(directory)
@@ -82,8 +89,12 @@ def hand_off(argv: list[str], *, home: Path | None = None) -> int | None:
             continue
         if not info.serves(wanted):
             continue
-        request = {"op": "run", "argv": list(argv), "env": {**zygote.launch_environ(), CHILD_ENV: str(info.pid)},
-                   "cwd": os.getcwd()}
+        env = {**zygote.launch_environ(), CHILD_ENV: str(info.pid)}
+        if started_daemon:
+            from gradlab.runs.server import STARTED_DAEMON_ENV
+
+            env[STARTED_DAEMON_ENV] = str(started_daemon)
+        request = {"op": "run", "argv": list(argv), "env": env, "cwd": os.getcwd()}
         try:
             sock, pid = _request_run(info.address, request)
         except (OSError, ValueError) as e:

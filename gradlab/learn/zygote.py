@@ -244,6 +244,42 @@ def starting_zygotes(directory: Path) -> list[int]:
     return pids
 
 
+#: Seconds a command waits at most for a zygote that is still importing: its own imports instead
+#: would take as long (~5 s quiet, 20 s or more on a loaded 2-core box) beside the zygote's.
+STARTING_WAIT_S = 90.0
+
+
+def await_ready(directory: Path, *, timeout_s: float = STARTING_WAIT_S, appear_s: float = 0.0,
+                starter_pid: int | None = None, poll_s: float = 0.05) -> list[ZygoteInfo]:
+    """The ready zygotes of ``directory``, once there are any, waiting while one is still importing.
+
+    Args:
+        directory: a zygote folder (:func:`zygote_dir`, :func:`flow_zygote_dir`).
+        timeout_s: waits at most this long, seconds.
+        appear_s: also waits this long for a zygote to be started at all (a daemon that was just
+            started starts its zygotes within a second); 0 = only a zygote already starting.
+        starter_pid: the process that starts the zygotes (the daemon): once it is gone, nothing
+            more is waited for to appear.
+        poll_s: seconds between looks (a look reads a few small files).
+
+    Returns:
+        The ready zygotes (as :func:`ready_zygotes`); empty when none is ready or starting, or at
+        the timeout.
+    """
+    started = time.monotonic()
+    while True:
+        directory_exists = Path(directory).is_dir()
+        ready = ready_zygotes(directory) if directory_exists else []
+        if ready:
+            return ready
+        waited = time.monotonic() - started
+        starting = directory_exists and bool(starting_zygotes(directory))
+        starter_gone = starter_pid is not None and not pid_alive(starter_pid)
+        if waited >= timeout_s or (not starting and (waited >= appear_s or starter_gone)):
+            return []
+        time.sleep(poll_s)
+
+
 def fork_learner(directory: Path, argv: list[str], *, log_path: Path, env: dict[str, str] | None = None,
                  cwd: Path | None = None, exit_file: str | None = None) -> int | None:
     """Have a ready zygote fork a learner running ``python -m gradlab.learn ARGV``.
@@ -257,15 +293,18 @@ def fork_learner(directory: Path, argv: list[str], *, log_path: Path, env: dict[
         exit_file: where the zygote writes the learner's exit code once it has reaped it (``{pid}``
             is replaced by the learner's pid): the supervisor is not its parent and cannot wait for it.
 
+    A zygote still importing is waited for (at most :data:`STARTING_WAIT_S`): the learner's own
+    imports would take as long.
+
     Returns:
         The learner's pid (also its process group), or None when no zygote could serve: none
-        ready, all stale (retired on the way) or started with other import-time settings, or the
+        ready or starting, all stale (retired on the way) or started with other import-time settings, or the
         request failed. The caller then starts a process the ordinary way.
     """
     env = dict(launch_environ() if env is None else env)
     wanted_env = import_env(env)
     mine = None
-    for info in ready_zygotes(directory):
+    for info in await_ready(directory):
         mine = mine or fingerprint()
         if info.fingerprint != mine:
             log.info("zygote %d runs other code than this checkout: retiring it", info.pid)

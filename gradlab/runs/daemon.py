@@ -4,9 +4,9 @@ Started detached by the first command that needs Prefect (or ``gradlab server st
 the start lock it inherited for its whole life. It starts ``prefect server start`` on 127.0.0.1 in
 a process group of its own, with the UI pointed at this server's own API
 (``PREFECT_SERVER_UI_API_URL``: without it Prefect's UI asks ``127.0.0.1:4200`` whatever the
-port), waits until ``/api/health`` answers, records ready and the measured start-up time, starts
-the warm learner with itself as keeper, then checks every few seconds whether anything uses the
-server:
+port), starts the warm learner and the warm flow with itself as keeper (their imports overlap the
+server's start-up), waits until ``/api/health`` answers, records ready and the measured start-up
+time, then checks every few seconds whether anything uses the server:
 
 * a command registered in ``clients/`` whose process still runs (dead ones are removed), or the
   last registration or exit less than ``idle_s`` ago (the folder's mtime);
@@ -77,6 +77,10 @@ class Daemon:
         try:
             write_state(self.home, self.state)
             self._start_server()
+            # Their imports overlap the server's start-up: a fresh shell's first command waits for
+            # the warm flow and hands itself over (gradlab.cli.warm_handoff) instead of importing
+            # Prefect, torch and an evaluation worker's libraries itself beside them.
+            self._warm()
             if not self._wait_healthy():
                 return 1
             self._ready()
@@ -129,12 +133,7 @@ class Daemon:
         clients_dir(self.home).mkdir(exist_ok=True)
         self.state = ServerState(**{**self.state.__dict__, "ready": True, "idle_since": time.time()})
         write_state(self.home, self.state)
-        from gradlab.runs.server import warm_processes
-
-        try:
-            warm_processes(self.gradlab_home, keeper_pid=os.getpid(), api_url=self.state.api_url)
-        except OSError as e:
-            log.warning("no warm learner or flow (%s): runs start fresh processes instead", e)
+        self._warm()  # any that ended while the server started
         # A new server answers its first API request slowly (~0.5 s here: it sets up on first use);
         # a run's first request is then not the first.
         try:
@@ -142,6 +141,15 @@ class Daemon:
                 r.read()
         except OSError as e:
             log.warning("warm-up request failed: %s", e)
+
+    def _warm(self) -> None:
+        """Start the warm learner and the warm flow where missing (a failure only warns)."""
+        from gradlab.runs.server import warm_processes
+
+        try:
+            warm_processes(self.gradlab_home, keeper_pid=os.getpid(), api_url=self.state.api_url)
+        except OSError as e:
+            log.warning("no warm learner or flow (%s): runs start fresh processes instead", e)
 
     def _watch(self) -> None:
         last_busy = time.time()

@@ -301,6 +301,45 @@ def start_server(settings: Settings, *, port: int | None = None, timeout_s: floa
     return state
 
 
+#: Set by a command that started the daemon and handed itself to the warm flow
+#: (:mod:`gradlab.cli.warm_handoff`): the daemon's pid, so the warm flow's child waits for that
+#: server as the one its command started, not as one another command is starting.
+STARTED_DAEMON_ENV = "GRADLAB_STARTED_DAEMON"
+
+
+def start_daemon(settings: Settings, *, say: Callable[[str], None]) -> int | None:
+    """Start the background daemon unless one runs or is starting; returns its pid, else None.
+
+    Does not wait: the daemon starts the server and, beside it, the warm learner and the warm flow
+    (:mod:`gradlab.runs.daemon`). Says one line when it starts one.
+    """
+    fd = try_lock(settings)
+    if fd is None:
+        return None
+    try:
+        clear_stale(prefect_home(settings))
+        port = free_port()
+        pid = _spawn(settings, fd, port=port, idle_s=settings.daemon_idle_s,
+                     start_timeout_s=settings.server_start_timeout_s)
+    finally:
+        os.close(fd)
+    idle = settings.daemon_idle_s
+    lasts = f"it stops after {describe_s(idle)} without use" if idle else "it stays up"
+    say(f"Prefect: started a local server and a warm learner in the background at http://127.0.0.1:{port} "
+        f"({lasts}; `gradlab server stop` stops it, GRADLAB_DAEMON=0 opts out)")
+    return pid
+
+
+def _started_by_requester(settings: Settings) -> int | None:
+    """The daemon's pid when :data:`STARTED_DAEMON_ENV` names the one that holds the lock now."""
+    try:
+        pid = int(os.environ.get(STARTED_DAEMON_ENV, ""))
+    except ValueError:
+        return None
+    state = read_state(settings)
+    return pid if state is not None and state.pid == pid and daemon_alive(settings) else None
+
+
 def ensure_server(settings: Settings, *, say: Callable[[str], None],
                   waiting: Callable[[str, float | None], None] | None = None) -> ServerState | None:
     """The background server for a command that needs Prefect: reuse it, or start it, or None.
@@ -322,19 +361,10 @@ def ensure_server(settings: Settings, *, say: Callable[[str], None],
     state = running_server(settings)
     if state is None:
         home = prefect_home(settings)
-        fd = try_lock(settings)
-        if fd is not None:
-            try:
-                clear_stale(home)
-                port = free_port()
-                pid = _spawn(settings, fd, port=port, idle_s=settings.daemon_idle_s,
-                             start_timeout_s=settings.server_start_timeout_s)
-            finally:
-                os.close(fd)
-            idle = settings.daemon_idle_s
-            lasts = f"it stops after {describe_s(idle)} without use" if idle else "it stays up"
-            say(f"Prefect: started a local server and a warm learner in the background at http://127.0.0.1:{port} "
-                f"({lasts}; `gradlab server stop` stops it, GRADLAB_DAEMON=0 opts out)")
+        pid = start_daemon(settings, say=say)
+        if pid is None and (mine := _started_by_requester(settings)) is not None:
+            pid = mine  # the command that handed itself to this process started it
+        if pid is not None:
             budget, waited_for = settings.server_start_timeout_s, pid
         else:
             budget, waited_for = expected_startup_s(settings), None

@@ -7,6 +7,7 @@ it started, failures included; waits are on conditions.
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import signal
@@ -262,6 +263,40 @@ def test_the_first_command_starts_it_the_next_reuses_it_and_stop_leaves_nothing(
     assert out.returncode == 0 and out.stdout.strip() == "stopped", out.stderr
     _nothing_left(home, [state.pid, state.server_pid, zygote.pid, *status["warm_flow"]["ready"]])
     assert not daemon_alive(settings)
+
+
+@pytest.mark.slow
+def test_a_fresh_shells_first_train_is_handed_to_the_warm_flow_the_daemon_starts(settings) -> None:
+    """The first command of a fresh home starts the daemon before anything else; the daemon starts
+    the warm learner and the warm flow as its server starts (their imports overlap it), and the
+    command hands itself to the warm flow instead of importing Prefect and torch beside them: its
+    learner is forked by the warm learner, its flow runs in the warm flow's child, which waits for
+    the server as the one its command started."""
+    home = settings.home
+    out = gradlab("train", "gradlab__bandit/ppo", "--json", env=_env())
+    assert out.returncode == 0, out.stderr[-3000:]
+    started = [line for line in out.stderr.splitlines() if line.startswith("Prefect: started")]
+    assert len(started) == 1 and started[0].startswith(STARTED), out.stderr
+    assert "(warm: forked by the warm learner)" in out.stderr, out.stderr
+    assert "another command is starting" not in out.stderr  # the child knows the server is its command's
+    receipt = json.loads(out.stdout.strip().splitlines()[-1])
+    assert receipt["outcome"] == "succeeded" and receipt["promotion"] is not None
+    state = read_state(settings)
+    flow = ready_zygotes(flow_zygote_dir(home))[0]
+    forked = _forked_flows(home)
+    assert len(forked) == 1 and f"warm-flow[{flow.pid}]" in forked[0], forked
+    assert flow.keeper_pid == state.pid
+    # Both warm processes were started before the server answered (from the logs' wall-clock times:
+    # a zygote's "ready after S s" line less its S).
+    def at(line: str) -> float:
+        return datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+
+    daemon_log = (prefect_home(settings) / "daemon.log").read_text().splitlines()
+    healthy_at = next(at(line) for line in daemon_log if "prefect server healthy after" in line)
+    for directory in (zygote_dir(home), flow_zygote_dir(home)):
+        ready = next(line for line in (directory / "zygote.log").read_text().splitlines() if " ready after " in line)
+        started_at = at(ready) - float(ready.split(" ready after ")[1].split()[0])
+        assert started_at <= healthy_at, (ready, healthy_at)
 
 
 @pytest.mark.slow
