@@ -102,6 +102,9 @@ class Row:
     #: How this command reached Prefect: ``started`` (it started the background server), ``daemon``
     #: (attached to it), ``server`` (started by hand), ``ephemeral``.
     prefect: str = "-"
+    #: For the command that started the background server: that server's start-up, seconds, as the
+    #: daemon measured it (``prefect/startup.json``, also in ``daemon.log``).
+    server_startup_s: float | None = None
 
     @property
     def ratio(self) -> float | None:
@@ -162,8 +165,13 @@ def _one(ref: str, case: str, seed: int, home: Path, prefect: str) -> Row:
                            env=env, timeout=1800)
         bare = float(b.stdout.strip().splitlines()[-1]) if b.returncode == 0 and b.stdout.strip() else None
     flow = "warm" if _forked_flows(flow_log) > warm_flows else "in-process"
+    startup = None
+    if how == "started":
+        from gradlab.runs.server import measured_startup_s
+
+        startup = measured_startup_s(_settings(home))
     return Row(case, seed, receipt.get("outcome", f"no receipt (exit {out.returncode})"), wall, first, final, bare,
-               "zygote" if forked else "new process", flow, how)
+               "zygote" if forked else "new process", flow, how, startup)
 
 
 def _forked_flows(log: Path) -> int:
@@ -251,10 +259,23 @@ def summary(rows: list[Row]) -> dict[str, dict[str, float | int | None]]:
     return out
 
 
+def first_command(rows: list[Row]) -> dict[str, float | bool] | None:
+    """The fresh shell's first command against a warm one of its case (issue 27's goal: it costs at
+    most the server's own start-up more): its wall seconds, the warm median, the server's start-up
+    and whether ``wall - warm median <= start-up``. None without such a row or figures."""
+    first = next((r for r in rows if r.first), None)
+    warm = summary(rows).get(first.case, {}).get("wall_s_median") if first else None
+    if first is None or warm is None or first.server_startup_s is None:
+        return None
+    over = first.wall_s - warm
+    return {"wall_s": first.wall_s, "warm_wall_s_median": warm, "over_warm_s": over,
+            "server_startup_s": first.server_startup_s, "met": over <= first.server_startup_s}
+
+
 def render(rows: list[Row], as_json: bool) -> None:
     if as_json:
         print(json.dumps({"rows": [{**asdict(r), "ratio": r.ratio, "first": r.first} for r in rows],
-                          "summary": summary(rows)}))
+                          "summary": summary(rows), "first_command": first_command(rows)}))
         return
     from rich.console import Console
     from rich.table import Table
@@ -277,7 +298,13 @@ def render(rows: list[Row], as_json: bool) -> None:
                   if agg["ratio_median"] is not None else "-")
         table.add_row(f"[bold]{case}[/] median of {agg['rounds']}", "", "", "", "", "", num(agg["wall_s_median"]), "", "",
                       num(agg["bare_s_median"]), spread)
-    Console(width=None if sys.stdout.isatty() else 220).print(table)
+    console = Console(width=None if sys.stdout.isatty() else 220)
+    console.print(table)
+    if (fc := first_command(rows)) is not None:
+        console.print(f"first command of a fresh shell: {fc['wall_s']:.1f} s, {fc['over_warm_s']:.1f} s over the warm "
+                      f"median ({fc['warm_wall_s_median']:.1f} s); the server's own start-up (daemon.log): "
+                      f"{fc['server_startup_s']:.1f} s; goal (at most the start-up over a warm command): "
+                      f"{'met' if fc['met'] else 'not met'}")
 
 
 def main(cases: tuple[str, ...], seeds: int, prefect: str, as_json: bool) -> None:
