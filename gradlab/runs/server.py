@@ -241,7 +241,7 @@ def _wait_ready(settings: Settings, timeout_s: float, daemon_pid: int | None) ->
         gone = not pid_alive(daemon_pid) if daemon_pid is not None else not daemon_alive(settings)
         if gone or time.monotonic() >= deadline:
             return None
-        time.sleep(0.2)
+        time.sleep(0.05)  # a look is a small file read (and a health request once ready): the run waits on it
 
 
 def _waiting_line(url: str, timeout_s: float, log_path: Path) -> str:
