@@ -66,10 +66,11 @@ class Starting:
     def __init__(self) -> None:
         self._phase: tuple[str, float, float | None] | None = None
 
-    def set(self, what: str, expected_s: float | None = None) -> None:
-        """Waiting for ``what`` from now; ``expected_s``: how long it took last time here, seconds."""
+    def set(self, what: str, expected_s: float | None = None, *, since: float | None = None) -> None:
+        """Waiting for ``what`` from now (or from ``since``, a ``time.monotonic()``); ``expected_s``:
+        how long it took last time here, seconds."""
         if self._phase is None or self._phase[0] != what:
-            self._phase = (what, time.monotonic(), expected_s)
+            self._phase = (what, time.monotonic() if since is None else since, expected_s)
 
     def line(self, progress) -> str | None:
         """The line for the user while the learner has not started, else None."""

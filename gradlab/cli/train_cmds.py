@@ -43,6 +43,9 @@ def train(
     init_optimizer: Annotated[bool, typer.Option("--init-optimizer", help="With --init-from: also start from the parent's optimizer state.")] = False,
 ) -> None:
     """Train GOAL/RECIPE as a supervised Prefect flow; exit 0 only if the terminal receipt says succeeded."""
+    from gradlab.cli import warm_handoff
+
+    started = warm_handoff.command_started()  # the user's wait counts from here, in the warm child too
     if init_optimizer and init_from is None:
         fail("--init-optimizer needs --init-from")
     if wandb is not None and wandb not in ("disabled", "offline", "online"):
@@ -56,10 +59,9 @@ def train(
     if wandb == "online" and not _wandb_key_configured():
         fail("--wandb online: no W&B API key (set WANDB_API_KEY, [wandb] api_key_ref = \"env:NAME\" in the config "
              "file, or run `wandb login`); use --wandb offline to keep metrics locally and sync later")
-    from gradlab.cli import warm_handoff
-
     code = warm_handoff.hand_off(_command_line(ref, seed, overrides, wandb, eval_backend, no_eval, json_out, init_from,
-                                            init_optimizer), started_daemon=_start_local_server())
+                                            init_optimizer), started_daemon=_start_local_server(),
+                                 started_at=started, say=lambda line: err_console.print(escape(line), highlight=False))
     if code is not None:  # the warm flow ran it, with this command's terminal, environment and directory
         raise typer.Exit(code)
     # Checked by whichever process runs the command (the warm flow's child runs this function too):
@@ -75,7 +77,6 @@ def train(
         check_run_environment()
     except ConfigError as e:
         fail(str(e))
-    started = time.monotonic()
     # Every contract problem, and an environment this machine cannot build, before anything is created.
     runnable_or_exit(resolve_or_exit(ref, overrides))
     from gradlab.contracts.run_spec import new_run_id
@@ -108,7 +109,7 @@ def train(
     # What the run waits for before its first step, and for how long, on the display from now on.
     starting = Starting()
     display = LiveProgress(paths.outbox, spec.recipe.train.timesteps, starting).start()
-    api = configure_prefect(waiting=starting.set)
+    api = configure_prefect(waiting=lambda what, expected: starting.set(what, expected, since=started))
     err_console.print(f"Prefect API: {escape(api)}", highlight=False)
     starting.set("the supervising flow (importing Prefect, opening the attempt)" if api.startswith("http")
                  else "Prefect's ephemeral server and the supervising flow (12-20 s on a quiet 2-core box, "

@@ -37,6 +37,9 @@ CHILD_ENV = "GRADLAB_WARM_FLOW"
 #: Signals the requester relays to the child.
 RELAYED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
+#: Set in the warm child's environment: when its command started (``time.monotonic()``).
+COMMAND_STARTED_ENV = "GRADLAB_COMMAND_STARTED"
+
 #: Seconds a command that has just started the daemon waits for it to start its warm flow.
 DAEMON_APPEAR_S = 15.0
 
@@ -48,7 +51,8 @@ EXIT_RECORD_WAIT_S = 3.0
 # Requester side (the ``gradlab train`` command)
 
 
-def hand_off(argv: list[str], *, home: Path | None = None, started_daemon: int | None = None) -> int | None:
+def hand_off(argv: list[str], *, home: Path | None = None, started_daemon: int | None = None,
+             started_at: float | None = None, say: Callable[[str], object] | None = None) -> int | None:
     """Run ``gradlab ARGV`` in a warm flow process, relaying signals; its exit code, or None.
 
     Args:
@@ -59,6 +63,9 @@ def hand_off(argv: list[str], *, home: Path | None = None, started_daemon: int |
             (:func:`gradlab.runs.server.start_daemon`): its warm flow, started beside the server,
             is waited for while it imports (it is ready about when the server is), and the child
             is told the server is this command's.
+        started_at: when the command started (``time.monotonic()``, one clock for every process
+            here): the child counts its waits and its wall time from it (:data:`COMMAND_STARTED_ENV`).
+        say: called with one line when the command waits for a warm flow still importing.
 
     Returns:
         The child's exit code; None when no warm flow could take it (see the module docstring):
@@ -76,8 +83,11 @@ def hand_off(argv: list[str], *, home: Path | None = None, started_daemon: int |
         home = settings.home
     directory = zygote.flow_zygote_dir(home)
     # A warm flow still importing is waited for: this command's own imports would take as long.
+    waiting = None if say is None else lambda: say(
+        "starting: the warm flow and the warm learner (they import Prefect, torch and the flow once, beside the "
+        "local Prefect server's start-up); this command then runs in the warm flow")
     ready = zygote.await_ready(directory, appear_s=DAEMON_APPEAR_S if started_daemon else 0.0,
-                                starter_pid=started_daemon)
+                                starter_pid=started_daemon, on_wait=waiting)
     if not ready:
         return None
     _clear_exit_records(directory)
@@ -90,6 +100,8 @@ def hand_off(argv: list[str], *, home: Path | None = None, started_daemon: int |
         if not info.serves(wanted):
             continue
         env = {**zygote.launch_environ(), CHILD_ENV: str(info.pid)}
+        if started_at is not None:
+            env[COMMAND_STARTED_ENV] = repr(started_at)
         if started_daemon:
             from gradlab.runs.server import STARTED_DAEMON_ENV
 
@@ -172,6 +184,18 @@ def _clear_exit_records(directory: Path) -> None:
                 path.unlink(missing_ok=True)
         except (ValueError, OSError):
             continue
+
+
+def command_started() -> float:
+    """When this command started (``time.monotonic()``): now, or in the warm flow's child, when its
+    requester started (taken out of the environment, so nothing the child starts inherits it)."""
+    value = os.environ.pop(COMMAND_STARTED_ENV, None)
+    if value is not None and os.environ.get(CHILD_ENV):
+        try:
+            return min(float(value), time.monotonic())
+        except ValueError:
+            pass
+    return time.monotonic()
 
 
 # --------------------------------------------------------------------------------------------

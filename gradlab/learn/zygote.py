@@ -50,6 +50,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
@@ -250,7 +251,8 @@ STARTING_WAIT_S = 90.0
 
 
 def await_ready(directory: Path, *, timeout_s: float = STARTING_WAIT_S, appear_s: float = 0.0,
-                starter_pid: int | None = None, poll_s: float = 0.05) -> list[ZygoteInfo]:
+                starter_pid: int | None = None, on_wait: Callable[[], object] | None = None,
+                poll_s: float = 0.05) -> list[ZygoteInfo]:
     """The ready zygotes of ``directory``, once there are any, waiting while one is still importing.
 
     Args:
@@ -260,6 +262,7 @@ def await_ready(directory: Path, *, timeout_s: float = STARTING_WAIT_S, appear_s
             started starts its zygotes within a second); 0 = only a zygote already starting.
         starter_pid: the process that starts the zygotes (the daemon): once it is gone, nothing
             more is waited for to appear.
+        on_wait: called once when there is something to wait for (nothing ready at the first look).
         poll_s: seconds between looks (a look reads a few small files).
 
     Returns:
@@ -277,6 +280,9 @@ def await_ready(directory: Path, *, timeout_s: float = STARTING_WAIT_S, appear_s
         starter_gone = starter_pid is not None and not pid_alive(starter_pid)
         if waited >= timeout_s or (not starting and (waited >= appear_s or starter_gone)):
             return []
+        if on_wait is not None:
+            on_wait()
+            on_wait = None
         time.sleep(poll_s)
 
 
