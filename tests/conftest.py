@@ -3,8 +3,10 @@ command under test starts a background Prefect server (GRADLAB_DAEMON=0)."""
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +20,11 @@ REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
+# gradlab's cache (the pre-migrated Prefect database, gradlab.runs.prefect_db) in a folder of this
+# test process's own, not the user's ~/.cache: shared by the tests of one process, removed at exit.
+if "GRADLAB_CACHE_DIR" not in os.environ:
+    os.environ["GRADLAB_CACHE_DIR"] = tempfile.mkdtemp(prefix="gradlab-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["GRADLAB_CACHE_DIR"], True)
 
 
 @pytest.fixture(autouse=True)

@@ -34,6 +34,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from gradlab.runs import prefect_db
 from gradlab.runs.server import (
     ServerState,
     clear_stale,
@@ -77,6 +78,8 @@ class Daemon:
             signal.signal(sig, self._on_signal)
         try:
             write_state(self.home, self.state)
+            # A new home's server starts from a database already migrated (gradlab.runs.prefect_db).
+            fresh = not (self.home / prefect_db.DATABASE).exists() and not prefect_db.seed(self.home)
             self._start_server()
             # Their imports overlap the server's start-up: a fresh shell's first command waits for
             # the warm flow and hands itself over (gradlab.cli.warm_handoff) instead of importing
@@ -85,6 +88,8 @@ class Daemon:
             if not self._wait_healthy():
                 return 1
             self._ready()
+            if fresh:  # migrated here: kept for the next new home's server
+                prefect_db.save(self.home)
             self._watch()
             return 0
         finally:

@@ -301,6 +301,33 @@ def test_a_fresh_shells_first_train_is_handed_to_the_warm_flow_the_daemon_starts
 
 
 @pytest.mark.slow
+def test_a_new_homes_server_starts_from_the_database_the_first_one_migrated(settings, tmp_path: Path) -> None:
+    """The first server on an empty database keeps a pre-migrated copy (gradlab.runs.prefect_db);
+    the server of another new home starts from it, skips the migrations, and serves a run."""
+    cache = tmp_path / "cache"
+    env = _env(GRADLAB_CACHE_DIR=str(cache))
+    out = gradlab("server", "start", env=env)
+    assert out.returncode == 0, out.stderr
+    daemon_log = prefect_home(settings) / "daemon.log"
+    wait_for(lambda: "kept a pre-migrated copy of the Prefect database" in daemon_log.read_text(), 120,
+             "the copy kept (just after the server answers)")
+    assert "from the pre-migrated copy" not in daemon_log.read_text()
+    out = gradlab("server", "stop", env=env)
+    assert out.returncode == 0, out.stderr
+
+    other = tmp_path / "other-home"
+    env = {**env, "GRADLAB_HOME": str(other), "GRADLAB_CONFIG": str(other / "config.toml")}
+    try:
+        out = gradlab("train", "gradlab__bandit/ppo", "--json", env=env)
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert json.loads(out.stdout.strip().splitlines()[-1])["outcome"] == "succeeded"
+        log = (other / "prefect" / "daemon.log").read_text()
+        assert "prefect database from the pre-migrated copy" in log and "kept a pre-migrated copy" not in log
+    finally:
+        gradlab("server", "stop", env=env)
+
+
+@pytest.mark.slow
 def test_concurrent_first_commands_start_one_daemon_which_stops_when_idle(settings) -> None:
     env = _env(GRADLAB_DAEMON_IDLE_S="6")
     procs = [subprocess.Popen([sys.executable, "-m", "gradlab.cli.app", "experiment", "list", "--json"],

@@ -1,0 +1,102 @@
+"""The pre-migrated Prefect database (``gradlab.runs.prefect_db``) on real SQLite files: what the
+copy keeps and empties, its sha256 record, and a copy that does not match it refused. A real
+Prefect server starting from it: ``tests/cli/test_daemon.py``."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+
+from gradlab.runs import prefect_db
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("GRADLAB_CACHE_DIR", str(tmp_path / "cache"))
+    for name in ("PREFECT_API_DATABASE_CONNECTION_URL", "PREFECT_SERVER_DATABASE_CONNECTION_URL"):
+        monkeypatch.delenv(name, raising=False)
+    return tmp_path / "cache"
+
+
+def _server_database(home: Path) -> sqlite3.Connection:
+    """A database as a running server holds it: WAL mode, a connection open, a flow run and a
+    per-database secret written after the migrations and the block types."""
+    home.mkdir(parents=True)
+    (home / prefect_db.MEMO).write_text('block_auto_registration = "abc"\n')
+    db = sqlite3.connect(home / prefect_db.DATABASE, isolation_level=None)
+    db.execute("PRAGMA journal_mode = WAL")
+    db.executescript("""
+        CREATE TABLE alembic_version (version_num TEXT);  INSERT INTO alembic_version VALUES ('head1');
+        CREATE TABLE block_type (id TEXT, name TEXT);     INSERT INTO block_type VALUES ('1', 'secret');
+        CREATE TABLE block_schema (id TEXT);              INSERT INTO block_schema VALUES ('s1');
+        CREATE TABLE flow_run (id TEXT, name TEXT);       INSERT INTO flow_run VALUES ('r1', 'a-run');
+        CREATE TABLE configuration (key TEXT, value TEXT); INSERT INTO configuration VALUES ('ENCRYPTION_KEY', 'k');
+    """)
+    return db
+
+
+def _rows(path: Path) -> dict[str, int]:
+    with closing(sqlite3.connect(path)) as db:
+        tables = [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        return {t: db.execute(f'SELECT count(*) FROM "{t}"').fetchone()[0] for t in tables}
+
+
+def test_the_copy_keeps_migrations_and_block_types_only_and_a_new_home_starts_from_it(cache: Path,
+                                                                                     tmp_path: Path) -> None:
+    live = _server_database(tmp_path / "first")
+    try:
+        kept = prefect_db.save(tmp_path / "first")  # while the "server" still has it open
+    finally:
+        live.close()
+    folder = prefect_db.template_dir()
+    assert kept == folder / prefect_db.DATABASE and folder.parent == cache / "prefect-db"
+    assert _rows(kept) == {"alembic_version": 1, "block_type": 1, "block_schema": 1, "flow_run": 0, "configuration": 0}
+    record = json.loads((folder / prefect_db.RECORD).read_text())
+    assert record["sha256"] == prefect_db._sha256(kept)
+    assert sorted(p.name for p in folder.iterdir()) == [prefect_db.MEMO, prefect_db.DATABASE, prefect_db.RECORD]
+    assert prefect_db.save(tmp_path / "first") is None  # one copy per Prefect version
+
+    new = tmp_path / "second"
+    new.mkdir()
+    assert prefect_db.seed(new)
+    assert _rows(new / prefect_db.DATABASE)["block_type"] == 1
+    assert (new / prefect_db.MEMO).read_text() == 'block_auto_registration = "abc"\n'
+    assert not prefect_db.seed(new)  # a home with a database keeps it
+    assert not prefect_db.seed(tmp_path / "first")
+
+
+def test_a_copy_that_does_not_match_its_record_is_removed_not_used(cache: Path, tmp_path: Path,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    _server_database(tmp_path / "first").close()
+    kept = prefect_db.save(tmp_path / "first")
+    with kept.open("r+b") as f:  # one byte changed on disk
+        f.seek(200)
+        byte = f.read(1)
+        f.seek(200)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    new = tmp_path / "second"
+    new.mkdir()
+    with caplog.at_level(logging.WARNING, logger="gradlab.runs.prefect_db"):
+        assert not prefect_db.seed(new)
+    assert "its record says" in caplog.text and str(kept) in caplog.text
+    assert not (new / prefect_db.DATABASE).exists() and not kept.parent.exists()
+
+
+def test_nothing_is_kept_for_another_database_nor_from_one_not_migrated_yet(cache: Path, tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    home = tmp_path / "early"
+    home.mkdir()
+    with closing(sqlite3.connect(home / prefect_db.DATABASE)) as db:
+        db.execute("CREATE TABLE alembic_version (version_num TEXT)")
+        db.execute("CREATE TABLE block_type (id TEXT)")  # no block types registered yet
+        db.commit()
+    assert prefect_db.save(home) is None
+    assert not [p for p in cache.rglob("*") if p.is_file()]  # no partial left behind
+    _server_database(tmp_path / "first").close()
+    monkeypatch.setenv("PREFECT_API_DATABASE_CONNECTION_URL", "postgresql+asyncpg://u:p@127.0.0.1/prefect")
+    assert prefect_db.template_dir() is None and prefect_db.save(tmp_path / "first") is None
