@@ -29,6 +29,8 @@ def print_summary(receipt: dict, elapsed_s: float) -> None:
 
     colour = {"succeeded": "green", "cancelled": "yellow", "stopped": "yellow"}.get(receipt["outcome"], "red")
     table = Table(show_header=False, box=None)
+    table.add_column(no_wrap=True)
+    table.add_column(overflow="fold")  # a receipt's URL wraps on a narrow terminal, never cut
     table.add_row("run", receipt["run_id"] + f" ({receipt['attempt_id']})")
     table.add_row("outcome", f"[{colour}]{receipt['outcome']}[/]: {escape(receipt['reason'])}")
     table.add_row("final step", "unknown (the learner reported no step)" if receipt["final_step"] is None else str(receipt["final_step"]))
