@@ -14,7 +14,7 @@ from rich.markup import escape
 from gradlab.cli.output import err_console
 
 
-def configure_prefect(waiting=None) -> str:
+def configure_prefect(waiting=None, cancelled=None) -> str:
     """Point Prefect at its API for this command; quiet its logs and telemetry.
 
     The API is ``PREFECT_API_URL`` / ``[prefect] api_url`` when configured, else the local server
@@ -25,6 +25,7 @@ def configure_prefect(waiting=None) -> str:
     Args:
         waiting: ``(what, usual_seconds)`` callback, called before waiting for the local server
             (:func:`gradlab.runs.server.ensure_server`); the progress display shows it.
+        cancelled: a ``() -> bool`` that ends that wait once true (the command was cancelled).
 
     Returns:
         A short description of the API in use (its URL, or why it is the ephemeral server).
@@ -48,7 +49,7 @@ def configure_prefect(waiting=None) -> str:
             os.environ["PREFECT_API_URL"] = settings.prefect_api_url
             return settings.prefect_api_url
         state = ensure_server(settings, say=lambda line: err_console.print(escape(line), highlight=False),
-                              waiting=waiting)
+                              waiting=waiting, cancelled=cancelled)
         if state is not None:
             os.environ["PREFECT_API_URL"] = state.api_url
             return state.api_url

@@ -59,9 +59,16 @@ def train(
     if wandb == "online" and not _wandb_key_configured():
         fail("--wandb online: no W&B API key (set WANDB_API_KEY, [wandb] api_key_ref = \"env:NAME\" in the config "
              "file, or run `wandb login`); use --wandb offline to keep metrics locally and sync later")
-    code = warm_handoff.hand_off(_command_line(ref, seed, overrides, wandb, eval_backend, no_eval, json_out, init_from,
-                                            init_optimizer), started_daemon=_start_local_server(),
-                                 started_at=started, say=lambda line: err_console.print(escape(line), highlight=False))
+    started_daemon = _start_local_server()
+    try:
+        code = warm_handoff.hand_off(_command_line(ref, seed, overrides, wandb, eval_backend, no_eval, json_out,
+                                                init_from, init_optimizer), started_daemon=started_daemon,
+                                     started_at=started, say=lambda line: err_console.print(escape(line), highlight=False))
+    except KeyboardInterrupt:  # while it waited for the warm flow: nothing was created yet
+        server = (" The background Prefect server goes on starting for the next command (`gradlab server stop` "
+                  "stops it).") if started_daemon else ""
+        err_console.print(f"interrupted before the run was created: nothing was recorded.{server}", highlight=False)
+        raise typer.Exit(130) from None
     if code is not None:  # the warm flow ran it, with this command's terminal, environment and directory
         raise typer.Exit(code)
     # Checked by whichever process runs the command (the warm flow's child runs this function too):
@@ -109,7 +116,17 @@ def train(
     # What the run waits for before its first step, and for how long, on the display from now on.
     starting = Starting()
     display = LiveProgress(paths.outbox, spec.recipe.train.timesteps, starting).start()
-    api = configure_prefect(waiting=lambda what, expected: starting.set(what, expected, since=started))
+    from gradlab.runs.driver import USER_CANCEL
+    from gradlab.runs.server import STARTED_DAEMON_ENV
+
+    api = configure_prefect(waiting=lambda what, expected: starting.set(what, expected, since=started),
+                            cancelled=USER_CANCEL.is_set)
+    os.environ.pop(STARTED_DAEMON_ENV, None)  # this command's own: nothing it starts inherits it
+    if USER_CANCEL.is_set():  # Ctrl-C while it waited for the server: before the flow, nothing is recorded
+        display.stop()
+        learner.stop("cancelled before its supervising flow started", grace_s=10.0)
+        fail(f"run {spec.run_id}: cancelled (Ctrl-C) before its supervising flow started: nothing was recorded in "
+             f"the receipt store; the learner's local files are in {paths.root}")
     err_console.print(f"Prefect API: {escape(api)}", highlight=False)
     starting.set("the supervising flow (importing Prefect, opening the attempt)" if api.startswith("http")
                  else "Prefect's ephemeral server and the supervising flow (12-20 s on a quiet 2-core box, "
@@ -228,9 +245,13 @@ def _start_local_server() -> int | None:
     if (not settings.daemon or os.environ.get("PREFECT_API_URL") or settings.prefect_api_url
             or os.environ.get(warm_handoff.CHILD_ENV)):
         return None
-    from gradlab.runs.server import STARTED_DAEMON_ENV, start_daemon
+    from gradlab.runs.server import STARTED_DAEMON_ENV, prefect_home, start_daemon
 
-    pid = start_daemon(settings, say=lambda line: err_console.print(escape(line), highlight=False))
+    try:
+        pid = start_daemon(settings, say=lambda line: err_console.print(escape(line), highlight=False))
+    except OSError as e:
+        fail(f"cannot start the background Prefect server in {prefect_home(settings)}: {e.strerror or e} "
+             "(GRADLAB_HOME must be writable; GRADLAB_DAEMON=0 runs without the background server)")
     if pid is not None:  # also for this process, should it run the flow itself after all
         os.environ[STARTED_DAEMON_ENV] = str(pid)
     return pid

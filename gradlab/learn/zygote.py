@@ -260,8 +260,8 @@ def await_ready(directory: Path, *, timeout_s: float = STARTING_WAIT_S, appear_s
         timeout_s: waits at most this long, seconds.
         appear_s: also waits this long for a zygote to be started at all (a daemon that was just
             started starts its zygotes within a second); 0 = only a zygote already starting.
-        starter_pid: the process that starts the zygotes (the daemon): once it is gone, nothing
-            more is waited for to appear.
+        starter_pid: the process that starts and keeps the zygotes (the daemon): once it is gone,
+            nothing more is waited for (its zygotes exit as soon as their imports are done).
         on_wait: called once when there is something to wait for (nothing ready at the first look).
         poll_s: seconds between looks (a look reads a few small files).
 
@@ -277,8 +277,8 @@ def await_ready(directory: Path, *, timeout_s: float = STARTING_WAIT_S, appear_s
             return ready
         waited = time.monotonic() - started
         starting = directory_exists and bool(starting_zygotes(directory))
-        starter_gone = starter_pid is not None and not pid_alive(starter_pid)
-        if waited >= timeout_s or (not starting and (waited >= appear_s or starter_gone)):
+        starter_gone = starter_pid is not None and not pid_alive(starter_pid)  # its zygotes exit once imported
+        if waited >= timeout_s or starter_gone or (not starting and waited >= appear_s):
             return []
         if on_wait is not None:
             on_wait()

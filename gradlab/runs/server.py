@@ -230,16 +230,18 @@ def _spawn(settings: Settings, lock_fd: int, *, port: int, idle_s: float, start_
     return popen.pid
 
 
-def _wait_ready(settings: Settings, timeout_s: float, daemon_pid: int | None) -> ServerState | None:
-    """Wait until the daemon says ready and its server answers; None at the timeout or once the
-    daemon is gone (``daemon_pid`` given: that process; else: nobody holds the lock)."""
+def _wait_ready(settings: Settings, timeout_s: float, daemon_pid: int | None,
+                cancelled: Callable[[], bool] | None = None) -> ServerState | None:
+    """Wait until the daemon says ready and its server answers; None at the timeout, once the
+    daemon is gone (``daemon_pid`` given: that process; else: nobody holds the lock), or once
+    ``cancelled()`` says so."""
     deadline = time.monotonic() + timeout_s
     while True:
         state = read_state(settings)
         if state is not None and state.ready and healthy(state.api_url, timeout_s=2.0):
             return state
         gone = not pid_alive(daemon_pid) if daemon_pid is not None else not daemon_alive(settings)
-        if gone or time.monotonic() >= deadline:
+        if gone or time.monotonic() >= deadline or (cancelled is not None and cancelled()):
             return None
         time.sleep(0.05)  # a look is a small file read (and a health request once ready): the run waits on it
 
@@ -330,18 +332,17 @@ def start_daemon(settings: Settings, *, say: Callable[[str], None]) -> int | Non
     return pid
 
 
-def _started_by_requester(settings: Settings) -> int | None:
-    """The daemon's pid when :data:`STARTED_DAEMON_ENV` names the one that holds the lock now."""
+def _started_by_this_command() -> int | None:
+    """The daemon's pid :data:`STARTED_DAEMON_ENV` names (this command started it), else None."""
     try:
-        pid = int(os.environ.get(STARTED_DAEMON_ENV, ""))
+        return int(os.environ.get(STARTED_DAEMON_ENV, ""))
     except ValueError:
         return None
-    state = read_state(settings)
-    return pid if state is not None and state.pid == pid and daemon_alive(settings) else None
 
 
 def ensure_server(settings: Settings, *, say: Callable[[str], None],
-                  waiting: Callable[[str, float | None], None] | None = None) -> ServerState | None:
+                  waiting: Callable[[str, float | None], None] | None = None,
+                  cancelled: Callable[[], bool] | None = None) -> ServerState | None:
     """The background server for a command that needs Prefect: reuse it, or start it, or None.
 
     None when ``settings.daemon`` is off (``GRADLAB_DAEMON=0``) or when no server answered in time;
@@ -355,15 +356,17 @@ def ensure_server(settings: Settings, *, say: Callable[[str], None],
             when it gives up on it).
         waiting: called once before waiting for a server to answer, with what is awaited and how
             long the last start took here (seconds; None before any start was measured).
+        cancelled: ends the wait (None is returned, nothing said) once it returns True: the
+            command was cancelled (Ctrl-C) meanwhile.
     """
     if not settings.daemon:
         return None
     state = running_server(settings)
     if state is None:
         home = prefect_home(settings)
-        pid = start_daemon(settings, say=say)
-        if pid is None and (mine := _started_by_requester(settings)) is not None:
-            pid = mine  # the command that handed itself to this process started it
+        # A command that started one (or handed itself to this process after starting one) waits
+        # for that one and never starts a second: a daemon that failed is not tried twice.
+        pid = _started_by_this_command() or start_daemon(settings, say=say)
         if pid is not None:
             budget, waited_for = settings.server_start_timeout_s, pid
         else:
@@ -371,11 +374,16 @@ def ensure_server(settings: Settings, *, say: Callable[[str], None],
         if waiting is not None:
             whose = "the local Prefect server" if waited_for is not None else "the local Prefect server another command is starting"
             waiting(f"{whose} (at most {budget:,.0f} s)", measured_startup_s(settings))
-        state = _wait_ready(settings, budget, waited_for)
+        state = _wait_ready(settings, budget, waited_for, cancelled)
         if state is None:
-            whose = "it" if waited_for is not None else "the local server another command is starting"
-            say(f"Prefect: {whose} did not answer within {budget:.0f} s (see {home / 'daemon.log'}); this command "
-                "uses Prefect's ephemeral server instead")
+            if cancelled is not None and cancelled():
+                return None
+            whose = "the local server this command started" if waited_for is not None else \
+                "the local server another command is starting"
+            why = "stopped before it answered" if waited_for is not None and not pid_alive(waited_for) else \
+                f"did not answer within {budget:.0f} s"
+            say(f"Prefect: {whose} {why} (see {home / 'daemon.log'}); this command uses Prefect's ephemeral "
+                "server instead")
             return None
     register_client(settings)
     return state

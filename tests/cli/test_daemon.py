@@ -328,6 +328,49 @@ def test_a_new_homes_server_starts_from_the_database_the_first_one_migrated(sett
 
 
 @pytest.mark.slow
+def test_ctrl_c_while_the_handed_off_command_waits_for_the_server_ends_it_recording_nothing(settings) -> None:
+    """A server that does not answer (stopped): the first Ctrl-C ends the wait of the warm flow's
+    child at once, stops the learner and exits 1 with nothing recorded (the flow never started)."""
+    home = settings.home
+    proc = subprocess.Popen([sys.executable, "-m", "gradlab.cli.app", "train", "gradlab__bandit/ppo", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=_env())
+    server_pid = None
+    try:
+        state = wait_for(lambda: (st := read_state(settings)) is not None and st.server_pid and st, 120,
+                         "the server started")
+        server_pid = state.server_pid
+        os.kill(server_pid, signal.SIGSTOP)  # it never answers now
+        wait_for(lambda: _forked_flows(home), 180, "the command handed to the warm flow")
+        run_dir = wait_for(lambda: next((home / "runs").iterdir(), None) if (home / "runs").is_dir() else None, 120,
+                           "the run's folder")
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if server_pid is not None:
+            os.kill(server_pid, signal.SIGCONT)
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, stderr[-3000:]
+    assert (f"run {run_dir.name}: cancelled (Ctrl-C) before its supervising flow started: nothing was recorded"
+            in " ".join(stderr.split())), stderr[-3000:]
+    assert stdout == ""
+    assert not (home / "stores" / "control" / "runs" / run_dir.name).exists()
+
+
+@pytest.mark.slow
+def test_a_server_that_fails_to_start_is_not_started_twice_and_the_command_says_why(settings) -> None:
+    (prefect_home(settings) / "prefect.db" / "x").mkdir(parents=True)  # no database can be opened
+    out = gradlab("train", "gradlab__bandit/ppo", "--json", env=_env())
+    assert out.returncode == 0, out.stderr[-3000:]  # on Prefect's ephemeral server
+    assert json.loads(out.stdout.strip().splitlines()[-1])["outcome"] == "succeeded"
+    assert out.stderr.count("Prefect: started") == 1
+    assert ("Prefect: the local server this command started stopped before it answered (see "
+            f"{prefect_home(settings) / 'daemon.log'})") in " ".join(out.stderr.split())
+    assert (prefect_home(settings) / "daemon.log").read_text().count("INFO: started (idle timeout") == 1
+    assert not daemon_alive(settings)  # (handed to the warm flow or not: whichever was first)
+
+
+@pytest.mark.slow
 def test_concurrent_first_commands_start_one_daemon_which_stops_when_idle(settings) -> None:
     env = _env(GRADLAB_DAEMON_IDLE_S="6")
     procs = [subprocess.Popen([sys.executable, "-m", "gradlab.cli.app", "experiment", "list", "--json"],
