@@ -332,14 +332,6 @@ def start_daemon(settings: Settings, *, say: Callable[[str], None]) -> int | Non
     return pid
 
 
-def _started_by_this_command() -> int | None:
-    """The daemon's pid :data:`STARTED_DAEMON_ENV` names (this command started it), else None."""
-    try:
-        return int(os.environ.get(STARTED_DAEMON_ENV, ""))
-    except ValueError:
-        return None
-
-
 def ensure_server(settings: Settings, *, say: Callable[[str], None],
                   waiting: Callable[[str, float | None], None] | None = None,
                   cancelled: Callable[[], bool] | None = None) -> ServerState | None:
@@ -366,7 +358,8 @@ def ensure_server(settings: Settings, *, say: Callable[[str], None],
         home = prefect_home(settings)
         # A command that started one (or handed itself to this process after starting one) waits
         # for that one and never starts a second: a daemon that failed is not tried twice.
-        pid = _started_by_this_command() or start_daemon(settings, say=say)
+        mine = os.environ.get(STARTED_DAEMON_ENV, "")
+        pid = int(mine) if mine.isdigit() else start_daemon(settings, say=say)
         if pid is not None:
             budget, waited_for = settings.server_start_timeout_s, pid
         else:

@@ -343,6 +343,9 @@ def test_ctrl_c_while_the_handed_off_command_waits_for_the_server_ends_it_record
         wait_for(lambda: _forked_flows(home), 180, "the command handed to the warm flow")
         run_dir = wait_for(lambda: next((home / "runs").iterdir(), None) if (home / "runs").is_dir() else None, 120,
                            "the run's folder")
+        # The learner ready: the command has its Ctrl-C handler by then (set right after the start).
+        wait_for(lambda: (log := run_dir / "learner.log").is_file() and "ready; waiting" in log.read_text(), 180,
+                 "the learner ready, waiting for its supervisor")
         proc.send_signal(signal.SIGINT)
         stdout, stderr = proc.communicate(timeout=60)
     finally:

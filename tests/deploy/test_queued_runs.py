@@ -343,7 +343,8 @@ def long_runs(queue: Queue) -> dict[str, dict]:
     """Two runs launched at once, one per worker (their start-ups overlap, which saves a minute):
     ``cancel``, a CartPole run the cancel test cancels, and ``kill``, a long bandit run whose
     learner is SIGKILLed here once two checkpoints are published (the retry test retries it)."""
-    runs = {"cancel": _launch(queue, "CartPole-v1/ppo", "--no-eval"),
+    # The cancelled run's budget outlasts any wait here: CartPole's 100,000 steps take ~12 s now.
+    runs = {"cancel": _launch(queue, "CartPole-v1/ppo", "--no-eval", "--set", "train.timesteps=4000000"),
             "kill": _launch(queue, "gradlab__bandit/ppo", "--no-eval", "--set", "train.timesteps=32768")}
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("GRADLAB_HOME", str(queue.home))
