@@ -238,7 +238,7 @@ def starting_zygotes(directory: Path) -> list[int]:
             pid = int(path.stem)
         except ValueError:
             continue
-        if _is_zygote(pid, directory):
+        if _is_zygote(pid, directory, mid_exec=True):
             pids.append(pid)
         else:
             path.unlink(missing_ok=True)
@@ -433,14 +433,21 @@ def read_line(s: socket.socket, limit: int = 16 << 20) -> bytes:
     return data.strip()
 
 
-def _is_zygote(pid: int, directory: Path) -> bool:
-    """True when ``pid`` is alive and is a zygote of ``directory`` (a recycled pid is not)."""
+def _is_zygote(pid: int, directory: Path, *, mid_exec: bool = False) -> bool:
+    """True when ``pid`` is alive and is a zygote of ``directory`` (a recycled pid is not).
+
+    ``mid_exec``: an empty command line also counts (a zygote just started, seen between the
+    moment its starter's ``Popen`` returns and the kernel setting up its arguments: ``execve``
+    closes the starter's error pipe before that)."""
     if not pid_alive(pid):
         return False
     try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return not Path("/proc/self").exists()  # no /proc here: liveness is all we can know
+    if mid_exec and not raw:
+        return True
+    cmdline = raw.split(b"\0")
     return any(m.encode() in cmdline for m in KINDS) and str(Path(directory).absolute()).encode() in cmdline
 
 
