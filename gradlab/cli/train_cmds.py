@@ -59,11 +59,15 @@ def train(
     if wandb == "online" and not _wandb_key_configured():
         fail("--wandb online: no W&B API key (set WANDB_API_KEY, [wandb] api_key_ref = \"env:NAME\" in the config "
              "file, or run `wandb login`); use --wandb offline to keep metrics locally and sync later")
-    started_daemon = _start_local_server()
+    from gradlab.settings import load_settings
+
+    settings = load_settings()
+    started_daemon = _start_local_server(settings)
     try:
-        code = warm_handoff.hand_off(_command_line(ref, seed, overrides, wandb, eval_backend, no_eval, json_out,
-                                                init_from, init_optimizer), started_daemon=started_daemon,
-                                     started_at=started, say=lambda line: err_console.print(escape(line), highlight=False))
+        code = None if not settings.daemon else warm_handoff.hand_off(
+            _command_line(ref, seed, overrides, wandb, eval_backend, no_eval, json_out, init_from, init_optimizer),
+            home=settings.home, started_daemon=started_daemon, started_at=started,
+            say=lambda line: err_console.print(escape(line), highlight=False))
     except KeyboardInterrupt:  # while it waited for the warm flow: nothing was created yet
         server = (" The background Prefect server goes on starting for the next command (`gradlab server stop` "
                   "stops it).") if started_daemon else ""
@@ -90,9 +94,7 @@ def train(
     from gradlab.runs import operations
     from gradlab.runs.process import LearnerProcess
     from gradlab.runs.server import warm_learner_dir
-    from gradlab.settings import load_settings
 
-    settings = load_settings()
     parent = resolve_init_from(init_from, ref=ref, overrides=list(overrides or []), optimizer=init_optimizer) \
         if init_from else None
     spec, paths = operations.prepare_spec(settings, recipe=ref, seed=seed, overrides=list(overrides or []),
@@ -233,15 +235,13 @@ def _attempt_opened(run_id: str) -> bool:
         return False
 
 
-def _start_local_server() -> int | None:
+def _start_local_server(settings) -> int | None:
     """A fresh shell's first command: start the background daemon before anything else, so that its
     warm learner and warm flow import beside the server's start-up and this command hands itself
     to the warm flow (docs/ARCHITECTURE.md section 11); the daemon's pid, else None (one runs or is
     starting, ``GRADLAB_DAEMON=0``, a Prefect API of the user's, or this is the warm flow's child)."""
     from gradlab.cli import warm_handoff
-    from gradlab.settings import load_settings
 
-    settings = load_settings()
     if (not settings.daemon or os.environ.get("PREFECT_API_URL") or settings.prefect_api_url
             or os.environ.get(warm_handoff.CHILD_ENV)):
         return None

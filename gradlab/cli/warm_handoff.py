@@ -61,11 +61,13 @@ def hand_off(argv: list[str], *, home: Path | None = None, started_daemon: int |
             under ``GRADLAB_DAEMON=0``).
         started_daemon: the pid of the background daemon this command has just started
             (:func:`gradlab.runs.server.start_daemon`): its warm flow, started beside the server,
-            is waited for while it imports (it is ready about when the server is), and the child
-            is told the server is this command's.
+            is waited for while it imports (it is ready about when the server is). The child
+            learns the server is its command's from ``GRADLAB_STARTED_DAEMON`` in the environment
+            it inherits (:func:`gradlab.runs.server.ensure_server`).
         started_at: when the command started (``time.monotonic()``, one clock for every process
             here): the child counts its waits and its wall time from it (:data:`COMMAND_STARTED_ENV`).
-        say: called with one line when the command waits for a warm flow still importing.
+        say: called with one line when the command waits for a warm flow still importing, and
+            with one more saying how long that took once it is ready.
 
     Returns:
         The child's exit code; None when no warm flow could take it (see the module docstring):
@@ -83,13 +85,20 @@ def hand_off(argv: list[str], *, home: Path | None = None, started_daemon: int |
         home = settings.home
     directory = zygote.flow_zygote_dir(home)
     # A warm flow still importing is waited for: this command's own imports would take as long.
-    waiting = None if say is None else lambda: say(
-        "starting: the warm flow and the warm learner (they import Prefect, torch and the flow once, beside the "
-        "local Prefect server's start-up); this command then runs in the warm flow")
+    waited_from: list[float] = []
+
+    def waiting() -> None:
+        waited_from.append(time.monotonic())
+        if say is not None:
+            say("starting: the warm flow and the warm learner (they import Prefect, torch and the flow once, beside "
+                "the local Prefect server's start-up); this command then runs in the warm flow")
+
     ready = zygote.await_ready(directory, appear_s=DAEMON_APPEAR_S if started_daemon else 0.0,
                                 starter_pid=started_daemon, on_wait=waiting)
     if not ready:
         return None
+    if waited_from and say is not None:
+        say(f"the warm flow was ready after {time.monotonic() - waited_from[0]:,.1f} s")
     _clear_exit_records(directory)
     mine, wanted = zygote.kind_fingerprint(zygote.FLOW_MODULE), zygote.launch_import_env()
     for info in ready:
@@ -102,10 +111,6 @@ def hand_off(argv: list[str], *, home: Path | None = None, started_daemon: int |
         env = {**zygote.launch_environ(), CHILD_ENV: str(info.pid)}
         if started_at is not None:
             env[COMMAND_STARTED_ENV] = repr(started_at)
-        if started_daemon:
-            from gradlab.runs.server import STARTED_DAEMON_ENV
-
-            env[STARTED_DAEMON_ENV] = str(started_daemon)
         request = {"op": "run", "argv": list(argv), "env": env, "cwd": os.getcwd()}
         try:
             sock, pid = _request_run(info.address, request)

@@ -82,12 +82,12 @@ class FlatAdam:
         self._adopt_state()
 
     @classmethod
-    def of(cls, optimizer: Any, order: list[Any] | Callable[[], list[Any] | None] | None = None) -> FlatAdam:
-        """The binding of ``optimizer`` (made on first use, laid out in ``order``, or what calling it
-        returns, else in the optimizer's parameter order), checked by :meth:`bind`."""
+    def of(cls, optimizer: Any, order: Callable[[], list[Any] | None] | None = None) -> FlatAdam:
+        """The binding of ``optimizer``, checked by :meth:`bind`; made on first use, laid out in what
+        ``order()`` returns (asked for then only), else in the optimizer's parameter order."""
         flat = optimizer.__dict__.get(_BINDING)
         if flat is None:
-            flat = cls(optimizer, order() if callable(order) else order)
+            flat = cls(optimizer, None if order is None else order())
             setattr(optimizer, _BINDING, flat)
         else:
             flat.bind()

@@ -1,8 +1,8 @@
 """A pre-migrated database for a new local Prefect server (docs/ARCHITECTURE.md section 11).
 
 A Prefect server on an empty SQLite database runs every migration and registers its block types
-before it answers: about half of its start-up here (6.5-6.9 CPU seconds on an empty database,
-3.1-3.5 on one that has both done). So the daemon (:mod:`gradlab.runs.daemon`) keeps, per
+before it answers: about half of its start-up here (9.1 s against 5.1 s in one quiet run each of
+``gradlab benchmark run``, docs/BENCHMARKS.md). So the daemon (:mod:`gradlab.runs.daemon`) keeps, per
 Prefect version, a copy of a database with both done, taken from the first server it starts on an
 empty one, and a server of a new ``GRADLAB_HOME`` starts from a copy of that.
 
@@ -59,36 +59,36 @@ def template_dir() -> Path | None:
 
 
 def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
     with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def seed(prefect_home: Path) -> bool:
     """Give a server that has no database yet the pre-migrated copy. True when it was given one.
 
     Nothing happens when ``prefect_home`` has a database already, or there is no copy for this
-    Prefect version; a copy whose sha256 is not its record's is removed (and logged), not used.
+    Prefect version. What is checked against the record's sha256 is the copied file itself, before
+    it takes the database's name; a copy that does not match is removed (and logged), not used.
     """
     target = Path(prefect_home) / DATABASE
     folder = template_dir()
     if folder is None or target.exists() or not (folder / RECORD).is_file():
         return False
+    partial = target.with_name(DATABASE + ".partial")
     try:
         record = json.loads((folder / RECORD).read_text())
-        found = _sha256(folder / DATABASE)
+        shutil.copyfile(folder / DATABASE, partial)
+        found = _sha256(partial)
     except (OSError, ValueError) as e:
         log.warning("pre-migrated Prefect database %s unreadable (%s): the server migrates its own", folder, e)
+        partial.unlink(missing_ok=True)
         return False
     if found != record.get("sha256"):
         log.warning("pre-migrated Prefect database %s: sha256 %s, its record says %s: removed, the server migrates "
                     "its own", folder / DATABASE, found, record.get("sha256"))
+        partial.unlink(missing_ok=True)
         shutil.rmtree(folder, ignore_errors=True)
         return False
-    partial = target.with_name(DATABASE + ".partial")
-    shutil.copyfile(folder / DATABASE, partial)
     os.replace(partial, target)
     if (folder / MEMO).is_file() and not (Path(prefect_home) / MEMO).exists():
         shutil.copyfile(folder / MEMO, Path(prefect_home) / MEMO)

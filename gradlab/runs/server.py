@@ -217,17 +217,27 @@ def expected_startup_s(settings: Settings) -> float:
     return min(2.0 * seconds + 2.0, settings.server_start_timeout_s)
 
 
-def _spawn(settings: Settings, lock_fd: int, *, port: int, idle_s: float, start_timeout_s: float) -> int:
-    """Start the daemon process detached (its own session, output to ``daemon.log``), handing it the lock."""
-    home = prefect_home(settings)
-    cmd = [sys.executable, "-m", "gradlab.runs.daemon", "--prefect-home", str(home), "--gradlab-home",
-           str(settings.home), "--port", str(port), "--idle-s", str(idle_s), "--start-timeout-s",
-           str(start_timeout_s), "--lock-fd", str(lock_fd)]
-    env = {**os.environ, "GRADLAB_HOME": str(settings.home)}
-    with (home / "daemon.log").open("ab") as out:
-        popen = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                 start_new_session=True, pass_fds=(lock_fd,), cwd="/")
-    return popen.pid
+def _spawn(settings: Settings, *, port: int | None, idle_s: float, start_timeout_s: float) -> tuple[int, int] | None:
+    """Take the start lock and start the daemon detached (its own session, output to ``daemon.log``),
+    handing it the lock: its pid and port (``port`` or a free one); None when the lock is held
+    (a daemon runs or another command is starting one)."""
+    fd = try_lock(settings)
+    if fd is None:
+        return None
+    try:
+        home = prefect_home(settings)
+        clear_stale(home)
+        port = port or free_port()
+        cmd = [sys.executable, "-m", "gradlab.runs.daemon", "--prefect-home", str(home), "--gradlab-home",
+               str(settings.home), "--port", str(port), "--idle-s", str(idle_s), "--start-timeout-s",
+               str(start_timeout_s), "--lock-fd", str(fd)]
+        env = {**os.environ, "GRADLAB_HOME": str(settings.home)}
+        with (home / "daemon.log").open("ab") as out:
+            popen = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                     start_new_session=True, pass_fds=(fd,), cwd="/")
+    finally:
+        os.close(fd)
+    return popen.pid, port
 
 
 def _wait_ready(settings: Settings, timeout_s: float, daemon_pid: int | None,
@@ -277,20 +287,15 @@ def start_server(settings: Settings, *, port: int | None = None, timeout_s: floa
         _warm_learner(settings, existing.pid, existing.api_url)
         return existing
     home = prefect_home(settings)
-    fd = try_lock(settings)
+    spawned = _spawn(settings, port=port, idle_s=idle_s, start_timeout_s=timeout_s)
     pid = None
-    if fd is None:  # another command is starting one: wait for that one
+    if spawned is None:  # another command is starting one: wait for that one
         recorded = read_state(settings)
         if say is not None:
             say(_waiting_line(recorded.url if recorded else "(starting)", timeout_s, home / "server.log"))
         state = _wait_ready(settings, timeout_s, None)
     else:
-        try:
-            clear_stale(home)
-            port = port or free_port()
-            pid = _spawn(settings, fd, port=port, idle_s=idle_s, start_timeout_s=timeout_s)
-        finally:
-            os.close(fd)
+        pid, port = spawned
         if say is not None:
             say(_waiting_line(f"http://127.0.0.1:{port}", timeout_s, home / "server.log"))
         state = _wait_ready(settings, timeout_s, pid)
@@ -315,16 +320,10 @@ def start_daemon(settings: Settings, *, say: Callable[[str], None]) -> int | Non
     Does not wait: the daemon starts the server and, beside it, the warm learner and the warm flow
     (:mod:`gradlab.runs.daemon`). Says one line when it starts one.
     """
-    fd = try_lock(settings)
-    if fd is None:
+    spawned = _spawn(settings, port=None, idle_s=settings.daemon_idle_s, start_timeout_s=settings.server_start_timeout_s)
+    if spawned is None:
         return None
-    try:
-        clear_stale(prefect_home(settings))
-        port = free_port()
-        pid = _spawn(settings, fd, port=port, idle_s=settings.daemon_idle_s,
-                     start_timeout_s=settings.server_start_timeout_s)
-    finally:
-        os.close(fd)
+    pid, port = spawned
     idle = settings.daemon_idle_s
     lasts = f"it stops after {describe_s(idle)} without use" if idle else "it stays up"
     say(f"Prefect: started a local server and a warm learner in the background at http://127.0.0.1:{port} "

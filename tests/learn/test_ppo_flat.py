@@ -42,7 +42,7 @@ def test_clip_and_adam_over_flat_buffers_equal_torchs_over_several_steps() -> No
     ours, theirs = _net(), _net()
     opt_ours = torch.optim.Adam(ours.parameters(), lr=3e-3, eps=1e-5, fused=True)
     opt_theirs = torch.optim.Adam(theirs.parameters(), lr=3e-3, eps=1e-5)
-    flat = ppo_flat.FlatAdam.of(opt_ours, ppo_mlp.flat_order(ours))
+    flat = ppo_flat.FlatAdam.of(opt_ours, lambda: ppo_mlp.flat_order(ours))
     for step in range(5):
         mb, adv = _batch(step)
         _terms(ours, mb, adv, ppo_mlp.twin_layers(ours, flat))
@@ -69,7 +69,7 @@ def test_twin_layers_give_the_layer_by_layer_terms_and_gradients() -> None:
     for activation in ("tanh", "relu"):
         twin_net = _net(activation=activation)
         plain_net = copy.deepcopy(twin_net)
-        flat = ppo_flat.FlatAdam.of(torch.optim.Adam(twin_net.parameters()), ppo_mlp.flat_order(twin_net))
+        flat = ppo_flat.FlatAdam.of(torch.optim.Adam(twin_net.parameters()), lambda net=twin_net: ppo_mlp.flat_order(net))
         twins = ppo_mlp.twin_layers(twin_net, flat)
         assert twins is not None and len(twins) == 2
         mb, adv = _batch(1)
@@ -95,7 +95,7 @@ def test_a_resumed_optimizer_state_is_taken_into_the_flat_buffers() -> None:
     """A resume loads the optimizer's state after binding: the next bind copies it in."""
     net = _net()
     opt = torch.optim.Adam(net.parameters(), lr=1e-3, eps=1e-5, fused=True)
-    flat = ppo_flat.FlatAdam.of(opt, ppo_mlp.flat_order(net))
+    flat = ppo_flat.FlatAdam.of(opt, lambda: ppo_mlp.flat_order(net))
     mb, adv = _batch(2)
     _terms(net, mb, adv, ppo_mlp.twin_layers(net, flat))
     flat.clip_and_step(0.5)
