@@ -7,7 +7,11 @@ evaluation, the stop request and the receipt all come that much later. The warm 
 (``gradlab.learn.zygote``) of its own kind, kept beside the local Prefect server by the background
 daemon (docs/ARCHITECTURE.md section 11): it imports :data:`PRELOAD` (Prefect, ``flows``,
 ``tasks``, the supervisor; torch, SB3 and gymnasium for the evaluation worker it forks) and no
-more (no client, no thread: it checks), then waits on its Unix socket.
+more (no client, no thread: it checks), then waits on its Unix socket. Started with
+``--learner-dir`` (the daemon does when both warm processes are missing), it first imports what a
+learner shares with an evaluation worker (``zygote.SHARED_PRELOAD``) and forks the learner zygote
+off it (``zygote_server.serve_detached``), so the two import torch and SB3 once, not twice beside
+the server's start-up.
 
 The command (:func:`gradlab.cli.warm_handoff.hand_off`, called by ``gradlab train`` after its
 cheap option checks and before anything imports Prefect or torch) sends ``{"op": "run", "argv", "env", "cwd"}`` with its
@@ -47,21 +51,26 @@ Files in ``$GRADLAB_HOME/zygote/flow``: as a learner zygote's (``<pid>.json``, `
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import socket
 import sys
+import time
 import traceback
+from pathlib import Path
 
 from gradlab.cli import warm_handoff
 from gradlab.learn import zygote, zygote_server
+
+log = logging.getLogger(__name__)
 
 #: What the warm flow imports before it serves: the flow and everything it imports on its way to
 #: the first checkpoint, and what an evaluation worker needs (forked from the flow's child). Not
 #: the commands (``gradlab.cli.app`` and what it imports): their consoles (``gradlab.console``) are
 #: made for the requester's terminal, in the child.
 PRELOAD = (
-    *zygote.PRELOAD,
+    *zygote.SHARED_PRELOAD,
     "prefect", "prefect.flow_engine", "prefect.task_engine", "prefect.client.orchestration", "prefect.futures",
     "prefect.task_runners", "prefect.results", "prefect.artifacts",
     "flows.training_run", "flows.run_artifacts", "tasks.run_tasks",
@@ -89,7 +98,25 @@ class _FlowZygote(zygote_server.Zygote):
     module = zygote.FLOW_MODULE
     preload = PRELOAD
 
+    def __init__(self, directory: Path, keeper_pid: int | None, learner_dir: Path | None = None) -> None:
+        super().__init__(directory, keeper_pid)
+        # Made before any import, as the flow's own state: its fingerprint and environment at start.
+        self.learner = zygote_server.Zygote(learner_dir.absolute(), keeper_pid) if learner_dir is not None else None
+
     def serve(self) -> int:
+        if self.learner is not None:
+            # What the learner and the flow's evaluation workers both import is done once; the
+            # learner zygote, forked off it, imports the rest of its own while the flow goes on
+            # with Prefect's.
+            try:
+                for name in zygote.SHARED_PRELOAD:
+                    __import__(name)
+            except BaseException:
+                self.learner._drop_pending()
+                raise
+            pid = zygote_server.serve_detached(self.learner, label="zygote")
+            log.info("learner zygote %s forked off the warm flow's imports after %.1f s", pid,
+                     time.monotonic() - self.started)
         warm_handoff.note_prefect_env(os.environ)
         # multiprocessing's resource tracker (a process, started by the first evaluation worker):
         # started here, its children share it, and none holds the requester's terminal or pipes.
@@ -145,8 +172,6 @@ def _become_flow(argv: list[str], env: dict[str, str], cwd: str, stdio: list[int
     warm_handoff.enter_child()
     code = 1
     try:
-        import logging
-
         for handler in list(logging.root.handlers):  # the zygote's log lines are not the command's
             logging.root.removeHandler(handler)
         for stream in (sys.stdout, sys.stderr):
@@ -247,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
 
     return serve_main(argv, prog="python -m gradlab.cli.warm_flow", description=__doc__.splitlines()[0],
                       folder="warm flow's folder ($GRADLAB_HOME/zygote/flow)", label="warm-flow",
-                      zygote_class=_FlowZygote)
+                      zygote_class=_FlowZygote, learner_dir_option=True)
 
 
 if __name__ == "__main__":

@@ -17,8 +17,9 @@ supervisor, so the supervisor passes ``--parent-pid`` and the learner watches th
 (``gradlab.learn.watch``); the zygote reaps its children.
 
 Lifetime: the local Prefect server's daemon (``gradlab.runs.daemon``, started by the first command
-that needs Prefect or by ``gradlab server start``) starts one once the server answers, with itself
-as keeper; it exits when the keeper is gone (``gradlab server stop``, the idle timeout), on
+that needs Prefect or by ``gradlab server start``) starts one as the server starts, with itself as
+keeper (forked off the warm flow's imports when both are missing: :func:`start_zygote`'s
+``learner_dir``); it exits when the keeper is gone (``gradlab server stop``, the idle timeout), on
 SIGTERM, or when retired because gradlab's code or the Python environment changed since it
 started (a requester compares :func:`fingerprint` and retires a stale zygote instead of using it).
 
@@ -71,11 +72,14 @@ KINDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     FLOW_MODULE: (("gradlab", "flows", "tasks"), ("prefect",)),
 }
 
-#: Modules a learner imports before its first env step, heaviest first.
-PRELOAD = (
-    "torch", "torch._dynamo", "stable_baselines3", "gymnasium", "safetensors.torch",
-    "gradlab.learn.learner", "gradlab.learn.sb3", "gradlab.envs.vector", "gradlab.envs.sb3",
-)
+#: What a learner and the warm flow's evaluation workers both import: a warm flow that starts the
+#: learner zygote imports these once, then forks it off them (:func:`start_zygote`).
+SHARED_PRELOAD = ("torch", "stable_baselines3", "gymnasium", "safetensors.torch", "gradlab.envs.vector",
+                  "gradlab.envs.sb3")
+
+#: Modules a learner imports before its first env step. ``torch._dynamo`` (~1 s of CPU here) is
+#: imported by the first optimizer a process builds: a learner's, not an evaluation's.
+PRELOAD = (*SHARED_PRELOAD, "torch._dynamo", "gradlab.learn.learner", "gradlab.learn.sb3")
 
 #: Environment variables read when those modules are imported (thread pools, CUDA, the import
 #: path): a zygote only forks for a requester whose values are the same.
@@ -339,39 +343,55 @@ def retire(info: ZygoteInfo) -> None:
 
 
 def start_zygote(directory: Path, *, keeper_pid: int | None, module: str = LEARNER_MODULE,
-                 env: dict[str, str] | None = None) -> int:
+                 env: dict[str, str] | None = None, learner_dir: Path | None = None) -> int:
     """Start a zygote process in the background (its own session, environment ``env``, default
     this process's as it was started, :func:`launch_environ`); returns its pid.
 
     It is ready once ``<pid>.json`` appears (~5 s here); until then ``<pid>.pending`` says it is
-    coming. It exits when ``keeper_pid`` (if given) is gone.
+    coming. It exits when ``keeper_pid`` (if given) is gone. ``learner_dir`` (a warm flow,
+    :data:`FLOW_MODULE`, only): the process also starts that folder's learner zygote, forked off
+    its own imports of torch and SB3 (``gradlab.learn.zygote_server.serve_detached``); its
+    ``<pid>.pending`` is written there too and replaced by the learner zygote's ``.json``.
     """
     directory = Path(directory).absolute()
     directory.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", module, "--dir", str(directory)]
     if keeper_pid is not None:
         cmd += ["--keeper-pid", str(keeper_pid)]
+    if learner_dir is not None:
+        learner_dir = Path(learner_dir).absolute()
+        learner_dir.mkdir(parents=True, exist_ok=True)
+        cmd += ["--learner-dir", str(learner_dir)]
     with (directory / "zygote.log").open("ab") as out:
         popen = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                  start_new_session=True, env=launch_environ() if env is None else env)
-    (directory / f"{popen.pid}.pending").write_text(str(time.time()))
+    for folder in (directory, learner_dir):
+        if folder is not None:
+            (folder / f"{popen.pid}.pending").write_text(str(time.time()))
     return popen.pid
 
 
-def ensure_zygote(directory: Path, *, keeper_pid: int | None, module: str = LEARNER_MODULE,
-                  env: dict[str, str] | None = None) -> int | None:
-    """Start a zygote unless one is ready with this checkout's code and settings or one is starting;
-    the others are retired first (each holds ~700 MB), so a folder keeps at most one.
-
-    Returns the pid of a zygote started now, else None.
-    """
+def needs_zygote(directory: Path, *, module: str = LEARNER_MODULE, env: dict[str, str] | None = None) -> bool:
+    """True unless a zygote of ``directory`` is ready with this checkout's code and the settings of
+    ``env`` (default: :func:`launch_environ`) or one is starting; when True, the ready ones
+    (stale) have been retired (each holds ~700 MB), so a folder keeps at most one."""
     env = launch_environ() if env is None else env
     mine, wanted = kind_fingerprint(module), import_env(env)
     ready = ready_zygotes(directory)
     if any(info.fingerprint == mine and info.serves(wanted) for info in ready) or starting_zygotes(directory):
-        return None
+        return False
     for info in ready:  # at most one zygote per folder: the newest code and settings win
         retire(info)
+    return True
+
+
+def ensure_zygote(directory: Path, *, keeper_pid: int | None, module: str = LEARNER_MODULE,
+                  env: dict[str, str] | None = None) -> int | None:
+    """Start a zygote unless one is ready with this checkout's code and settings or one is starting
+    (:func:`needs_zygote`). Returns the pid of a zygote started now, else None."""
+    env = launch_environ() if env is None else env
+    if not needs_zygote(directory, module=module, env=env):
+        return None
     return start_zygote(directory, keeper_pid=keeper_pid, module=module, env=env)
 
 

@@ -82,17 +82,27 @@ class Zygote:
         self.keeper = ProcessWatch(keeper_pid) if keeper_pid else None
         self.keeper_pid = keeper_pid
         self.stopping = False
-        self.info_path = directory / f"{os.getpid()}.json"
         self.children: dict[int, str | None] = {}  # pid -> where to record its exit status
+        #: Set before the imports: torch sets some variables itself, and a file edited meanwhile
+        #: makes the code stale.
+        self.started = time.monotonic()
+        self.env_at_start = import_env(os.environ)
+        self.code = kind_fingerprint(self.module)
+        #: Starters' pids whose ``<pid>.pending`` files in :attr:`directory` this zygote's
+        #: ``<pid>.json`` replaces (its own; and the warm flow's, which forks a learner zygote off
+        #: its imports: :func:`serve_detached`).
+        self.pending_pids = [os.getpid()]
+        self.set_by_imports: dict[str, str] | None = None
 
-    def serve(self) -> int:
-        started = time.monotonic()
-        env_at_start = import_env(os.environ)  # before the imports: torch sets some variables itself
-        code = kind_fingerprint(self.module)  # before the imports too: a file edited meanwhile makes it stale
+    def prepare(self) -> None:
+        """Import :attr:`preload` (once) and record what the imports set in the environment."""
         for name in self.preload:
             __import__(name)
         after = import_env(os.environ)  # e.g. OpenCV (imported by SB3) prepends its own LD_LIBRARY_PATH
-        set_by_imports = {k: v for k, v in after.items() if env_at_start.get(k) != v}
+        self.set_by_imports = {k: v for k, v in after.items() if self.env_at_start.get(k) != v}
+
+    def serve(self) -> int:
+        self.prepare()
         torch = sys.modules.get("torch")
         if torch is not None and torch.cuda.is_initialized():  # a forked child could not use CUDA ("bad fork")
             log.error("CUDA was initialised while preloading: a zygote cannot serve; exiting")
@@ -110,13 +120,15 @@ class Zygote:
         listener.bind(address)
         listener.listen(16)
         listener.settimeout(REAP_S)
-        info = ZygoteInfo(pid=os.getpid(), address=address, fingerprint=code,
-                          import_env=env_at_start, set_by_imports=set_by_imports, keeper_pid=self.keeper_pid, ready_at=time.time())
-        partial = self.info_path.with_suffix(".partial")
+        info = ZygoteInfo(pid=os.getpid(), address=address, fingerprint=self.code, import_env=self.env_at_start,
+                          set_by_imports=self.set_by_imports or {}, keeper_pid=self.keeper_pid, ready_at=time.time())
+        info_path = self.directory / f"{os.getpid()}.json"
+        partial = info_path.with_suffix(".partial")
         partial.write_text(info.model_dump_json())
-        os.replace(partial, self.info_path)
-        (self.directory / f"{os.getpid()}.pending").unlink(missing_ok=True)
-        log.info("zygote %d ready after %.1f s (keeper %s)", os.getpid(), time.monotonic() - started, self.keeper_pid)
+        os.replace(partial, info_path)
+        self._drop_pending()
+        log.info("zygote %d ready after %.1f s (keeper %s)", os.getpid(), time.monotonic() - self.started,
+                 self.keeper_pid)
         try:
             while not self.stopping:
                 self._reap()
@@ -132,9 +144,13 @@ class Zygote:
                 with conn:
                     self._handle(conn, listener)
         finally:
-            self.info_path.unlink(missing_ok=True)
+            info_path.unlink(missing_ok=True)
             listener.close()
         return 0
+
+    def _drop_pending(self) -> None:
+        for pid in self.pending_pids:
+            (self.directory / f"{pid}.pending").unlink(missing_ok=True)
 
     def _on_term(self, signum, frame) -> None:  # noqa: ARG002 - signal handler signature
         self.stopping = True
@@ -333,22 +349,94 @@ def _become_learner(argv: list[str], env: dict[str, str], cwd: str, log_path: st
             os._exit(code)
 
 
+def _log_to_stderr(label: str) -> None:
+    """Log lines tagged ``label[pid]`` to stderr (the zygote folder's ``zygote.log``)."""
+    logging.basicConfig(level="INFO", stream=sys.stderr, force=True,
+                        format=f"%(asctime)s {label}[%(process)d] %(levelname)s: %(message)s")
+
+
+def serve_detached(zygote: Zygote, *, label: str) -> int | None:
+    """Fork ``zygote`` off as a process of its own; it imports what this process has not (its
+    :meth:`Zygote.serve`), then serves.
+
+    The warm flow starts the learner zygote so (``gradlab.cli.warm_flow``, docs/ARCHITECTURE.md
+    section 11): both need torch, SB3 and gymnasium, and importing them once instead of twice
+    leaves a core to the Prefect server starting beside them. A double fork: the zygote is not
+    this process's child (nothing here reaps it; its parent is init), in a session of its own,
+    stdin from ``/dev/null`` as here, stdout and stderr appended to its folder's ``zygote.log``;
+    its command line is this process's, which names its folder (``--learner-dir``:
+    :func:`gradlab.learn.zygote._is_zygote`). Call it with no thread running.
+
+    Returns:
+        The zygote's pid, or None when a fork failed (the caller's ``.pending`` file in the
+        zygote's folder is then removed).
+    """
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    pid_r, pid_w = os.pipe()
+    try:
+        child = os.fork()
+    except OSError as e:
+        log.warning("could not fork the %s: %s", label, e)
+        zygote._drop_pending()
+        return None
+    if child == 0:  # never returns
+        os.close(pid_r)
+        code = 1
+        try:
+            os.setsid()
+            grandchild = os.fork()
+            if grandchild:
+                os.write(pid_w, str(grandchild).encode())
+                os._exit(0)
+            os.close(pid_w)
+            out = os.open(zygote.directory / "zygote.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            os.dup2(out, 1)
+            os.dup2(out, 2)
+            os.close(out)
+            _log_to_stderr(label)
+            code = zygote.serve()
+        except BaseException:  # noqa: BLE001 - its log gets the traceback
+            traceback.print_exc()
+        finally:
+            try:
+                zygote._drop_pending()  # however it ended: nobody waits for a zygote that will not come
+                sys.stdout.flush()
+                sys.stderr.flush()
+            finally:
+                os._exit(code)
+    os.close(pid_w)
+    os.waitpid(child, 0)
+    with os.fdopen(pid_r, "rb") as r:
+        pid = r.read()
+    if not pid:
+        zygote._drop_pending()
+        return None
+    return int(pid)
+
+
 def serve_main(argv: list[str] | None, *, prog: str, description: str, folder: str, label: str,
-               zygote_class: type) -> int:
+               zygote_class: type, learner_dir_option: bool = False) -> int:
     """The command line of a zygote process (this module's and ``gradlab.cli.warm_flow``'s):
     ``--dir FOLDER [--keeper-pid PID]``, log lines tagged ``label[pid]``, ``zygote_class(dir,
-    keeper_pid).serve()``; its ``PID.pending`` file is removed however it ends."""
+    keeper_pid).serve()``; its ``PID.pending`` file is removed however it ends.
+    ``learner_dir_option``: also ``--learner-dir FOLDER``, passed on as ``learner_dir=``."""
     parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--dir", required=True, type=Path, help=f"The {folder}.")
     parser.add_argument("--keeper-pid", type=int, default=None, help="Exit once this process is gone.")
+    if learner_dir_option:
+        parser.add_argument("--learner-dir", type=Path, default=None,
+                            help="Also start the learner zygote of this folder, from this process's imports.")
     args = parser.parse_args(argv)
-    logging.basicConfig(level="INFO", stream=sys.stderr,
-                        format=f"%(asctime)s {label}[{os.getpid()}] %(levelname)s: %(message)s")
+    _log_to_stderr(label)
     args.dir.mkdir(parents=True, exist_ok=True)
+    extra = {"learner_dir": args.learner_dir} if learner_dir_option else {}
     try:
-        return zygote_class(args.dir, args.keeper_pid).serve()
+        return zygote_class(args.dir, args.keeper_pid, **extra).serve()
     finally:
         (args.dir / f"{os.getpid()}.pending").unlink(missing_ok=True)
+        if extra.get("learner_dir") is not None:
+            (args.learner_dir / f"{os.getpid()}.pending").unlink(missing_ok=True)
 
 
 def main(argv: list[str] | None = None) -> int:

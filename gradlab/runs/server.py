@@ -58,9 +58,10 @@ from gradlab.errors import TransientError
 from gradlab.learn.watch import pid_alive
 from gradlab.learn.zygote import (
     FLOW_MODULE,
-    ensure_zygote,
     flow_zygote_dir,
     launch_environ,
+    needs_zygote,
+    start_zygote,
     stop_zygotes,
     zygote_dir,
 )
@@ -498,18 +499,23 @@ PREFECT_CLIENT_DEFAULTS = {
 
 def warm_processes(home: Path, *, keeper_pid: int, api_url: str | None = None) -> None:
     """Start the warm learner and the warm flow (``gradlab.cli.warm_flow``) beside the server where
-    missing or stale, learner first (runs need it most). The warm flow imports Prefect with the
+    missing or stale; both missing, as one process that imports torch and SB3 once and forks the
+    learner off them (``zygote.start_zygote(learner_dir=)``). The warm flow imports Prefect with the
     settings a command using this server would have (``api_url``, :data:`PREFECT_CLIENT_DEFAULTS`),
     so a command whose Prefect settings are the same need not make Prefect read them again.
 
     Raises:
         OSError: one could not be started.
     """
-    ensure_zygote(zygote_dir(home), keeper_pid=keeper_pid)
     env = {**PREFECT_CLIENT_DEFAULTS, **launch_environ()}
     if api_url is not None:
         env["PREFECT_API_URL"] = api_url
-    ensure_zygote(flow_zygote_dir(home), keeper_pid=keeper_pid, module=FLOW_MODULE, env=env)
+    learner = needs_zygote(zygote_dir(home))
+    if needs_zygote(flow_zygote_dir(home), module=FLOW_MODULE, env=env):
+        start_zygote(flow_zygote_dir(home), keeper_pid=keeper_pid, module=FLOW_MODULE, env=env,
+                     learner_dir=zygote_dir(home) if learner else None)
+    elif learner:
+        start_zygote(zygote_dir(home), keeper_pid=keeper_pid)
 
 
 def _warm_learner(settings: Settings, keeper_pid: int, api_url: str | None = None) -> None:
