@@ -104,8 +104,11 @@ def _system_info() -> str:
 
 
 def _entry(name: str) -> zipfile.ZipInfo:
+    """A member written as SB3 reads it; tensors (``*.pth``) stored, not deflated: float weights and
+    optimizer moments shrink by ~7% at ~25 ms of CPU per MB (0.17 s of every Breakout checkpoint),
+    and torch's own ``torch.save`` archive inside is uncompressed anyway."""
     info = zipfile.ZipInfo(name, date_time=ZIP_DATE_TIME)
-    info.compress_type = zipfile.ZIP_DEFLATED
+    info.compress_type = zipfile.ZIP_STORED if name.endswith(".pth") else zipfile.ZIP_DEFLATED
     info.external_attr = 0o644 << 16
     info.create_system = 3  # unix, whatever the host
     return info
