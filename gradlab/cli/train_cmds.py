@@ -66,7 +66,8 @@ def train(
     try:
         code = None if not settings.daemon else warm_handoff.hand_off(
             _command_line(ref, seed, overrides, wandb, eval_backend, no_eval, json_out, init_from, init_optimizer),
-            home=settings.home, started_daemon=started_daemon, started_at=started,
+            home=settings.home, started_daemon=started_daemon,
+            starting_daemon=None if started_daemon else _daemon_starting(settings), started_at=started,
             say=lambda line: err_console.print(escape(line), highlight=False))
     except KeyboardInterrupt:  # while it waited for the warm flow: nothing was created yet
         server = (" The background Prefect server goes on starting for the next command (`gradlab server stop` "
@@ -255,6 +256,20 @@ def _start_local_server(settings) -> int | None:
     if pid is not None:  # also for this process, should it run the flow itself after all
         os.environ[STARTED_DAEMON_ENV] = str(pid)
     return pid
+
+
+def _daemon_starting(settings, appear_s: float = 5.0) -> int | None:
+    """The pid of a background daemon another command is starting (its server does not answer yet);
+    one that holds the start lock but has not written ``server.json`` yet (it does so first
+    thing) is waited for up to ``appear_s`` seconds."""
+    import time
+
+    from gradlab.runs.server import daemon_alive, read_state
+
+    deadline = time.monotonic() + appear_s
+    while (state := read_state(settings)) is None and time.monotonic() < deadline and daemon_alive(settings):
+        time.sleep(0.05)
+    return state.pid if state is not None and not state.ready and daemon_alive(settings) else None
 
 
 def _keep_zygote_warm(settings) -> None:

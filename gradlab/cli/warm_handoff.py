@@ -52,7 +52,8 @@ EXIT_RECORD_WAIT_S = 3.0
 
 
 def hand_off(argv: list[str], *, home: Path | None = None, started_daemon: int | None = None,
-             started_at: float | None = None, say: Callable[[str], object] | None = None) -> int | None:
+             starting_daemon: int | None = None, started_at: float | None = None,
+             say: Callable[[str], object] | None = None) -> int | None:
     """Run ``gradlab ARGV`` in a warm flow process, relaying signals; its exit code, or None.
 
     Args:
@@ -64,6 +65,8 @@ def hand_off(argv: list[str], *, home: Path | None = None, started_daemon: int |
             is waited for while it imports (it is ready about when the server is). The child
             learns the server is its command's from ``GRADLAB_STARTED_DAEMON`` in the environment
             it inherits (:func:`gradlab.runs.server.ensure_server`).
+        starting_daemon: the pid of a daemon another command started whose server does not
+            answer yet: its warm flow is waited for as for ``started_daemon``'s.
         started_at: when the command started (``time.monotonic()``, one clock for every process
             here): the child counts its waits and its wall time from it (:data:`COMMAND_STARTED_ENV`).
         say: called with one line when the command waits for a warm flow still importing, and
@@ -93,8 +96,9 @@ def hand_off(argv: list[str], *, home: Path | None = None, started_daemon: int |
             say("starting: the warm flow and the warm learner (they import Prefect, torch and the flow once, beside "
                 "the local Prefect server's start-up); this command then runs in the warm flow")
 
-    ready = zygote.await_ready(directory, appear_s=DAEMON_APPEAR_S if started_daemon else 0.0,
-                                starter_pid=started_daemon, on_wait=waiting)
+    starter = started_daemon or starting_daemon
+    ready = zygote.await_ready(directory, appear_s=DAEMON_APPEAR_S if starter else 0.0, starter_pid=starter,
+                                on_wait=waiting)
     if not ready:
         return None
     if waited_from and say is not None:

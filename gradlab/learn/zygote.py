@@ -242,11 +242,20 @@ def starting_zygotes(directory: Path) -> list[int]:
             pid = int(path.stem)
         except ValueError:
             continue
-        if _is_zygote(pid, directory, mid_exec=True):
+        try:  # only a file just written can name a process still in exec (a stale one may name a kernel thread)
+            young = time.time() - path.stat().st_mtime < EXEC_GRACE_S
+        except OSError:
+            continue
+        if _is_zygote(pid, directory, mid_exec=young):
             pids.append(pid)
         else:
             path.unlink(missing_ok=True)
     return pids
+
+
+#: Seconds after its ``.pending`` was written during which a process with an empty command line
+#: counts as a zygote still in ``execve`` (:func:`_is_zygote`); later, as not a zygote.
+EXEC_GRACE_S = 10.0
 
 
 #: Seconds a command waits at most for a zygote that is still importing: its own imports instead
@@ -474,7 +483,7 @@ def _is_zygote(pid: int, directory: Path, *, mid_exec: bool = False) -> bool:
 def _terminate(pid: int, grace_s: float = 5.0) -> None:
     try:
         os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
+    except (ProcessLookupError, PermissionError):  # gone, or not ours to stop
         return
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
@@ -483,5 +492,5 @@ def _terminate(pid: int, grace_s: float = 5.0) -> None:
         time.sleep(0.05)
     try:
         os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
+    except (ProcessLookupError, PermissionError):
         pass

@@ -365,11 +365,16 @@ def serve_detached(zygote: Zygote, *, label: str) -> int | None:
     this process's child (nothing here reaps it; its parent is init), in a session of its own,
     stdin from ``/dev/null`` as here, stdout and stderr appended to its folder's ``zygote.log``;
     its command line is this process's, which names its folder (``--learner-dir``:
-    :func:`gradlab.learn.zygote._is_zygote`). Call it with no thread running.
+    :func:`gradlab.learn.zygote._is_zygote`). Its first act is its own ``<pid>.pending`` in its
+    folder, in place of the starter's (:attr:`Zygote.pending_pids`), so that until its
+    ``<pid>.json`` it is seen as starting for exactly as long as it lives: a zygote killed while
+    importing is not waited for, and one still importing is neither started twice nor missed by
+    ``gradlab server stop``. This returns once that file is written. Call it with no thread
+    running.
 
     Returns:
-        The zygote's pid, or None when a fork failed (the caller's ``.pending`` file in the
-        zygote's folder is then removed).
+        The zygote's pid, or None when it could not be started (the starter's ``.pending`` in
+        its folder is then removed, so nobody waits for it).
     """
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
@@ -378,6 +383,8 @@ def serve_detached(zygote: Zygote, *, label: str) -> int | None:
         child = os.fork()
     except OSError as e:
         log.warning("could not fork the %s: %s", label, e)
+        os.close(pid_r)
+        os.close(pid_w)
         zygote._drop_pending()
         return None
     if child == 0:  # never returns
@@ -385,10 +392,13 @@ def serve_detached(zygote: Zygote, *, label: str) -> int | None:
         code = 1
         try:
             os.setsid()
-            grandchild = os.fork()
-            if grandchild:
-                os.write(pid_w, str(grandchild).encode())
+            if os.fork():
                 os._exit(0)
+            own = zygote.directory / f"{os.getpid()}.pending"
+            own.write_text(str(time.time()))
+            zygote._drop_pending()
+            zygote.pending_pids = [os.getpid()]
+            os.write(pid_w, str(os.getpid()).encode())
             os.close(pid_w)
             out = os.open(zygote.directory / "zygote.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             os.dup2(out, 1)
@@ -408,8 +418,9 @@ def serve_detached(zygote: Zygote, *, label: str) -> int | None:
     os.close(pid_w)
     os.waitpid(child, 0)
     with os.fdopen(pid_r, "rb") as r:
-        pid = r.read()
+        pid = r.read()  # the zygote's pid once its .pending is written; b"" if it died first
     if not pid:
+        log.warning("the %s exited before it started", label)
         zygote._drop_pending()
         return None
     return int(pid)

@@ -301,11 +301,12 @@ def start_server(settings: Settings, *, port: int | None = None, timeout_s: floa
             say(_waiting_line(f"http://127.0.0.1:{port}", timeout_s, home / "server.log"))
         state = _wait_ready(settings, timeout_s, pid)
     if state is None:
-        if pid is not None:  # the one this call started (one another command started is left to it)
+        stopped = not daemon_alive(settings)  # e.g. `gradlab server stop` meanwhile: not a slow start
+        if pid is not None and not stopped:  # the one this call started (one another command started is left to it)
             stop_server(settings)
-        raise TransientError(f"the Prefect server did not answer GET /api/health within {timeout_s:.0f} s; see "
-                             f"{home / 'server.log'} and {home / 'daemon.log'} (a loaded machine may need "
-                             "--wait or GRADLAB_SERVER_START_TIMEOUT_S)")
+        why = "'s daemon stopped before it answered" if stopped else f" did not answer GET /api/health within " \
+            f"{timeout_s:.0f} s (a loaded machine may need --wait or GRADLAB_SERVER_START_TIMEOUT_S)"
+        raise TransientError(f"the Prefect server{why}; see {home / 'server.log'} and {home / 'daemon.log'}")
     return state
 
 
@@ -499,10 +500,9 @@ PREFECT_CLIENT_DEFAULTS = {
 
 def warm_processes(home: Path, *, keeper_pid: int, api_url: str | None = None) -> None:
     """Start the warm learner and the warm flow (``gradlab.cli.warm_flow``) beside the server where
-    missing or stale; both missing, as one process that imports torch and SB3 once and forks the
-    learner off them (``zygote.start_zygote(learner_dir=)``). The warm flow imports Prefect with the
-    settings a command using this server would have (``api_url``, :data:`PREFECT_CLIENT_DEFAULTS`),
-    so a command whose Prefect settings are the same need not make Prefect read them again.
+    missing or stale (both: one process importing torch and SB3 once, ``zygote.start_zygote``'s
+    ``learner_dir``). The warm flow imports Prefect with the settings a command using this server
+    would have (``api_url``, :data:`PREFECT_CLIENT_DEFAULTS`): Prefect need not read them again.
 
     Raises:
         OSError: one could not be started.

@@ -302,6 +302,25 @@ def test_a_fresh_shells_first_train_is_handed_to_the_warm_flow_the_daemon_starts
 
 
 @pytest.mark.slow
+def test_two_first_trains_at_once_both_run_in_the_warm_flow(settings) -> None:
+    """The command that did not start the daemon (another was starting it) also waits for the warm
+    flow instead of importing Prefect itself; one warm flow and one warm learner serve both."""
+    home = settings.home
+    procs = [subprocess.Popen([sys.executable, "-m", "gradlab.cli.app", "train", "gradlab__bandit/ppo", "--seed",
+                               str(seed), "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              cwd=REPO, env=_env()) for seed in (0, 1)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [e[-3000:] for _, e in outs]
+    for out, err in outs:
+        assert json.loads(out.strip().splitlines()[-1])["outcome"] == "succeeded"
+        assert "(warm: forked by the warm learner)" in err, err
+    assert sum(err.count("Prefect: started") for _, err in outs) == 1
+    forked = _forked_flows(home)  # each command ran in a child of the warm flow, not in its own process
+    assert len(forked) == 2 and all(any(f"--seed {seed} " in line for line in forked) for seed in (0, 1)), forked
+    assert len(ready_zygotes(zygote_dir(home))) == 1 and len(ready_zygotes(flow_zygote_dir(home))) == 1
+
+
+@pytest.mark.slow
 def test_a_new_homes_server_starts_from_the_database_the_first_one_migrated(settings, tmp_path: Path) -> None:
     """The first server on an empty database keeps a pre-migrated copy (gradlab.runs.prefect_db);
     the server of another new home starts from it, skips the migrations, and serves a run."""

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -100,3 +101,54 @@ def test_a_warm_flow_whose_imports_fail_leaves_nothing_to_wait_for(tmp_path: Pat
     assert zygote.await_ready(learner_dir, timeout_s=5) == [] and zygote.await_ready(flow_dir, timeout_s=5) == []
     assert list(learner_dir.glob("*.pending")) == [] and list(flow_dir.glob("*.pending")) == []
     assert "a broken torch, for the test" in (flow_dir / "zygote.log").read_text()
+
+
+def test_a_learner_zygote_killed_while_importing_is_not_waited_for(tmp_path: Path) -> None:
+    """It is "starting" for exactly as long as it lives: its own ``.pending`` replaces the warm
+    flow's in its folder before it imports, so its death is seen, and a new one may start."""
+    learner_dir, flow_dir = tmp_path / "zygote", tmp_path / "zygote" / "flow"
+    flow_pid = zygote.start_zygote(flow_dir, keeper_pid=os.getpid(), module=zygote.FLOW_MODULE, env=_flow_env(),
+                                   learner_dir=learner_dir)
+    try:
+        importing = _wait(lambda: [p for p in zygote.starting_zygotes(learner_dir) if p != flow_pid], 180,
+                          "the learner zygote forked off the warm flow")
+        assert zygote.starting_zygotes(learner_dir) == importing  # the flow's .pending there is gone
+        os.kill(importing[0], signal.SIGKILL)
+        _wait(lambda: not _alive(importing[0]), 10, "the learner zygote gone")
+        started = time.monotonic()
+        assert zygote.await_ready(learner_dir) == [] and time.monotonic() - started < 5.0
+        assert zygote.needs_zygote(learner_dir) and list(learner_dir.glob("*.pending")) == []
+        assert [f.pid for f in zygote.await_ready(flow_dir, timeout_s=180)] == [flow_pid]  # the flow serves on
+    finally:
+        zygote.stop_zygotes(learner_dir)
+        zygote.stop_zygotes(flow_dir)
+    _wait(lambda: not _alive(flow_pid), 15, "the warm flow gone")
+
+
+def _kernel_thread() -> int | None:
+    """A live process with an empty command line that is not a zombie: a kernel thread."""
+    for entry in sorted(Path("/proc").iterdir(), key=lambda p: (len(p.name), p.name)):
+        if entry.name.isdigit():
+            try:
+                if (entry / "cmdline").read_bytes() == b"" and _alive(int(entry.name)):
+                    return int(entry.name)
+            except OSError:
+                continue
+    return None
+
+
+def test_an_old_pending_file_naming_a_kernel_thread_is_stale(tmp_path: Path) -> None:
+    """An empty ``/proc/PID/cmdline`` means "in exec" only just after the file was written; later it
+    is a kernel thread (a file left from before a reboot): never waited for, never signalled."""
+    pid = _kernel_thread()
+    if pid is None:
+        pytest.skip("no kernel thread is visible in this PID namespace")
+    pending = tmp_path / f"{pid}.pending"
+    pending.write_text("0")
+    assert zygote.starting_zygotes(tmp_path) == [pid]  # just written: may be a zygote mid-exec
+    old = time.time() - zygote.EXEC_GRACE_S - 1
+    os.utime(pending, (old, old))
+    assert zygote.starting_zygotes(tmp_path) == [] and not pending.exists()
+    pending.write_text("0")
+    os.utime(pending, (old, old))
+    assert zygote.stop_zygotes(tmp_path, grace_s=0.5) == 0 and _alive(pid)
