@@ -131,7 +131,8 @@ def train(
         fail(f"run {spec.run_id}: cancelled (Ctrl-C) before its supervising flow started: nothing was recorded in "
              f"the receipt store; the learner's local files are in {paths.root}")
     err_console.print(f"Prefect API: {escape(api)}", highlight=False)
-    starting.set("the supervising flow (importing Prefect, opening the attempt)" if api.startswith("http")
+    starting.set(("the supervising flow (opening the attempt)" if os.environ.get(warm_handoff.CHILD_ENV) else
+                  "the supervising flow (importing Prefect, opening the attempt)") if api.startswith("http")
                  else "Prefect's ephemeral server and the supervising flow (12-20 s on a quiet 2-core box, "
                       "up to a minute on a loaded one)")
     receipt, state = None, None

@@ -281,6 +281,7 @@ def test_a_fresh_shells_first_train_is_handed_to_the_warm_flow_the_daemon_starts
     assert "another command is starting" not in out.stderr  # the child knows the server is its command's
     assert "starting: the warm flow and the warm learner" in out.stderr  # the wait for them is said,
     assert "the warm flow was ready after " in out.stderr  # and how long it took
+    assert "importing Prefect" not in out.stderr  # the warm flow imported it
     receipt = json.loads(out.stdout.strip().splitlines()[-1])
     assert receipt["outcome"] == "succeeded" and receipt["promotion"] is not None
     state = read_state(settings)
