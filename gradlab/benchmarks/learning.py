@@ -43,7 +43,12 @@ class SeedResult:
 def steps_to_acceptance(ref: str, backend: str, seed: int, checkpoint_freq: int, work: Path,
                         max_steps: int | None = None) -> SeedResult:
     """Train ``ref`` with ``backend`` and ``seed`` (to ``max_steps`` when given); the first accepted
-    checkpoint's step (``inf`` if none)."""
+    checkpoint's step (``inf`` if none).
+
+    Raises:
+        KeyboardInterrupt: SIGTERM or Ctrl-C during the training (the learner stops at its next
+            update and the benchmark with it, instead of going on to the next seed).
+    """
     import time
 
     from gradlab.checkpoints.bundle import verify_checkpoint
@@ -60,6 +65,8 @@ def steps_to_acceptance(ref: str, backend: str, seed: int, checkpoint_freq: int,
     t0 = time.perf_counter()
     result = run_learner(spec, work / f"{backend}-{seed}", watch_parent=False, stop_at_step=max_steps)
     seconds = time.perf_counter() - t0
+    if result.stop_reason == "sigterm":  # the learner took the signal for its run: it meant the benchmark
+        raise KeyboardInterrupt(f"{backend} seed {seed} stopped by SIGTERM or Ctrl-C at step {result.final_step}")
     best = float("-inf")
     for n, path in enumerate(result.checkpoints, start=1):
         manifest = verify_checkpoint(Path(path))
@@ -110,7 +117,11 @@ def render(rows: list[SeedResult], ref: str, as_json: bool) -> None:
 def main(ref: str, seeds: int, checkpoint_freq: int, as_json: bool, max_steps: int | None = None) -> None:
     from rich.progress import Progress
 
-    with Progress(transient=True, disable=as_json) as bar:
-        task = bar.add_task("training and evaluating", total=seeds * len(BACKENDS))
-        rows = run(ref, seeds, checkpoint_freq, progress=lambda: bar.advance(task), max_steps=max_steps)
+    try:
+        with Progress(transient=True, disable=as_json) as bar:
+            task = bar.add_task("training and evaluating", total=seeds * len(BACKENDS))
+            rows = run(ref, seeds, checkpoint_freq, progress=lambda: bar.advance(task), max_steps=max_steps)
+    except KeyboardInterrupt as e:
+        print(f"interrupted: {e or 'Ctrl-C'}; no figures", file=sys.stderr)
+        raise SystemExit(130) from None
     render(rows, ref, as_json)
