@@ -100,6 +100,9 @@ def hand_off(argv: list[str], *, home: Path | None = None, started_daemon: int |
     ready = zygote.await_ready(directory, appear_s=DAEMON_APPEAR_S if starter else 0.0, starter_pid=starter,
                                 on_wait=waiting)
     if not ready:
+        if waited_from and say is not None:
+            say(f"the warm flow did not start (its log: {directory / 'zygote.log'}); this command runs the flow "
+                "itself")
         return None
     if waited_from and say is not None:
         say(f"the warm flow was ready after {time.monotonic() - waited_from[0]:,.1f} s")

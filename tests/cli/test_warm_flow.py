@@ -57,6 +57,31 @@ def test_no_warm_flow_means_the_command_runs_the_flow_itself(gradlab_home: Path,
     assert warm_flow.hand_off(["train", "x/y"]) is None  # the warm flow's own child never hands off
 
 
+def test_a_warm_flow_that_dies_while_waited_for_is_said_and_the_command_runs_the_flow_itself(
+        gradlab_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("GRADLAB_DAEMON", "1")
+    directory = zygote.flow_zygote_dir(gradlab_home)
+    directory.mkdir(parents=True)
+    # A process whose command line names the warm flow's module and folder, as a starting one's does,
+    # and that exits without ever becoming ready (its imports failed, or it was killed).
+    dying = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(2)", zygote.FLOW_MODULE,
+                              str(directory.absolute())])
+    (directory / f"{dying.pid}.pending").write_text(str(time.time()))
+    said: list[str] = []
+    try:
+        assert warm_flow.hand_off(["train", "x/y"], say=said.append) is None
+    finally:
+        dying.kill()
+        dying.wait()
+    assert said[0].startswith("starting: the warm flow and the warm learner"), said
+    assert said[-1] == (f"the warm flow did not start (its log: {directory / 'zygote.log'}); this command runs "
+                        "the flow itself")
+    assert not list(directory.glob("*.pending"))
+
+
 @pytest.mark.slow
 def test_a_warm_flow_with_other_code_is_retired_not_used(gradlab_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A zygote in the warm flow's folder whose fingerprint is not this checkout's flow fingerprint
