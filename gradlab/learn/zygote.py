@@ -360,7 +360,7 @@ def start_zygote(directory: Path, *, keeper_pid: int | None, module: str = LEARN
     coming. It exits when ``keeper_pid`` (if given) is gone. ``learner_dir`` (a warm flow,
     :data:`FLOW_MODULE`, only): the process also starts that folder's learner zygote, forked off
     its own imports of torch and SB3 (``gradlab.learn.zygote_server.serve_detached``); its
-    ``<pid>.pending`` is written there too and replaced by the learner zygote's ``.json``.
+    ``<pid>.pending`` is written there too, until the learner zygote's own replaces it.
     """
     directory = Path(directory).absolute()
     directory.mkdir(parents=True, exist_ok=True)

@@ -92,17 +92,12 @@ class Zygote:
         #: ``<pid>.json`` replaces (its own; and the warm flow's, which forks a learner zygote off
         #: its imports: :func:`serve_detached`).
         self.pending_pids = [os.getpid()]
-        self.set_by_imports: dict[str, str] | None = None
 
-    def prepare(self) -> None:
-        """Import :attr:`preload` (once) and record what the imports set in the environment."""
+    def serve(self) -> int:
         for name in self.preload:
             __import__(name)
         after = import_env(os.environ)  # e.g. OpenCV (imported by SB3) prepends its own LD_LIBRARY_PATH
-        self.set_by_imports = {k: v for k, v in after.items() if self.env_at_start.get(k) != v}
-
-    def serve(self) -> int:
-        self.prepare()
+        set_by_imports = {k: v for k, v in after.items() if self.env_at_start.get(k) != v}
         torch = sys.modules.get("torch")
         if torch is not None and torch.cuda.is_initialized():  # a forked child could not use CUDA ("bad fork")
             log.error("CUDA was initialised while preloading: a zygote cannot serve; exiting")
@@ -121,7 +116,7 @@ class Zygote:
         listener.listen(16)
         listener.settimeout(REAP_S)
         info = ZygoteInfo(pid=os.getpid(), address=address, fingerprint=self.code, import_env=self.env_at_start,
-                          set_by_imports=self.set_by_imports or {}, keeper_pid=self.keeper_pid, ready_at=time.time())
+                          set_by_imports=set_by_imports, keeper_pid=self.keeper_pid, ready_at=time.time())
         info_path = self.directory / f"{os.getpid()}.json"
         partial = info_path.with_suffix(".partial")
         partial.write_text(info.model_dump_json())

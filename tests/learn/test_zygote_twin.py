@@ -17,28 +17,9 @@ from gradlab.runs.paths import RunPaths
 from gradlab.runs.process import LearnerProcess
 from gradlab.runs.server import PREFECT_CLIENT_DEFAULTS
 from tests.learn.conftest import BANDIT, make_spec, write_spec
+from tests.learn.test_zygote import PPO, _alive, _wait
 
 pytestmark = pytest.mark.slow  # real zygote processes that import torch, SB3 and Prefect
-
-PPO = {"id": "sb3.ppo", "config": {"n_steps": 64, "batch_size": 128, "n_epochs": 2, "learning_rate": 3.0e-3}}
-
-
-def _wait(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    pytest.fail(f"{what} within {timeout_s} s")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
 
 def _ppid(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
