@@ -79,8 +79,10 @@ class Daemon:
         try:
             write_state(self.home, self.state)
             # A new home's server starts from a database already migrated (gradlab.runs.prefect_db).
-            fresh = not (self.home / prefect_db.DATABASE).exists() and not prefect_db.seed(self.home)
-            self._start_server()
+            existed = (self.home / prefect_db.DATABASE).exists()
+            seeded = None if existed else prefect_db.seed(self.home)
+            fresh = not existed and seeded is None
+            self._start_server(seeded or {})
             # Their imports overlap the server's start-up: a fresh shell's first command waits for
             # the warm flow and hands itself over (gradlab.cli.warm_handoff) instead of importing
             # Prefect, torch and an evaluation worker's libraries itself beside them.
@@ -88,7 +90,7 @@ class Daemon:
             if not self._wait_healthy():
                 return 1
             self._ready()
-            if fresh:  # migrated here: kept for the next new home's server
+            if fresh or seeded == {}:  # migrated, or registered, here: kept for the next new home's server
                 prefect_db.save(self.home)
             self._watch()
             return 0
@@ -98,8 +100,9 @@ class Daemon:
     def _on_signal(self, signum, frame) -> None:  # noqa: ARG002 - signal handler signature
         self.stopping = signal.Signals(signum).name
 
-    def _start_server(self) -> None:
-        env = {**os.environ, "PREFECT_HOME": str(self.home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    def _start_server(self, defaults: dict[str, str]) -> None:
+        """Start Prefect's server with ``defaults`` under the environment (a user's settings win)."""
+        env = {**defaults, **os.environ, "PREFECT_HOME": str(self.home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
                "PREFECT_SERVER_API_HOST": "127.0.0.1", "PREFECT_SERVER_API_PORT": str(self.port),
                "PREFECT_SERVER_UI_API_URL": self.state.api_url}
         env.pop("PREFECT_API_URL", None)  # the server is not a client of another one

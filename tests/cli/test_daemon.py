@@ -324,7 +324,8 @@ def test_two_first_trains_at_once_both_run_in_the_warm_flow(settings) -> None:
 @pytest.mark.slow
 def test_a_new_homes_server_starts_from_the_database_the_first_one_migrated(settings, tmp_path: Path) -> None:
     """The first server on an empty database keeps a pre-migrated copy (gradlab.runs.prefect_db);
-    the server of another new home starts from it, skips the migrations, and serves a run."""
+    the server of another new home starts from it, skips the migrations and the block
+    registration (its block types are the copy's), and serves a run."""
     cache = tmp_path / "cache"
     env = _env(GRADLAB_CACHE_DIR=str(cache))
     out = gradlab("server", "start", env=env)
@@ -333,6 +334,8 @@ def test_a_new_homes_server_starts_from_the_database_the_first_one_migrated(sett
     wait_for(lambda: "kept a pre-migrated copy of the Prefect database" in daemon_log.read_text(), 120,
              "the copy kept (just after the server answers)")
     assert "from the pre-migrated copy" not in daemon_log.read_text()
+    block_types = _block_types(read_state(settings).api_url)
+    assert len(block_types) > 5 and (prefect_home(settings) / "memo_store.toml").is_file()  # registered here
     out = gradlab("server", "stop", env=env)
     assert out.returncode == 0, out.stderr
 
@@ -344,8 +347,21 @@ def test_a_new_homes_server_starts_from_the_database_the_first_one_migrated(sett
         assert json.loads(out.stdout.strip().splitlines()[-1])["outcome"] == "succeeded"
         log = (other / "prefect" / "daemon.log").read_text()
         assert "prefect database from the pre-migrated copy" in log and "kept a pre-migrated copy" not in log
+        assert "block types as registered there" in log
+        # Prefect registered nothing (it records a registration in memo_store.toml), and serves the
+        # copy's block types all the same.
+        assert not (other / "prefect" / "memo_store.toml").exists()
+        state = json.loads((other / "prefect" / "server.json").read_text())
+        assert _block_types(state["url"] + "/api") == block_types
     finally:
         gradlab("server", "stop", env=env)
+
+
+def _block_types(api_url: str) -> list[str]:
+    request = urllib.request.Request(f"{api_url}/block_types/filter", data=b"{}", method="POST",
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as r:
+        return sorted(t["slug"] for t in json.loads(r.read()))
 
 
 @pytest.mark.slow

@@ -27,7 +27,6 @@ def _server_database(home: Path) -> sqlite3.Connection:
     """A database as a running server holds it: WAL mode, a connection open, a flow run and a
     per-database secret written after the migrations and the block types."""
     home.mkdir(parents=True)
-    (home / prefect_db.MEMO).write_text('block_auto_registration = "abc"\n')
     db = sqlite3.connect(home / prefect_db.DATABASE, isolation_level=None)
     db.execute("PRAGMA journal_mode = WAL")
     db.executescript("""
@@ -58,16 +57,42 @@ def test_the_copy_keeps_migrations_and_block_types_only_and_a_new_home_starts_fr
     assert _rows(kept) == {"alembic_version": 1, "block_type": 1, "block_schema": 1, "flow_run": 0, "configuration": 0}
     record = json.loads((folder / prefect_db.RECORD).read_text())
     assert record["sha256"] == prefect_db._sha256(kept)
-    assert sorted(p.name for p in folder.iterdir()) == [prefect_db.MEMO, prefect_db.DATABASE, prefect_db.RECORD]
+    assert record["collections"] == prefect_db.installed_collections()
+    assert sorted(p.name for p in folder.iterdir()) == [prefect_db.DATABASE, prefect_db.RECORD]
     assert prefect_db.save(tmp_path / "first") is None  # one copy per Prefect version
 
     new = tmp_path / "second"
     new.mkdir()
-    assert prefect_db.seed(new)
+    # The same collections as when the copy was taken: its server need not register block types.
+    assert prefect_db.seed(new) == prefect_db.REGISTERED
     assert _rows(new / prefect_db.DATABASE)["block_type"] == 1
-    assert (new / prefect_db.MEMO).read_text() == 'block_auto_registration = "abc"\n'
-    assert not prefect_db.seed(new)  # a home with a database keeps it
-    assert not prefect_db.seed(tmp_path / "first")
+    assert prefect_db.seed(new) is None  # a home with a database keeps it
+    assert prefect_db.seed(tmp_path / "first") is None
+
+
+def test_a_copy_taken_with_other_prefect_collections_is_used_and_its_server_registers_block_types(
+        cache: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    _server_database(tmp_path / "first").close()
+    prefect_db.save(tmp_path / "first")
+    record_path = prefect_db.template_dir() / prefect_db.RECORD
+    record = json.loads(record_path.read_text())
+    # A collection (it adds block types) installed since, or a record from before collections were listed.
+    for collections in ([*record["collections"], "aws=prefect-aws==0.5.0"], None):
+        record_path.write_text(json.dumps({**record, "collections": collections}))
+        new = tmp_path / f"new-{collections is None}"
+        new.mkdir()
+        with caplog.at_level(logging.INFO, logger="gradlab.runs.prefect_db"):
+            assert prefect_db.seed(new) == {}
+        assert _rows(new / prefect_db.DATABASE)["block_type"] == 1
+        assert "block types registered again (other Prefect collections)" in caplog.text
+    # The daemon keeps that server's database (registered with this installation's collections) instead.
+    kept = prefect_db.save(new)
+    assert kept == prefect_db.template_dir() / prefect_db.DATABASE
+    replaced = json.loads(record_path.read_text())
+    assert replaced["collections"] == prefect_db.installed_collections() and replaced["sha256"] == prefect_db._sha256(kept)
+    newest = tmp_path / "newest"
+    newest.mkdir()
+    assert prefect_db.seed(newest) == prefect_db.REGISTERED
 
 
 def test_a_copy_that_does_not_match_its_record_is_removed_not_used(cache: Path, tmp_path: Path,
@@ -82,7 +107,7 @@ def test_a_copy_that_does_not_match_its_record_is_removed_not_used(cache: Path, 
     new = tmp_path / "second"
     new.mkdir()
     with caplog.at_level(logging.WARNING, logger="gradlab.runs.prefect_db"):
-        assert not prefect_db.seed(new)
+        assert prefect_db.seed(new) is None
     assert "its record says" in caplog.text and str(kept) in caplog.text
     assert not (new / prefect_db.DATABASE).exists() and not kept.parent.exists()
 
