@@ -108,6 +108,8 @@ def seed(prefect_home: Path) -> dict[str, str] | None:
     partial = target.with_name(DATABASE + ".partial")
     try:
         record = json.loads((folder / RECORD).read_text())
+        if not isinstance(record, dict):
+            raise ValueError(f"{folder / RECORD} is not a JSON object")
         shutil.copyfile(folder / DATABASE, partial)
         found = _sha256(partial)
     except (OSError, ValueError) as e:

@@ -111,6 +111,15 @@ def test_a_copy_that_does_not_match_its_record_is_removed_not_used(cache: Path, 
     assert "its record says" in caplog.text and str(kept) in caplog.text
     assert not (new / prefect_db.DATABASE).exists() and not kept.parent.exists()
 
+    # A record that is not a JSON object: no copy is used, and the next server's database replaces it.
+    _server_database(tmp_path / "third").close()
+    prefect_db.save(tmp_path / "third")
+    (kept.parent / prefect_db.RECORD).write_text("[]")
+    with caplog.at_level(logging.WARNING, logger="gradlab.runs.prefect_db"):
+        assert prefect_db.seed(new) is None
+    assert "is not a JSON object" in caplog.text and not (new / prefect_db.DATABASE).exists()
+    assert prefect_db.save(tmp_path / "third") == kept and prefect_db.seed(new) == prefect_db.REGISTERED
+
 
 def test_nothing_is_kept_for_another_database_nor_from_one_not_migrated_yet(cache: Path, tmp_path: Path,
                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
