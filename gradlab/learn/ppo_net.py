@@ -88,9 +88,13 @@ def _actor_critic_class() -> type:
                 x = torch.nn.functional.conv2d(x, first.weight * scale, first.bias, stride=first.stride)
             else:
                 x = first(x)
-            for layer in self.cnn[1:]:
+            *inner, last_relu, flatten = self.cnn[1:]
+            for layer in inner:
                 x = layer(x)
-            return self.linear(x)
+            # The last ReLU runs in the layout Flatten's gradient comes back in (NCHW): given a
+            # channels-last output to mask, ReLU's backward takes a slow mixed-layout path (3.4 ms
+            # against 0.4 for 256 Breakout frames on one thread, fp32 and bf16 alike).
+            return self.linear(flatten(last_relu(x.contiguous())))
 
     class MlpExtractor(nn.Module):
         """SB3's ``MlpExtractor``: separate policy and value MLPs (``net_arch`` list or ``{pi, vf}``)."""
