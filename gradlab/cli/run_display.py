@@ -18,35 +18,39 @@ from gradlab.cli.output import err_console
 
 
 def print_summary(receipt: dict, elapsed_s: float) -> None:
-    """The table of a finished run on stderr: outcome, final step, checkpoints, evaluations,
-    promotion, metrics delivery, wall time and where the receipt is kept.
+    """The summary of a finished run on stderr, one ``name  value`` line each: outcome, final step,
+    checkpoints, evaluations, promotion, metrics delivery, wall time and where the receipt is kept.
+
+    Lines carry no trailing padding and are never broken by gradlab (the terminal wraps a long one
+    visually; copied, the receipt's URL is one piece).
 
     Args:
         receipt: the terminal receipt JSON (``TerminalReceipt`` dumped with ``mode="json"``).
         elapsed_s: the command's wall time, in seconds.
     """
-    from rich.table import Table
-
     colour = {"succeeded": "green", "cancelled": "yellow", "stopped": "yellow"}.get(receipt["outcome"], "red")
-    table = Table(show_header=False, box=None)
-    table.add_column(no_wrap=True)
-    table.add_column(overflow="fold")  # a receipt's URL wraps on a narrow terminal, never cut
-    table.add_row("run", receipt["run_id"] + f" ({receipt['attempt_id']})")
-    table.add_row("outcome", f"[{colour}]{receipt['outcome']}[/]: {escape(receipt['reason'])}")
-    table.add_row("final step", "unknown (the learner reported no step)" if receipt["final_step"] is None else str(receipt["final_step"]))
-    table.add_row("checkpoints", str(len(receipt["checkpoints"])))
     evals = receipt["evaluations"]
-    table.add_row("evaluations", ", ".join(f"{e['checkpoint_step']}: {e['status']}"
-                                           + (f" ({e['return_mean']:.1f})" if e.get("return_mean") is not None else "")
-                                           for e in evals) or "none")
     promo = receipt.get("promotion")
-    table.add_row("promotion", f"step {promo['checkpoint_step']} ({promo['sha256'][:16]})" if promo else "none")
     metrics = receipt["metrics"]
     pending = f"; pending remotely: {', '.join(metrics['pending'])}" if metrics.get("pending") else ""
-    table.add_row("metrics", f"{metrics['local_high_water']} events delivered locally{pending}")
-    table.add_row("wall time", f"{elapsed_s:.1f} s")
-    table.add_row("receipt", _receipt_url(receipt))
-    err_console.print(table)
+    rows = [
+        ("run", escape(receipt["run_id"] + f" ({receipt['attempt_id']})")),
+        ("outcome", f"[{colour}]{receipt['outcome']}[/]: {escape(receipt['reason'])}"),
+        ("final step", "unknown (the learner reported no step)" if receipt["final_step"] is None
+         else str(receipt["final_step"])),
+        ("checkpoints", str(len(receipt["checkpoints"]))),
+        ("evaluations", ", ".join(f"{e['checkpoint_step']}: {e['status']}"
+                                  + (f" ({e['return_mean']:.1f})" if e.get("return_mean") is not None else "")
+                                  for e in evals) or "none"),
+        ("promotion", f"step {promo['checkpoint_step']} ({promo['sha256'][:16]})" if promo else "none"),
+        # local_high_water is the outbox's highest event number, not a count of journal lines.
+        ("metrics", f"delivered locally up to event {metrics['local_high_water']}{pending}"),
+        ("wall time", f"{elapsed_s:.1f} s"),
+        ("receipt", _receipt_url(receipt)),
+    ]
+    width = max(len(name) for name, _ in rows)
+    for name, value in rows:
+        err_console.print(f"{name:<{width}}  {value}", soft_wrap=True, highlight=False)
 
 
 def _receipt_url(receipt: dict) -> str:

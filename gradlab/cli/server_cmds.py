@@ -39,7 +39,7 @@ def start(
                                                      "command (e.g. 30m; 0 = never; default GRADLAB_DAEMON_IDLE_S "
                                                      "or 30 minutes).")] = None,
 ) -> None:
-    """Start the Prefect server on 127.0.0.1 and a warm learner in the background (no-op when up as asked; a
+    """Start the Prefect server on 127.0.0.1, a warm flow and a warm learner in the background (no-op when up as asked; a
     server up with another --port or --idle-timeout is restarted as asked when no run trains on it, else exit 1)."""
     from gradlab.errors import GradlabError, TransientError
     from gradlab.runs.server import running_server, start_server

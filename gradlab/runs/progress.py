@@ -159,6 +159,10 @@ class RunProgress:
         finally:
             outbox.close()
         now = time.monotonic()
+        if len(self._rate_window) == 1 and self._rate_window[0][1] == self.step:
+            # Not moved since the only reading (the learner not stepping yet: a server or supervisor
+            # still starting): the rate counts from the last reading before it moves, not the wait.
+            self._rate_window.clear()
         self._rate_window.append((now, self.step))
         self._rate_window = [(t, s) for t, s in self._rate_window if now - t <= 10.0]
         if self._event_window:

@@ -328,7 +328,7 @@ def start_daemon(settings: Settings, *, say: Callable[[str], None]) -> int | Non
     pid, port = spawned
     idle = settings.daemon_idle_s
     lasts = f"it stops after {describe_s(idle)} without use" if idle else "it stays up"
-    say(f"Prefect: started a local server and a warm learner in the background at http://127.0.0.1:{port} "
+    say(f"Prefect: started a local server, a warm flow and a warm learner in the background at http://127.0.0.1:{port} "
         f"({lasts}; `gradlab server stop` stops it, GRADLAB_DAEMON=0 opts out)")
     return pid
 

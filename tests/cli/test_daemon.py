@@ -35,7 +35,7 @@ from gradlab.runs.server import (
 from gradlab.settings import load_settings
 
 REPO = Path(__file__).resolve().parents[2]
-STARTED = "Prefect: started a local server and a warm learner in the background at http://127.0.0.1:"
+STARTED = "Prefect: started a local server, a warm flow and a warm learner in the background at http://127.0.0.1:"
 
 
 def _env(**extra: str) -> dict[str, str]:

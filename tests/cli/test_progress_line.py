@@ -108,3 +108,57 @@ def test_off_a_terminal_a_line_is_printed_only_when_something_changed(tmp_path: 
     assert len(lines) == 3
     live.close()
     outbox.close()
+
+
+def test_the_summary_has_no_padding_and_keeps_the_receipt_url_whole(tmp_path: Path, monkeypatch) -> None:
+    """Piped or on a narrow terminal: no trailing spaces, and the receipt's URL on one line."""
+    from datetime import UTC, datetime
+
+    from gradlab.cli.output import err_console
+    from gradlab.cli.run_display import print_summary
+    from gradlab.receipts.models import LearnerExit, TerminalMetrics, TerminalReceipt
+    from gradlab.stores import keys, open_stores
+
+    monkeypatch.setenv("GRADLAB_HOME", str(tmp_path / "a-home-whose-path-is-long" / ("x" * 60)))
+    receipt = TerminalReceipt(
+        run_id="gradlab-20261206T083413-6a3dbb37", attempt_id="attempt-001", goal_id="CartPole-v1", recipe_id="ppo",
+        seed=0, outcome="succeeded", reason="accepted", final_step=49152,
+        checkpoints=[{"step": 32768, "sha256": "a" * 64, "uri": "file:///c/"}],
+        evaluations=[{"checkpoint_step": 32768, "status": "accepted", "result_uri": "file:///r", "return_mean": 500.0}],
+        promotion={"checkpoint_step": 32768, "sha256": "a" * 64, "uri": "file:///c/"},
+        metrics=TerminalMetrics(local_high_water=209, sinks={"journal": 209}), drained=True,
+        learner=LearnerExit(exit_code=0, stop_reason="stop_requested"), sealed_at=datetime(2026, 12, 6, tzinfo=UTC),
+    ).model_dump(mode="json")
+    monkeypatch.setattr(err_console, "width", 60)  # narrower than the receipt's URL
+    with err_console.capture() as captured:
+        print_summary(receipt, 7.4)
+    lines = captured.get().splitlines()
+    assert [line.split("  ")[0] for line in lines] == ["run", "outcome", "final step", "checkpoints", "evaluations",
+                                                       "promotion", "metrics", "wall time", "receipt"]
+    assert all(line == line.rstrip() for line in lines), lines
+    url = open_stores().control.url(keys.terminal(receipt["run_id"], "attempt-001"))
+    assert len(url) > 60 and lines[-1] == f"receipt      {url}"
+    assert "metrics      delivered locally up to event 209" in lines
+
+
+def test_the_rate_does_not_count_the_wait_before_the_first_step(tmp_path: Path, monkeypatch) -> None:
+    """A learner waiting 6 s for its supervisor, then 9,472 steps in 0.5 s: ~19k steps/s, not 1.6k."""
+    import gradlab.runs.progress as progress_module
+
+    clock = [100.0]
+    monkeypatch.setattr(progress_module.time, "monotonic", lambda: clock[0])
+    outbox = Outbox(tmp_path / "outbox.sqlite")
+    progress = RunProgress(tmp_path / "outbox.sqlite", 100_000)
+    for _ in range(7):  # waiting: nothing stepped
+        progress.refresh()
+        clock[0] += 1.0
+    assert progress.steps_per_s is None
+    clock[0] -= 0.5
+    outbox.append("metrics", 9472, {"metrics": {}})
+    progress.refresh()
+    assert progress.steps_per_s == 9472 / 0.5
+    clock[0] += 1.0
+    outbox.append("metrics", 28416, {"metrics": {}})
+    progress.refresh()
+    assert progress.steps_per_s == 28416 / 1.5  # from the last reading before the first step
+    outbox.close()
