@@ -106,7 +106,7 @@ def hand_off(argv: list[str], *, home: Path | None = None, started_daemon: int |
         return None
     if waited_from and say is not None:
         say(f"the warm flow was ready after {time.monotonic() - waited_from[0]:,.1f} s")
-    _clear_exit_records(directory)
+    zygote.clear_exit_records(directory)
     mine, wanted = zygote.kind_fingerprint(zygote.FLOW_MODULE), zygote.launch_import_env()
     for info in ready:
         if info.fingerprint != mine:
@@ -184,18 +184,6 @@ def _relay(sock: socket.socket, pid: int, directory: Path) -> int:
     if code is None:
         return 1
     return 128 - code if code < 0 else code
-
-
-def _clear_exit_records(directory: Path) -> None:
-    """Remove the exit records of children that are gone (their requesters had their answer)."""
-    from gradlab.learn.watch import pid_alive
-
-    for path in directory.glob("*.exit"):
-        try:
-            if not pid_alive(int(path.stem)):
-                path.unlink(missing_ok=True)
-        except (ValueError, OSError):
-            continue
 
 
 def command_started() -> float:

@@ -411,7 +411,21 @@ def stop_zygotes(directory: Path, *, grace_s: float = 5.0) -> int:
         _terminate(pid, grace_s=grace_s)
     for path in [*Path(directory).glob("*.json"), *Path(directory).glob("*.pending")]:
         path.unlink(missing_ok=True)
+    clear_exit_records(directory)
     return len(pids)
+
+
+def clear_exit_records(directory: Path) -> None:
+    """Remove ``<child pid>.exit`` records (a warm flow's, of the commands it ran) whose child is
+    gone: their requesters had their answer."""
+    from gradlab.learn.watch import pid_alive
+
+    for path in Path(directory).glob("*.exit"):
+        try:
+            if not pid_alive(int(path.stem)):
+                path.unlink(missing_ok=True)
+        except (ValueError, OSError):
+            continue
 
 
 def _request(address: str, payload: dict, timeout_s: float = REQUEST_TIMEOUT_S) -> dict:

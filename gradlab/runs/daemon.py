@@ -272,6 +272,8 @@ class Daemon:
         except OSError as e:
             log.warning("could not stop the warm learner: %s", e)
         if self.server is not None and self.server.poll() is None:
+            if self.state.ready:
+                self._active_flow_runs()  # while the API answers: the records of ended flow runs go
             _stop_group(self.server)
         clear_stale(self.home)
         log.info("stopped")

@@ -79,6 +79,9 @@ def _nothing_left(home: Path, pids: list[int]) -> None:
     assert sorted(p.name for p in phome.iterdir() if p.suffix in (".json", ".partial", ".pending")) == ["startup.json"]
     for directory in (zygote_dir(home), flow_zygote_dir(home)):
         assert not list(directory.glob("*.json")) and not list(directory.glob("*.pending"))
+        assert not list(directory.glob("*.exit"))  # the warm flow's records of the commands it ran
+    records = phome / "flow-runs"
+    assert not records.is_dir() or list(records.iterdir()) == []  # every flow run had ended
 
 
 def test_a_stale_state_file_is_removed(settings) -> None:
