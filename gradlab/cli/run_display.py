@@ -88,7 +88,8 @@ class Starting:
             return None
         what, since, expected = self._phase
         usual = f"; it took {expected:,.0f} s last time here" if expected else ""
-        return f"starting: {what}: {time.monotonic() - since:,.0f} s so far{usual}"
+        waited = time.monotonic() - since
+        return f"starting: {what}" + (f": {waited:,.0f} s so far" if waited >= 1 else "") + usual
 
     @property
     def what(self) -> str | None:

@@ -162,3 +162,18 @@ def test_the_rate_does_not_count_the_wait_before_the_first_step(tmp_path: Path, 
     progress.refresh()
     assert progress.steps_per_s == 28416 / 1.5  # from the last reading before the first step
     outbox.close()
+
+
+def test_what_is_starting_says_how_long_only_from_the_first_second(tmp_path: Path, monkeypatch) -> None:
+    import gradlab.cli.run_display as display
+
+    clock = [50.0]
+    monkeypatch.setattr(display.time, "monotonic", lambda: clock[0])
+    Outbox(tmp_path / "outbox.sqlite").close()
+    progress = RunProgress(tmp_path / "outbox.sqlite", 1000).refresh()
+    starting = display.Starting()
+    starting.set("the local Prefect server", 4.0)
+    clock[0] += 0.4
+    assert starting.line(progress) == "starting: the local Prefect server; it took 4 s last time here"
+    clock[0] += 2.0
+    assert starting.line(progress) == "starting: the local Prefect server: 2 s so far; it took 4 s last time here"
