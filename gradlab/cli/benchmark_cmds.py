@@ -156,7 +156,14 @@ def run_benchmark(
                                 "hand first."),
     as_json: bool = typer.Option(False, "--json", help="Print the rows and the summary as one JSON document."),
 ) -> None:
-    """`gradlab train` to a sealed receipt vs bare SB3 for the same steps: gradlab / bare per round and its median."""
+    """`gradlab train` to a sealed receipt vs bare SB3 for the same steps: gradlab / bare per round and its median.
+
+    In a temporary GRADLAB_HOME (removed after, its server stopped): with ``--prefect daemon``, first
+    one more round of the first case, the first command of that fresh home; then, per case and seed, one
+    ``gradlab train`` and bare SB3 for the steps it trained. The first command uses this machine's
+    pre-migrated Prefect database ($GRADLAB_CACHE_DIR, default ~/.cache/gradlab) as any new home
+    does. About 2-3 minutes with the defaults on a quiet 2-core machine.
+    """
     from gradlab.benchmarks.run import CASES, PREFECT_MODES, main
 
     cases = tuple(case or CASES)
