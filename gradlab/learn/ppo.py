@@ -77,6 +77,9 @@ ALGORITHM = "ppo"
 ADAM_EPS = 1e-5
 """SB3's ``ActorCriticPolicy`` Adam epsilon (``optimizer_kwargs["eps"] = 1e-5``)."""
 
+#: Largest bf16 copy of a rollout's frames that :meth:`PPOBackend.update` makes (bytes).
+PRECAST_BYTES = 256 * 2**20
+
 
 def default_threads() -> int:
     """torch threads for ``threads: auto``: the CPUs this process may use, less one for evaluation, at most 8."""
@@ -278,13 +281,21 @@ class PPOBackend:
 
     def update(self) -> dict[str, float]:
         """One PPO update on the collected rollout; returns the algorithm metrics (registered names)."""
+        import torch
+
         cfg = self.cfg
         lr = self.lr_fn(self.progress_remaining)
         clip = self.clip_fn(self.progress_remaining)
         self.ent_coef = float(self.ent_fn(self.progress_remaining))
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        flat = {"obs": self.buf_obs.flatten(0, 1), "actions": self.buf_actions.flatten(0, 1),
+        obs = self.buf_obs.flatten(0, 1)
+        if self._rollout_net is not None and obs.dtype == torch.uint8 and obs.numel() * 2 <= PRECAST_BYTES:
+            # bf16 on a CPU: cast the rollout's frames once per update (exact: every uint8 value is a
+            # bf16 number), not each minibatch's at every epoch (Breakout, 256 frames, one thread:
+            # gather 0.46 ms from bf16 against 0.19 ms + 1.74 ms of cast from uint8).
+            obs = obs.to(torch.bfloat16)
+        flat = {"obs": obs, "actions": self.buf_actions.flatten(0, 1),
                 "old_log_prob": self.buf_logp.flatten(), "old_values": self.buf_values.flatten(),
                 "advantages": self.advantages.flatten(), "returns": self.returns.flatten()}
         self.net.train()

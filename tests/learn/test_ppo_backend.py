@@ -125,3 +125,46 @@ def test_breakout_rollout_on_one_thread_and_a_bf16_copy() -> None:
             backend.update()
     finally:
         backend.close()
+
+
+def test_a_bf16_update_from_frames_cast_once_equals_one_that_casts_each_minibatch(monkeypatch) -> None:
+    """bf16 on a CPU: the rollout's uint8 frames are cast to bf16 once per update (exact), unless the
+    copy would exceed ``PRECAST_BYTES``; both give the same parameters, bit for bit."""
+    import copy
+
+    import numpy as np
+    import torch
+
+    from gradlab.contracts.experiments import Experiments
+    from gradlab.contracts.run_spec import RunSpec
+    from gradlab.learn import ppo
+
+    overrides = ["train.environment.n_envs=2", "train.backend.config.n_steps=16", "train.backend.config.batch_size=8",
+                 "train.backend.config.n_epochs=2", "train.backend.config.precision=bf16",
+                 "train.backend.config.threads=1", "train.device=cpu"]
+    spec = RunSpec.from_resolved(Experiments().resolve("Breakout-Atari2600-v0/ppo", overrides), seed=3)
+    backend = PPOBackend()
+    backend.setup(spec, backend.make_env(spec))
+    try:
+        backend.begin(resumed=False)
+        backend.collect()
+        net, opt, rng = copy.deepcopy(backend.net.state_dict()), copy.deepcopy(backend.optimizer.state_dict()), \
+            np.random.get_state()
+        casts: list[torch.dtype] = []
+        preprocess = backend.net.preprocess
+        monkeypatch.setattr(backend.net, "preprocess", lambda obs: (casts.append(obs.dtype), preprocess(obs))[1])
+        backend.update()
+        once = {k: v.clone() for k, v in backend.net.state_dict().items()}
+        assert set(casts) == {torch.bfloat16}  # the minibatches arrive as bf16 frames
+        backend.net.load_state_dict(net)
+        backend.optimizer.load_state_dict(opt)
+        np.random.set_state(rng)  # the minibatch order (drawn as SB3 draws it)
+        casts.clear()
+        monkeypatch.setattr(ppo, "PRECAST_BYTES", 0)
+        backend.update()
+        assert set(casts) == {torch.uint8}
+        each = backend.net.state_dict()
+        assert all(torch.equal(once[k], each[k]) for k in once), [k for k in once if not torch.equal(once[k], each[k])]
+        assert any(not torch.equal(once[k], net[k]) for k in once)  # the update changed something
+    finally:
+        backend.close()
