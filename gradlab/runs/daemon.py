@@ -88,10 +88,17 @@ class Daemon:
             # Prefect, torch and an evaluation worker's libraries itself beside them.
             self._warm()
             if not self._wait_healthy():
+                if seeded is not None and self.server.poll() is not None and not self.stopping:
+                    prefect_db.reject(self.home)
                 return 1
             self._ready()
-            if fresh or seeded == {}:  # migrated, or registered, here: kept for the next new home's server
-                prefect_db.save(self.home)
+            if (fresh or seeded == {}) and prefect_db.registration_on():
+                # Migrated, or registered, here: kept for the next new home's server. Optional: a
+                # failure (an unwritable cache) is logged, and this server goes on.
+                try:
+                    prefect_db.save(self.home)
+                except Exception:  # noqa: BLE001 - never stop a healthy server over its cache
+                    log.exception("could not keep a pre-migrated copy of the Prefect database")
             self._watch()
             return 0
         finally:

@@ -69,8 +69,10 @@ def template_dir() -> Path | None:
 
 
 def _record(folder: Path) -> dict:
-    """The copy's record (empty when there is none or it cannot be read)."""
+    """The copy's record (empty when there is none or it cannot be read; only a regular file is read)."""
     try:
+        if not (folder / RECORD).is_file():
+            return {}
         record = json.loads((folder / RECORD).read_text())
     except (OSError, ValueError):
         return {}
@@ -110,9 +112,13 @@ def seed(prefect_home: Path) -> dict[str, str] | None:
         record = json.loads((folder / RECORD).read_text())
         if not isinstance(record, dict):
             raise ValueError(f"{folder / RECORD} is not a JSON object")
+        if not (folder / DATABASE).is_file():
+            raise FileNotFoundError(f"{folder / DATABASE} is missing or not a regular file")
         shutil.copyfile(folder / DATABASE, partial)
         found = _sha256(partial)
-    except (OSError, ValueError) as e:
+        if found == record.get("sha256"):
+            _check_database(partial)
+    except (OSError, ValueError, sqlite3.Error) as e:
         log.warning("pre-migrated Prefect database %s unreadable (%s): the server migrates its own", folder, e)
         partial.unlink(missing_ok=True)
         return None
@@ -120,13 +126,53 @@ def seed(prefect_home: Path) -> dict[str, str] | None:
         log.warning("pre-migrated Prefect database %s: sha256 %s, its record says %s: removed, the server migrates "
                     "its own", folder / DATABASE, found, record.get("sha256"))
         partial.unlink(missing_ok=True)
-        shutil.rmtree(folder, ignore_errors=True)
+        _remove(folder)
         return None
     os.replace(partial, target)
     registered = record.get("collections") == installed_collections()
+    blocks = ("as registered there" if registered else "registered again (other Prefect collections)"
+              if registration_on() else "not registered (PREFECT_SERVER_REGISTER_BLOCKS_ON_START is off)")
     log.info("prefect database from the pre-migrated copy %s (sha256 %s); block types %s", folder / DATABASE,
-             found[:12], "as registered there" if registered else "registered again (other Prefect collections)")
+             found[:12], blocks)
     return dict(REGISTERED) if registered else {}
+
+
+def registration_on() -> bool:
+    """Whether a server started with this environment registers its block types (a user's own
+    ``PREFECT_SERVER_REGISTER_BLOCKS_ON_START`` can turn it off; a copy is kept only from a server
+    that registered them)."""
+    value = os.environ.get("PREFECT_SERVER_REGISTER_BLOCKS_ON_START", "true").strip().lower()
+    return value not in ("false", "0", "no", "off", "f", "n")
+
+
+def _check_database(path: Path) -> None:
+    """Raise ``sqlite3.DatabaseError`` unless ``path`` is an SQLite database with a migrations'
+    revision and block types (a file whose sha256 matches a record may still be neither)."""
+    with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+        revision = db.execute("SELECT version_num FROM alembic_version").fetchone()
+        blocks = db.execute("SELECT count(*) FROM block_type").fetchone()[0]
+    if not revision or not blocks:
+        raise sqlite3.DatabaseError(f"{path}: no migrations' revision or no block types")
+
+
+def _remove(folder: Path) -> None:
+    """Remove a copy's folder; say so when it cannot be (the next new home then finds it again)."""
+    shutil.rmtree(folder, ignore_errors=True)
+    if folder.exists():
+        log.warning("could not remove %s: each new home's server will find it and migrate its own database", folder)
+
+
+def reject(prefect_home: Path) -> None:
+    """A server seeded from the copy exited while starting: remove the copy (a file with its
+    record's sha256 can still be a database Prefect cannot open, e.g. another build's migrations)
+    and this home's seeded database, so the next start, here or in a new home, migrates its own."""
+    folder = template_dir()
+    for name in (DATABASE, f"{DATABASE}-wal", f"{DATABASE}-shm"):
+        (Path(prefect_home) / name).unlink(missing_ok=True)
+    log.warning("the Prefect server exited while starting on the pre-migrated database: this home's database "
+                "removed%s; the next start migrates its own", f", and the copy {folder}" if folder else "")
+    if folder is not None:
+        _remove(folder)
 
 
 def save(prefect_home: Path) -> Path | None:
@@ -142,11 +188,12 @@ def save(prefect_home: Path) -> Path | None:
     """
     folder = template_dir()
     source = Path(prefect_home) / DATABASE
-    if folder is None or not source.is_file() or _record(folder).get("collections") == installed_collections():
+    if folder is None or not source.is_file() or _current(folder):
         return None
-    folder.mkdir(parents=True, exist_ok=True)
     partial = folder / f"{DATABASE}.{os.getpid()}.partial"
     try:
+        folder.mkdir(parents=True, exist_ok=True)
+        _remove_stale_partials(folder)
         with closing(sqlite3.connect(f"file:{source}?mode=ro", uri=True, timeout=30)) as src, \
                 closing(sqlite3.connect(partial)) as dst:
             src.backup(dst)
@@ -161,16 +208,49 @@ def save(prefect_home: Path) -> Path | None:
                     db.execute(f'DELETE FROM "{table}"')
             db.execute("VACUUM")
         sha256 = _sha256(partial)
+        if (folder / DATABASE).is_dir() and not (folder / DATABASE).is_symlink():
+            shutil.rmtree(folder / DATABASE)  # not a copy: nothing of it to keep
         os.replace(partial, folder / DATABASE)
-        record = folder / f"{RECORD}.partial"
+        record = folder / f"{RECORD}.{os.getpid()}.partial"
         record.write_text(json.dumps({"sha256": sha256, "prefect": folder.name, "created_at": time.time(),
                                       "collections": installed_collections()}))
         os.replace(record, folder / RECORD)
     except (OSError, sqlite3.Error) as e:
         log.warning("could not keep a pre-migrated copy of %s (%s): the next new server migrates its own", source, e)
-        for leftover in (partial, partial.with_name(partial.name + "-wal"), partial.with_name(partial.name + "-shm"),
-                         partial.with_name(partial.name + "-journal")):
-            leftover.unlink(missing_ok=True)
+        for leftover in (partial, *(partial.with_name(partial.name + end) for end in ("-wal", "-shm", "-journal")),
+                         folder / f"{RECORD}.{os.getpid()}.partial"):
+            try:
+                leftover.unlink(missing_ok=True)
+            except OSError:
+                pass  # an unwritable cache: nothing was written there either
         return None
     log.info("kept a pre-migrated copy of the Prefect database: %s (sha256 %s)", folder / DATABASE, sha256[:12])
     return folder / DATABASE
+
+
+#: Seconds after which a ``*.partial`` file in the cache is a save that never finished (killed).
+STALE_PARTIAL_S = 3600.0
+
+
+def _current(folder: Path) -> bool:
+    """Whether the folder's copy was taken with this installation's collections and is whole (its
+    file's sha256 is its record's): then there is nothing to replace."""
+    record = _record(folder)
+    if record.get("collections") != installed_collections():
+        return False
+    try:
+        return (folder / DATABASE).is_file() and _sha256(folder / DATABASE) == record.get("sha256")
+    except OSError:
+        return False
+
+
+def _remove_stale_partials(folder: Path) -> None:
+    """Remove what saves killed midway left (``*.partial*`` older than :data:`STALE_PARTIAL_S`; by
+    age, not by pid: the cache may be shared with processes this one cannot see)."""
+    now = time.time()
+    for path in folder.glob("*.partial*"):
+        try:
+            if now - path.stat().st_mtime > STALE_PARTIAL_S:
+                path.unlink()
+        except OSError:
+            continue

@@ -221,9 +221,8 @@ def expected_startup_s(settings: Settings) -> float:
 def _spawn(settings: Settings, *, port: int | None, idle_s: float, start_timeout_s: float) -> tuple[int, int] | None:
     """Take the start lock and start the daemon detached (its own session, output to ``daemon.log``),
     handing it the lock: its pid and port (``port`` or a free one); None when the lock is held
-    (a daemon runs or another command is starting one)."""
-    fd = try_lock(settings)
-    if fd is None:
+    (a daemon runs or another command is starting one). It runs in ``/``: a relative GRADLAB_CACHE_DIR is made absolute."""
+    if (fd := try_lock(settings)) is None:
         return None
     try:
         home = prefect_home(settings)
@@ -233,6 +232,7 @@ def _spawn(settings: Settings, *, port: int | None, idle_s: float, start_timeout
                str(settings.home), "--port", str(port), "--idle-s", str(idle_s), "--start-timeout-s",
                str(start_timeout_s), "--lock-fd", str(fd)]
         env = {**os.environ, "GRADLAB_HOME": str(settings.home)}
+        env.update({name: str(Path(value).absolute()) for name in ("GRADLAB_CACHE_DIR",) if (value := env.get(name))})
         with (home / "daemon.log").open("ab") as out:
             popen = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                      start_new_session=True, pass_fds=(fd,), cwd="/")

@@ -360,6 +360,53 @@ def test_a_new_homes_server_starts_from_the_database_the_first_one_migrated(sett
         gradlab("server", "stop", env=env)
 
 
+@pytest.mark.slow
+def test_a_cache_that_cannot_be_written_leaves_the_server_up(settings, tmp_path: Path) -> None:
+    """Keeping the copy is optional: a cache path that is a file is logged, and the server goes on."""
+    cache = tmp_path / "cache-is-a-file"
+    cache.write_text("not a folder")
+    env = _env(GRADLAB_CACHE_DIR=str(cache))
+    out = gradlab("server", "start", env=env)
+    assert out.returncode == 0, out.stderr
+    daemon_log = prefect_home(settings) / "daemon.log"
+    wait_for(lambda: "could not keep a pre-migrated copy" in daemon_log.read_text(), 120, "the copy given up")
+    assert gradlab("server", "status", env=env).returncode == 0 and daemon_alive(settings)
+    assert len(_block_types(read_state(settings).api_url)) > 5
+    assert cache.read_text() == "not a folder"
+
+
+@pytest.mark.slow
+def test_a_copy_its_server_cannot_start_on_is_removed_and_the_next_start_migrates_its_own(
+        settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A copy whose bytes match its record but name a revision this Prefect does not know (another
+    build's migrations): its server exits while starting; the daemon removes the copy and the
+    home's database, and the next start migrates its own."""
+    import sqlite3
+
+    from gradlab.runs import prefect_db
+
+    monkeypatch.setenv("GRADLAB_CACHE_DIR", str(tmp_path / "cache"))
+    env = _env()
+    folder = prefect_db.template_dir()
+    folder.mkdir(parents=True)
+    with sqlite3.connect(folder / prefect_db.DATABASE) as db:
+        db.executescript("CREATE TABLE alembic_version (version_num TEXT); INSERT INTO alembic_version VALUES "
+                         "('deadbeef0000'); CREATE TABLE block_type (id TEXT); INSERT INTO block_type VALUES ('1');")
+    db.close()
+    (folder / prefect_db.RECORD).write_text(json.dumps({
+        "sha256": prefect_db._sha256(folder / prefect_db.DATABASE), "prefect": folder.name,
+        "collections": prefect_db.installed_collections()}))
+    out = gradlab("server", "start", env=env)
+    assert out.returncode != 0, out.stderr
+    log = (prefect_home(settings) / "daemon.log").read_text()
+    assert "prefect database from the pre-migrated copy" in log
+    assert "the Prefect server exited while starting on the pre-migrated database" in log
+    assert not folder.exists() and not (prefect_home(settings) / "prefect.db").exists()
+    out = gradlab("server", "start", env=env)
+    assert out.returncode == 0, out.stderr
+    assert len(_block_types(read_state(settings).api_url)) > 5
+
+
 def _block_types(api_url: str) -> list[str]:
     request = urllib.request.Request(f"{api_url}/block_types/filter", data=b"{}", method="POST",
                                      headers={"Content-Type": "application/json"})

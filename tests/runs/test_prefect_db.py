@@ -134,3 +134,107 @@ def test_nothing_is_kept_for_another_database_nor_from_one_not_migrated_yet(cach
     _server_database(tmp_path / "first").close()
     monkeypatch.setenv("PREFECT_API_DATABASE_CONNECTION_URL", "postgresql+asyncpg://u:p@127.0.0.1/prefect")
     assert prefect_db.template_dir() is None and prefect_db.save(tmp_path / "first") is None
+
+
+def test_a_cache_that_cannot_be_written_keeps_nothing_and_raises_nothing(cache: Path, tmp_path: Path,
+                                                                          caplog: pytest.LogCaptureFixture) -> None:
+    """The cache is a file, or its version folder is: a warning, nothing left, no exception (the
+    daemon's server goes on)."""
+    _server_database(tmp_path / "first").close()
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_text("not a folder")
+    with caplog.at_level(logging.WARNING, logger="gradlab.runs.prefect_db"):
+        assert prefect_db.save(tmp_path / "first") is None
+    assert "could not keep a pre-migrated copy" in caplog.text and cache.read_text() == "not a folder"
+    cache.unlink()
+    folder = prefect_db.template_dir()
+    folder.parent.mkdir(parents=True)
+    folder.write_text("a file where the version's folder goes")
+    assert prefect_db.save(tmp_path / "first") is None and folder.is_file()
+
+
+def test_a_copy_whose_record_matches_this_installation_is_replaced_when_it_is_not_whole(
+        cache: Path, tmp_path: Path) -> None:
+    """A missing database, a folder in its place, or bytes that are not its record's: the next
+    server's database replaces it (before, a matching record kept a broken copy for good)."""
+    _server_database(tmp_path / "first").close()
+    kept = prefect_db.save(tmp_path / "first")
+    assert prefect_db.save(tmp_path / "first") is None  # whole and current: nothing to do
+    kept.unlink()
+    assert prefect_db.save(tmp_path / "first") == kept
+    kept.unlink()
+    (kept / "inside").mkdir(parents=True)
+    assert prefect_db.save(tmp_path / "first") == kept and kept.is_file()
+    kept.write_bytes(b"not the recorded bytes")
+    assert prefect_db.save(tmp_path / "first") == kept and prefect_db._current(kept.parent)
+
+
+def test_a_copy_that_is_not_a_database_is_refused_even_with_its_records_sha256(cache: Path, tmp_path: Path,
+                                                                                caplog: pytest.LogCaptureFixture) -> None:
+    _server_database(tmp_path / "first").close()
+    kept = prefect_db.save(tmp_path / "first")
+    record_path = kept.parent / prefect_db.RECORD
+    kept.write_bytes(bytes(range(256)) * 16)  # 4 KiB that are not SQLite
+    record_path.write_text(json.dumps({**json.loads(record_path.read_text()), "sha256": prefect_db._sha256(kept)}))
+    new = tmp_path / "second"
+    new.mkdir()
+    with caplog.at_level(logging.WARNING, logger="gradlab.runs.prefect_db"):
+        assert prefect_db.seed(new) is None
+    assert "unreadable" in caplog.text and not (new / prefect_db.DATABASE).exists()
+
+
+def test_a_rejected_copy_is_removed_with_the_home_database_seeded_from_it(cache: Path, tmp_path: Path) -> None:
+    """The daemon's answer to a server that exited while starting on a seeded database (a file
+    Prefect cannot open, e.g. another build's migrations): the next start migrates its own."""
+    _server_database(tmp_path / "first").close()
+    kept = prefect_db.save(tmp_path / "first")
+    new = tmp_path / "second"
+    new.mkdir()
+    assert prefect_db.seed(new) == prefect_db.REGISTERED
+    (new / f"{prefect_db.DATABASE}-wal").write_bytes(b"")
+    prefect_db.reject(new)
+    assert not kept.parent.exists() and list(new.iterdir()) == []
+
+
+def test_a_record_that_is_a_fifo_is_not_read(cache: Path, tmp_path: Path) -> None:
+    import os
+
+    _server_database(tmp_path / "first").close()
+    kept = prefect_db.save(tmp_path / "first")
+    (kept.parent / prefect_db.RECORD).unlink()
+    os.mkfifo(kept.parent / prefect_db.RECORD)
+    assert prefect_db._record(kept.parent) == {}  # would block on open
+
+
+def test_a_save_killed_midway_leaves_partials_that_a_later_save_removes(cache: Path, tmp_path: Path) -> None:
+    import os
+    import time
+
+    _server_database(tmp_path / "first").close()
+    folder = prefect_db.template_dir()
+    folder.mkdir(parents=True)
+    old, fresh = folder / "prefect.db.999999.partial", folder / "template.json.888888.partial"
+    for path in (old, fresh):
+        path.write_bytes(b"x")
+    an_hour_ago = time.time() - prefect_db.STALE_PARTIAL_S - 60
+    os.utime(old, (an_hour_ago, an_hour_ago))
+    assert prefect_db.save(tmp_path / "first") is not None
+    assert not old.exists() and fresh.exists()  # a save that may still be running keeps its files
+
+
+def test_the_users_own_registration_off_is_said_and_keeps_nothing(cache: Path, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    _server_database(tmp_path / "first").close()
+    prefect_db.save(tmp_path / "first")
+    record_path = prefect_db.template_dir() / prefect_db.RECORD
+    record_path.write_text(json.dumps({**json.loads(record_path.read_text()), "collections": ["x=prefect-x==1"]}))
+    monkeypatch.setenv("PREFECT_SERVER_REGISTER_BLOCKS_ON_START", "False")
+    assert not prefect_db.registration_on()  # the daemon then keeps no copy of this server's database
+    new = tmp_path / "second"
+    new.mkdir()
+    with caplog.at_level(logging.INFO, logger="gradlab.runs.prefect_db"):
+        assert prefect_db.seed(new) == {}
+    assert "not registered (PREFECT_SERVER_REGISTER_BLOCKS_ON_START is off)" in caplog.text
+    monkeypatch.setenv("PREFECT_SERVER_REGISTER_BLOCKS_ON_START", "true")
+    assert prefect_db.registration_on()
