@@ -56,15 +56,6 @@ from pathlib import Path
 
 from gradlab.errors import TransientError
 from gradlab.learn.watch import pid_alive
-from gradlab.learn.zygote import (
-    FLOW_MODULE,
-    flow_zygote_dir,
-    launch_environ,
-    needs_zygote,
-    start_zygote,
-    stop_zygotes,
-    zygote_dir,
-)
 from gradlab.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -443,6 +434,8 @@ def warm_learner_dir(settings: Settings) -> Path | None:
     server that keeps it: the opt-out means no background process serves a command that did not
     ask for it, but one pointed at that server by hand has asked.
     """
+    from gradlab.learn.zygote import zygote_dir  # the zygote module (and pydantic) only where used: a fresh
+                                                   # shell's command and the daemon start the server sooner
     directory = zygote_dir(settings.home)
     if settings.daemon:
         return directory
@@ -507,15 +500,17 @@ def warm_processes(home: Path, *, keeper_pid: int, api_url: str | None = None) -
     Raises:
         OSError: one could not be started.
     """
-    env = {**PREFECT_CLIENT_DEFAULTS, **launch_environ()}
+    from gradlab.learn import zygote as z
+
+    env = {**PREFECT_CLIENT_DEFAULTS, **z.launch_environ()}
     if api_url is not None:
         env["PREFECT_API_URL"] = api_url
-    learner = needs_zygote(zygote_dir(home))
-    if needs_zygote(flow_zygote_dir(home), module=FLOW_MODULE, env=env):
-        start_zygote(flow_zygote_dir(home), keeper_pid=keeper_pid, module=FLOW_MODULE, env=env,
-                     learner_dir=zygote_dir(home) if learner else None)
+    learner = z.needs_zygote(z.zygote_dir(home))
+    if z.needs_zygote(z.flow_zygote_dir(home), module=z.FLOW_MODULE, env=env):
+        z.start_zygote(z.flow_zygote_dir(home), keeper_pid=keeper_pid, module=z.FLOW_MODULE, env=env,
+                       learner_dir=z.zygote_dir(home) if learner else None)
     elif learner:
-        start_zygote(zygote_dir(home), keeper_pid=keeper_pid)
+        z.start_zygote(z.zygote_dir(home), keeper_pid=keeper_pid)
 
 
 def _warm_learner(settings: Settings, keeper_pid: int, api_url: str | None = None) -> None:
@@ -565,6 +560,8 @@ def stop_server(settings: Settings, grace_s: float = 30.0) -> bool:
 
 
 def _stop_zygotes(settings: Settings) -> None:
+    from gradlab.learn.zygote import flow_zygote_dir, stop_zygotes, zygote_dir
+
     try:
         stop_zygotes(zygote_dir(settings.home))
         stop_zygotes(flow_zygote_dir(settings.home))
