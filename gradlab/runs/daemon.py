@@ -88,7 +88,9 @@ class Daemon:
             # Prefect, torch and an evaluation worker's libraries itself beside them.
             self._warm()
             if not self._wait_healthy():
-                if seeded is not None and self.server.poll() is not None and not self.stopping:
+                # Exited with an error on the seeded database: the copy is suspect (killed by a
+                # signal, an OOM or a user's kill, says nothing against it).
+                if seeded is not None and (self.server.poll() or 0) > 0 and not self.stopping:
                     prefect_db.reject(self.home)
                 return 1
             self._ready()

@@ -105,10 +105,12 @@ def seed(prefect_home: Path) -> dict[str, str] | None:
     """
     target = Path(prefect_home) / DATABASE
     folder = template_dir()
-    if folder is None or target.exists() or not (folder / RECORD).is_file():
+    if folder is None or target.exists() or not (folder / RECORD).exists():
         return None
     partial = target.with_name(DATABASE + ".partial")
     try:
+        if not (folder / RECORD).is_file():
+            raise ValueError(f"{folder / RECORD} is not a regular file")
         record = json.loads((folder / RECORD).read_text())
         if not isinstance(record, dict):
             raise ValueError(f"{folder / RECORD} is not a JSON object")
@@ -116,17 +118,18 @@ def seed(prefect_home: Path) -> dict[str, str] | None:
             raise FileNotFoundError(f"{folder / DATABASE} is missing or not a regular file")
         shutil.copyfile(folder / DATABASE, partial)
         found = _sha256(partial)
-        if found == record.get("sha256"):
-            _check_database(partial)
-    except (OSError, ValueError, sqlite3.Error) as e:
+    except (OSError, ValueError) as e:
         log.warning("pre-migrated Prefect database %s unreadable (%s): the server migrates its own", folder, e)
         partial.unlink(missing_ok=True)
         return None
-    if found != record.get("sha256"):
-        log.warning("pre-migrated Prefect database %s: sha256 %s, its record says %s: removed, the server migrates "
-                    "its own", folder / DATABASE, found, record.get("sha256"))
+    try:
+        if found != record.get("sha256"):
+            raise ValueError(f"sha256 {found}, its record says {record.get('sha256')}")
+        _check_database(partial)
+    except (ValueError, sqlite3.Error) as e:  # not the copy that was kept, or not one Prefect can use
         partial.unlink(missing_ok=True)
-        _remove(folder)
+        log.warning("pre-migrated Prefect database %s: %s: %s; the server migrates its own", folder / DATABASE, e,
+                    "removed" if _remove(folder) else f"could not remove {folder}")
         return None
     os.replace(partial, target)
     registered = record.get("collections") == installed_collections()
@@ -148,18 +151,23 @@ def registration_on() -> bool:
 def _check_database(path: Path) -> None:
     """Raise ``sqlite3.DatabaseError`` unless ``path`` is an SQLite database with a migrations'
     revision and block types (a file whose sha256 matches a record may still be neither)."""
-    with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+    with closing(sqlite3.connect(_read_only_uri(path), uri=True)) as db:
         revision = db.execute("SELECT version_num FROM alembic_version").fetchone()
         blocks = db.execute("SELECT count(*) FROM block_type").fetchone()[0]
     if not revision or not blocks:
-        raise sqlite3.DatabaseError(f"{path}: no migrations' revision or no block types")
+        raise sqlite3.DatabaseError("not a Prefect database with a migrations' revision and block types")
 
 
-def _remove(folder: Path) -> None:
-    """Remove a copy's folder; say so when it cannot be (the next new home then finds it again)."""
+def _read_only_uri(path: Path) -> str:
+    """SQLite's read-only URI of ``path`` (percent-encoded: a ``#``, ``?`` or ``%`` in a folder's
+    name stays part of the path)."""
+    return f"{Path(path).absolute().as_uri()}?mode=ro"
+
+
+def _remove(folder: Path) -> bool:
+    """Remove a copy's folder; False when it could not be (each new home then finds it again)."""
     shutil.rmtree(folder, ignore_errors=True)
-    if folder.exists():
-        log.warning("could not remove %s: each new home's server will find it and migrate its own database", folder)
+    return not folder.exists()
 
 
 def reject(prefect_home: Path) -> None:
@@ -169,10 +177,9 @@ def reject(prefect_home: Path) -> None:
     folder = template_dir()
     for name in (DATABASE, f"{DATABASE}-wal", f"{DATABASE}-shm"):
         (Path(prefect_home) / name).unlink(missing_ok=True)
+    copy = "" if folder is None else (f", and the copy {folder}" if _remove(folder) else f"; could not remove {folder}")
     log.warning("the Prefect server exited while starting on the pre-migrated database: this home's database "
-                "removed%s; the next start migrates its own", f", and the copy {folder}" if folder else "")
-    if folder is not None:
-        _remove(folder)
+                "removed%s; the next start migrates its own", copy)
 
 
 def save(prefect_home: Path) -> Path | None:
@@ -194,7 +201,7 @@ def save(prefect_home: Path) -> Path | None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
         _remove_stale_partials(folder)
-        with closing(sqlite3.connect(f"file:{source}?mode=ro", uri=True, timeout=30)) as src, \
+        with closing(sqlite3.connect(_read_only_uri(source), uri=True, timeout=30)) as src, \
                 closing(sqlite3.connect(partial)) as dst:
             src.backup(dst)
         with closing(sqlite3.connect(partial, isolation_level=None)) as db:
@@ -216,7 +223,8 @@ def save(prefect_home: Path) -> Path | None:
                                       "collections": installed_collections()}))
         os.replace(record, folder / RECORD)
     except (OSError, sqlite3.Error) as e:
-        log.warning("could not keep a pre-migrated copy of %s (%s): the next new server migrates its own", source, e)
+        log.warning("could not keep a pre-migrated copy of %s in %s (%s): the next new server migrates its own",
+                    source, folder, e)
         for leftover in (partial, *(partial.with_name(partial.name + end) for end in ("-wal", "-shm", "-journal")),
                          folder / f"{RECORD}.{os.getpid()}.partial"):
             try:

@@ -407,6 +407,37 @@ def test_a_copy_its_server_cannot_start_on_is_removed_and_the_next_start_migrate
     assert len(_block_types(read_state(settings).api_url)) > 5
 
 
+@pytest.mark.slow
+def test_a_server_killed_while_starting_on_a_copy_leaves_the_copy(settings, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A signal (a user's kill, the OOM killer) says nothing against the copy: it stays."""
+    from gradlab.runs import prefect_db
+
+    monkeypatch.setenv("GRADLAB_CACHE_DIR", str(tmp_path / "cache"))
+    out = gradlab("server", "start", env=_env())
+    assert out.returncode == 0, out.stderr
+    wait_for(lambda: prefect_db._current(prefect_db.template_dir()), 120, "the copy kept")
+    assert gradlab("server", "stop", env=_env()).returncode == 0
+    other = tmp_path / "other-home"
+    env = {**_env(), "GRADLAB_HOME": str(other), "GRADLAB_CONFIG": str(other / "config.toml")}
+    proc = subprocess.Popen([sys.executable, "-m", "gradlab.cli.app", "server", "start"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=REPO, env=env)
+    try:
+        state = other / "prefect" / "server.json"
+        server_pid = wait_for(lambda: state.is_file() and json.loads(state.read_text()).get("server_pid"), 120,
+                              "the server started")
+        os.kill(server_pid, signal.SIGKILL)
+        proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        gradlab("server", "stop", env=env)
+    log = (other / "prefect" / "daemon.log").read_text()
+    assert "from the pre-migrated copy" in log and "exited with -9 while starting" in log, log
+    assert "exited while starting on the pre-migrated database" not in log
+    assert prefect_db._current(prefect_db.template_dir())
+
+
 def _block_types(api_url: str) -> list[str]:
     request = urllib.request.Request(f"{api_url}/block_types/filter", data=b"{}", method="POST",
                                      headers={"Content-Type": "application/json"})

@@ -180,7 +180,35 @@ def test_a_copy_that_is_not_a_database_is_refused_even_with_its_records_sha256(c
     new.mkdir()
     with caplog.at_level(logging.WARNING, logger="gradlab.runs.prefect_db"):
         assert prefect_db.seed(new) is None
-    assert "unreadable" in caplog.text and not (new / prefect_db.DATABASE).exists()
+    assert "file is not a database" in caplog.text and "removed" in caplog.text
+    assert not (new / prefect_db.DATABASE).exists() and not kept.parent.exists()  # the next save keeps a good one
+
+    # An SQLite file with its record's sha256 but no block types: removed too, and replaced by the next save.
+    prefect_db.save(tmp_path / "first")
+    with closing(sqlite3.connect(kept)) as db:
+        db.execute("DELETE FROM block_type")
+        db.commit()
+    record_path.write_text(json.dumps({**json.loads(record_path.read_text()), "sha256": prefect_db._sha256(kept)}))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="gradlab.runs.prefect_db"):
+        assert prefect_db.seed(new) is None
+    assert "not a Prefect database with a migrations' revision and block types" in caplog.text
+    assert not kept.parent.exists() and prefect_db.save(tmp_path / "first") == kept
+    assert prefect_db.seed(new) == prefect_db.REGISTERED
+
+
+def test_a_home_or_cache_path_with_uri_characters_is_read_as_named(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """SQLite reads these files by URI: a '#', '?' or '%' in a folder's name is part of the path."""
+    monkeypatch.setenv("GRADLAB_CACHE_DIR", str(tmp_path / "cache #1 ?%41"))
+    for name in ("PREFECT_API_DATABASE_CONNECTION_URL", "PREFECT_SERVER_DATABASE_CONNECTION_URL"):
+        monkeypatch.delenv(name, raising=False)
+    _server_database(tmp_path / "home #1 ?%41").close()
+    kept = prefect_db.save(tmp_path / "home #1 ?%41")
+    assert kept is not None and "cache #1 ?%41" in str(kept)
+    new = tmp_path / "new #2"
+    new.mkdir()
+    assert prefect_db.seed(new) == prefect_db.REGISTERED
 
 
 def test_a_rejected_copy_is_removed_with_the_home_database_seeded_from_it(cache: Path, tmp_path: Path) -> None:
@@ -196,7 +224,7 @@ def test_a_rejected_copy_is_removed_with_the_home_database_seeded_from_it(cache:
     assert not kept.parent.exists() and list(new.iterdir()) == []
 
 
-def test_a_record_that_is_a_fifo_is_not_read(cache: Path, tmp_path: Path) -> None:
+def test_a_record_that_is_a_fifo_is_not_read(cache: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     import os
 
     _server_database(tmp_path / "first").close()
@@ -204,6 +232,12 @@ def test_a_record_that_is_a_fifo_is_not_read(cache: Path, tmp_path: Path) -> Non
     (kept.parent / prefect_db.RECORD).unlink()
     os.mkfifo(kept.parent / prefect_db.RECORD)
     assert prefect_db._record(kept.parent) == {}  # would block on open
+    new = tmp_path / "second"
+    new.mkdir()
+    with caplog.at_level(logging.WARNING, logger="gradlab.runs.prefect_db"):
+        assert prefect_db.seed(new) is None
+    assert "template.json is not a regular file" in caplog.text
+    assert prefect_db.save(tmp_path / "first") == kept and prefect_db.seed(new) == prefect_db.REGISTERED
 
 
 def test_a_save_killed_midway_leaves_partials_that_a_later_save_removes(cache: Path, tmp_path: Path) -> None:
