@@ -223,7 +223,8 @@ def _spawn(settings: Settings, *, port: int | None, idle_s: float, start_timeout
                str(settings.home), "--port", str(port), "--idle-s", str(idle_s), "--start-timeout-s",
                str(start_timeout_s), "--lock-fd", str(fd)]
         env = {**os.environ, "GRADLAB_HOME": str(settings.home)}
-        env.update({name: str(Path(value).absolute()) for name in ("GRADLAB_CACHE_DIR",) if (value := env.get(name))})
+        if cache := env.get("GRADLAB_CACHE_DIR"):
+            env["GRADLAB_CACHE_DIR"] = str(Path(cache).absolute())
         with (home / "daemon.log").open("ab") as out:
             popen = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                      start_new_session=True, pass_fds=(fd,), cwd="/")
@@ -434,8 +435,10 @@ def warm_learner_dir(settings: Settings) -> Path | None:
     server that keeps it: the opt-out means no background process serves a command that did not
     ask for it, but one pointed at that server by hand has asked.
     """
-    from gradlab.learn.zygote import zygote_dir  # the zygote module (and pydantic) only where used: a fresh
-                                                   # shell's command and the daemon start the server sooner
+    # The zygote module (and pydantic) only where used here: a fresh shell's command and the daemon
+    # then start the server ~50 ms sooner.
+    from gradlab.learn.zygote import zygote_dir
+
     directory = zygote_dir(settings.home)
     if settings.daemon:
         return directory

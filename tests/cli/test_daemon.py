@@ -376,6 +376,19 @@ def test_a_cache_that_cannot_be_written_leaves_the_server_up(settings, tmp_path:
 
 
 @pytest.mark.slow
+def test_a_relative_cache_dir_is_the_commands_not_the_daemons(settings, tmp_path: Path) -> None:
+    """The daemon runs in /: a relative GRADLAB_CACHE_DIR names a folder under the command's directory."""
+    env = _env(GRADLAB_CACHE_DIR="relative-cache", PYTHONPATH=str(REPO))
+    out = subprocess.run([sys.executable, "-m", "gradlab.cli.app", "server", "start"], capture_output=True, text=True,
+                         cwd=tmp_path, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    daemon_log = prefect_home(settings) / "daemon.log"
+    wait_for(lambda: "kept a pre-migrated copy" in daemon_log.read_text(), 120, "the copy kept")
+    assert f"{tmp_path}/relative-cache/prefect-db/" in daemon_log.read_text()
+    assert list((tmp_path / "relative-cache" / "prefect-db").glob("*/prefect.db"))
+
+
+@pytest.mark.slow
 def test_a_copy_its_server_cannot_start_on_is_removed_and_the_next_start_migrates_its_own(
         settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A copy whose bytes match its record but name a revision this Prefect does not know (another

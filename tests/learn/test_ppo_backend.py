@@ -90,20 +90,26 @@ def test_bandit_learns_in_each_cpu_precision(precision: str, tmp_path: Path) -> 
     assert [e.payload["step"] for e in events if e.kind == "checkpoint_ready"] == [4096, 8192]
 
 
+def _breakout_bf16(*, n_steps: int, n_epochs: int, threads: int, seed: int) -> PPOBackend:
+    """A set-up gradlab.ppo backend for Breakout's ppo recipe in bf16 on the CPU: 2 lanes, minibatches of 8."""
+    from gradlab.contracts.experiments import Experiments
+    from gradlab.contracts.run_spec import RunSpec
+
+    overrides = ["train.environment.n_envs=2", f"train.backend.config.n_steps={n_steps}",
+                 "train.backend.config.batch_size=8", f"train.backend.config.n_epochs={n_epochs}",
+                 "train.backend.config.precision=bf16", f"train.backend.config.threads={threads}", "train.device=cpu"]
+    spec = RunSpec.from_resolved(Experiments().resolve("Breakout-Atari2600-v0/ppo", overrides), seed=seed)
+    backend = PPOBackend()
+    backend.setup(spec, backend.make_env(spec))
+    return backend
+
+
 def test_breakout_rollout_on_one_thread_and_a_bf16_copy() -> None:
     """On CPU the rollout runs on ``rollout_threads`` (1 for 2 lanes) and, in bf16, on a bf16 copy of
     the network refreshed from the fp32 parameters; the update runs on the recipe's threads again."""
     import torch
 
-    from gradlab.contracts.experiments import Experiments
-    from gradlab.contracts.run_spec import RunSpec
-
-    overrides = ["train.environment.n_envs=2", "train.backend.config.n_steps=8", "train.backend.config.batch_size=8",
-                 "train.backend.config.n_epochs=1", "train.backend.config.precision=bf16",
-                 "train.backend.config.threads=2", "train.device=cpu"]
-    spec = RunSpec.from_resolved(Experiments().resolve("Breakout-Atari2600-v0/ppo", overrides), seed=1)
-    backend = PPOBackend()
-    backend.setup(spec, backend.make_env(spec))
+    backend = _breakout_bf16(n_steps=8, n_epochs=1, threads=2, seed=1)
     seen: list[int] = []
     assert len(backend.venv.groups) == 2  # ale-py lanes: the pipelined rollout of two lane groups
     for group in backend.venv.groups:
@@ -135,16 +141,9 @@ def test_a_bf16_update_from_frames_cast_once_equals_one_that_casts_each_minibatc
     import numpy as np
     import torch
 
-    from gradlab.contracts.experiments import Experiments
-    from gradlab.contracts.run_spec import RunSpec
     from gradlab.learn import ppo
 
-    overrides = ["train.environment.n_envs=2", "train.backend.config.n_steps=16", "train.backend.config.batch_size=8",
-                 "train.backend.config.n_epochs=2", "train.backend.config.precision=bf16",
-                 "train.backend.config.threads=1", "train.device=cpu"]
-    spec = RunSpec.from_resolved(Experiments().resolve("Breakout-Atari2600-v0/ppo", overrides), seed=3)
-    backend = PPOBackend()
-    backend.setup(spec, backend.make_env(spec))
+    backend = _breakout_bf16(n_steps=16, n_epochs=2, threads=1, seed=3)
     try:
         backend.begin(resumed=False)
         backend.collect()

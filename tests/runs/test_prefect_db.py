@@ -256,7 +256,7 @@ def test_a_save_killed_midway_leaves_partials_that_a_later_save_removes(cache: P
     assert not old.exists() and fresh.exists()  # a save that may still be running keeps its files
 
 
-def test_the_users_own_registration_off_is_said_and_keeps_nothing(cache: Path, tmp_path: Path,
+def test_the_users_own_registration_off_is_detected_and_said(cache: Path, tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch,
                                                                   caplog: pytest.LogCaptureFixture) -> None:
     _server_database(tmp_path / "first").close()
@@ -264,7 +264,7 @@ def test_the_users_own_registration_off_is_said_and_keeps_nothing(cache: Path, t
     record_path = prefect_db.template_dir() / prefect_db.RECORD
     record_path.write_text(json.dumps({**json.loads(record_path.read_text()), "collections": ["x=prefect-x==1"]}))
     monkeypatch.setenv("PREFECT_SERVER_REGISTER_BLOCKS_ON_START", "False")
-    assert not prefect_db.registration_on()  # the daemon then keeps no copy of this server's database
+    assert not prefect_db.registration_on()  # what the daemon checks before it keeps a copy
     new = tmp_path / "second"
     new.mkdir()
     with caplog.at_level(logging.INFO, logger="gradlab.runs.prefect_db"):
