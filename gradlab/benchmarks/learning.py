@@ -12,6 +12,12 @@ checkpoint spacing bounds the resolution (8192 steps by default, against the goa
 ``max_steps`` stops training there (the schedules keep the recipe's horizon) instead of training
 the recipe's whole budget, which for the rl-zoo3 classic-control recipes is 1M steps.
 
+Beside the medians it prints P(a gradlab.ppo seed accepts in fewer steps than an sb3.ppo seed), ties
+counting half, with a 95% stratified-bootstrap interval (:func:`parity`): on a chaotic goal the
+same-seed runs part after some updates, each seed is then a draw, and a median of 5 draws can differ
+by a checkpoint interval or two where the two distributions do not. ``jobs`` trains that many
+(seed, backend) pairs at a time in spawned processes (:func:`run`).
+
 Both backends draw their random streams alike (``gradlab.learn.ppo``), so with the same seed they
 train the same run until floating-point rounding makes one sampled action differ: a seed's two
 figures are then equal or differ by that divergence, not by another algorithm.
@@ -20,6 +26,7 @@ figures are then equal or differ by that divergence, not by another algorithm.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import sys
 import tempfile
@@ -79,22 +86,142 @@ def steps_to_acceptance(ref: str, backend: str, seed: int, checkpoint_freq: int,
 
 
 def run(ref: str = "CartPole-v1/ppo", seeds: int = 5, checkpoint_freq: int = 8192, progress: Any = None,
-        max_steps: int | None = None) -> list[SeedResult]:
-    """Both backends on seeds 0..seeds-1, alternating which goes first."""
+        max_steps: int | None = None, first_seed: int = 0, jobs: int = 1) -> list[SeedResult]:
+    """Both backends on seeds ``first_seed .. first_seed + seeds - 1``, alternating which goes first.
+
+    With ``jobs`` > 1, that many spawned processes take the (seed, backend) pairs in turn (steps to
+    acceptance do not depend on the load; train seconds then do). A worker's learner gets SIGTERM
+    when this process ends (``PR_SET_PDEATHSIG``), and on SIGTERM or Ctrl-C here every worker is
+    stopped before the work folder is removed.
+
+    Returns:
+        One row per (seed, backend), in seed order, sb3.ppo first.
+
+    Raises:
+        KeyboardInterrupt: SIGTERM or Ctrl-C (here or in a worker's training).
+        RuntimeError: a worker failed (its traceback in the message).
+    """
+    pairs = [(seed, backend) for seed in range(first_seed, first_seed + seeds)
+             for backend in (BACKENDS if seed % 2 == 0 else BACKENDS[::-1])]
     out = []
     with tempfile.TemporaryDirectory(prefix="gradlab-learning-") as tmp:
-        for seed in range(seeds):
-            for backend in (BACKENDS if seed % 2 == 0 else BACKENDS[::-1]):
+        if jobs <= 1:
+            for seed, backend in pairs:
                 out.append(steps_to_acceptance(ref, backend, seed, checkpoint_freq, Path(tmp), max_steps))
                 if progress is not None:
                     progress()
+        else:
+            out = _run_parallel(pairs, ref, checkpoint_freq, Path(tmp), max_steps, jobs, progress)
+    return sorted(out, key=lambda r: (r.seed, BACKENDS.index(r.backend)))
+
+
+def _worker(tasks: Any, results: Any, ref: str, checkpoint_freq: int, work: Path,
+            max_steps: int | None) -> None:  # pragma: no cover - runs in a spawned process
+    import signal
+    import traceback
+
+    from gradlab.learn.watch import die_with_parent
+
+    die_with_parent(signal.SIGTERM)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; it sends SIGTERM
+    try:
+        while (task := tasks.get()) is not None:
+            seed, backend = task
+            results.put(("row", asdict(steps_to_acceptance(ref, backend, seed, checkpoint_freq, work, max_steps))))
+    except KeyboardInterrupt as e:  # SIGTERM during a training
+        results.put(("interrupted", str(e)))
+    except BaseException:  # noqa: BLE001 - reported to the parent, which raises it
+        results.put(("error", traceback.format_exc()))
+
+
+def _run_parallel(pairs: list[tuple[int, str]], ref: str, checkpoint_freq: int, work: Path,
+                  max_steps: int | None, jobs: int, progress: Any) -> list[SeedResult]:
+    import multiprocessing as mp
+    import queue
+    import signal
+
+    ctx = mp.get_context("spawn")
+    tasks, results = ctx.Queue(), ctx.Queue()
+    jobs = min(jobs, len(pairs))
+    for pair in pairs:
+        tasks.put(pair)
+    for _ in range(jobs):
+        tasks.put(None)
+    procs = [ctx.Process(target=_worker, args=(tasks, results, ref, checkpoint_freq, work, max_steps), daemon=True)
+             for _ in range(jobs)]
+
+    def on_term(signum, frame) -> None:  # noqa: ARG001 - signal handler signature
+        raise KeyboardInterrupt("stopped by SIGTERM or Ctrl-C")
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    out: list[SeedResult] = []
+    try:
+        for p in procs:
+            p.start()
+        while len(out) < len(pairs):
+            try:
+                kind, payload = results.get(timeout=1.0)
+            except queue.Empty:
+                if not any(p.is_alive() for p in procs):
+                    raise RuntimeError(f"learning benchmark: every worker ended with {len(pairs) - len(out)} "
+                                       f"pairs left (exit codes {[p.exitcode for p in procs]})") from None
+                continue
+            if kind == "interrupted":
+                raise KeyboardInterrupt(payload)
+            if kind == "error":
+                raise RuntimeError(f"learning benchmark: a worker failed:\n{payload}")
+            out.append(SeedResult(**payload))
+            if progress is not None:
+                progress()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        for p in procs:
+            if p.is_alive():
+                p.terminate()  # SIGTERM: a training stops at its next update
+        for p in procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+                p.join()
     return out
 
 
-def render(rows: list[SeedResult], ref: str, as_json: bool) -> None:
-    medians = {b: statistics.median(r.steps_to_accept for r in rows if r.backend == b) for b in BACKENDS}
+def parity(rows: list[SeedResult]) -> dict[str, Any]:
+    """The parity figures of ``rows`` (both backends, one row per seed each).
+
+    Returns:
+        ``median``: {backend: median steps to acceptance (``inf`` when most seeds never passed)};
+        ``ratio``: gradlab.ppo's median / sb3.ppo's (``inf``/``nan`` when undefined); ``holds``: the
+        issue's goal, gradlab.ppo's median <= sb3.ppo's; ``sooner``: {value, low, high, n, note},
+        P(a gradlab.ppo seed accepts in fewer steps than an sb3.ppo seed), ties counting half, with
+        its 95% stratified-bootstrap interval (:func:`gradlab.results.stats.probability_of_improvement_estimate`:
+        the Mann-Whitney U statistic over n m; Agarwal et al. 2021, sec. 4.3). A seed never
+        accepted ranks after every accepted one. ``shown``: "none" when the interval contains 0.5
+        (or is undefined: one seed), else the backend that accepts sooner.
+    """
+    from gradlab.results.stats import probability_of_improvement_estimate
+
+    steps = {b: [r.steps_to_accept for r in rows if r.backend == b] for b in BACKENDS}
+    medians = {b: statistics.median(v) for b, v in steps.items()}
+    finite = [x for v in steps.values() for x in v if math.isfinite(x)]
+    never = 2.0 * max(finite, default=1.0) + 1.0  # ranks after every accepted seed; only order matters
+    ranked = {b: [-(x if math.isfinite(x) else never) for x in v] for b, v in steps.items()}  # higher = sooner
+    sooner = probability_of_improvement_estimate(ranked["gradlab.ppo"], ranked["sb3.ppo"])
+    g, s = medians["gradlab.ppo"], medians["sb3.ppo"]
+    ratio = g / s if math.isfinite(s) and s > 0 else (math.nan if not math.isfinite(g) else 0.0)
+    shown = "none"
+    if sooner.low is not None and sooner.low > 0.5:
+        shown = "gradlab.ppo"
+    elif sooner.high is not None and sooner.high < 0.5:
+        shown = "sb3.ppo"
+    return {"median": medians, "ratio": ratio, "holds": g <= s, "sooner": sooner.as_json(), "shown": shown}
+
+
+def render(rows: list[SeedResult], ref: str, as_json: bool, jobs: int = 1) -> None:
+    figures = parity(rows)
+    medians = figures["median"]
     if as_json:
-        print(json.dumps({"ref": ref, "rows": [asdict(r) for r in rows], "median": medians}))
+        print(json.dumps({"ref": ref, "rows": [asdict(r) for r in rows], **figures}))
         return
     from rich.console import Console
     from rich.table import Table
@@ -110,18 +237,31 @@ def render(rows: list[SeedResult], ref: str, as_json: bool) -> None:
                       f"{s.train_seconds:.1f}")
     table.add_row("median", f"{medians['sb3.ppo']:,.0f}", f"{medians['gradlab.ppo']:,.0f}", "", "")
     console.print(table)
-    verdict = "holds" if medians["gradlab.ppo"] <= medians["sb3.ppo"] else "does not hold"
-    console.print(f"learning parity (gradlab.ppo median <= sb3.ppo median): {verdict}")
+    if jobs > 1:
+        console.print(f"train seconds: {jobs} trainings at a time, not a speed measurement")
+    verdict = "holds" if figures["holds"] else "does not hold"
+    console.print(f"learning parity (gradlab.ppo median <= sb3.ppo median): {verdict} "
+                  f"(ratio of the medians {figures['ratio']:.2f})")
+    p = figures["sooner"]
+    interval = (f"95% interval [{p['low']:.2f}, {p['high']:.2f}]" if p["low"] is not None
+                else f"no interval: {p['note']}")
+    shown = {"none": "no difference shown (0.5 is inside the interval)" if p["low"] is not None
+             else "no difference can be shown", "gradlab.ppo": "gradlab.ppo accepts sooner",
+             "sb3.ppo": "sb3.ppo accepts sooner"}[figures["shown"]]
+    console.print(f"P(a gradlab.ppo seed accepts in fewer steps than an sb3.ppo seed; ties half) = {p['value']:.2f}, "
+                  f"{interval} (stratified bootstrap over seeds): {shown}")
 
 
-def main(ref: str, seeds: int, checkpoint_freq: int, as_json: bool, max_steps: int | None = None) -> None:
+def main(ref: str, seeds: int, checkpoint_freq: int, as_json: bool, max_steps: int | None = None,
+         first_seed: int = 0, jobs: int = 1) -> None:
     from rich.progress import Progress
 
     try:
         with Progress(transient=True, disable=as_json) as bar:
             task = bar.add_task("training and evaluating", total=seeds * len(BACKENDS))
-            rows = run(ref, seeds, checkpoint_freq, progress=lambda: bar.advance(task), max_steps=max_steps)
+            rows = run(ref, seeds, checkpoint_freq, progress=lambda: bar.advance(task), max_steps=max_steps,
+                       first_seed=first_seed, jobs=jobs)
     except KeyboardInterrupt as e:
         print(f"interrupted: {e or 'Ctrl-C'}; no figures", file=sys.stderr)
         raise SystemExit(130) from None
-    render(rows, ref, as_json)
+    render(rows, ref, as_json, jobs)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gradlab.benchmarks.learning import steps_to_acceptance
+from gradlab.benchmarks.learning import SeedResult, parity, run, steps_to_acceptance
 
 
 def test_gradlab_ppo_reaches_the_bandit_goals_acceptance(tmp_path: Path) -> None:
@@ -83,3 +83,64 @@ def test_sigterm_ends_the_benchmark_not_only_the_run_it_trains(tmp_path: Path) -
     assert proc.returncode != 0 and time.monotonic() - signalled < 120
     assert "learning parity" not in out and "stopped by SIGTERM or Ctrl-C" in out + err
     assert not list(tmp_path.glob("gradlab-learning-*"))  # its work folder removed
+
+
+def _rows(sb3: list[float], gradlab: list[float]) -> list[SeedResult]:
+    return ([SeedResult("sb3.ppo", i, x, 1, 0.0, 1.0) for i, x in enumerate(sb3)]
+            + [SeedResult("gradlab.ppo", i, x, 1, 0.0, 1.0) for i, x in enumerate(gradlab)])
+
+
+def test_parity_ranks_a_seed_never_accepted_after_every_accepted_one() -> None:
+    inf = float("inf")
+    same = parity(_rows([8192, 16384, 24576], [8192, 16384, 24576]))
+    assert same["holds"] and same["ratio"] == 1.0 and same["sooner"]["value"] == 0.5 and same["shown"] == "none"
+    # gradlab.ppo sooner on every pair but one tie (its seed 2 at 24,576 against sb3.ppo's seed 0 never accepting).
+    later = parity(_rows([inf, inf, inf, 32768, 32768, 32768], [8192, 8192, 8192, 8192, 16384, 24576]))
+    assert later["median"] == {"sb3.ppo": inf, "gradlab.ppo": 8192.0} and later["holds"]
+    assert later["sooner"]["value"] == 1.0 and later["shown"] == "gradlab.ppo"
+    worse = parity(_rows([8192] * 6, [inf] * 6))
+    assert not worse["holds"] and worse["sooner"]["value"] == 0.0 and worse["shown"] == "sb3.ppo"
+    one = parity(_rows([8192], [16384]))
+    assert one["sooner"]["low"] is None and one["shown"] == "none" and one["ratio"] == 2.0
+
+
+def test_parallel_jobs_give_the_steps_one_process_gives(tmp_path: Path) -> None:
+    serial = run("gradlab__bandit/ppo", seeds=2, checkpoint_freq=1024, first_seed=3)
+    parallel = run("gradlab__bandit/ppo", seeds=2, checkpoint_freq=1024, first_seed=3, jobs=2)
+    assert [(r.seed, r.backend) for r in parallel] == [(3, "sb3.ppo"), (3, "gradlab.ppo"), (4, "sb3.ppo"),
+                                                      (4, "gradlab.ppo")]
+    assert [r.steps_to_accept for r in parallel] == [r.steps_to_accept for r in serial]
+    assert all(math.isfinite(r.steps_to_accept) for r in parallel)
+
+
+def test_sigterm_stops_every_parallel_job(tmp_path: Path) -> None:
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.Popen([sys.executable, "-m", "gradlab.cli.app", "benchmark", "learning", "--ref",
+                             "CartPole-v1/ppo", "--seeds", "5", "--jobs", "2"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 300
+        while len(list(tmp_path.glob("gradlab-learning-*/*/outbox.sqlite"))) < 2:  # both jobs are training
+            assert proc.poll() is None and time.monotonic() < deadline, "training did not start"
+            time.sleep(0.1)
+        workers = [pid for pid in _children(proc.pid) if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        assert len(workers) == 2
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130 and "learning parity" not in out and "stopped by SIGTERM or Ctrl-C" in err
+    assert not list(tmp_path.glob("gradlab-learning-*"))  # its work folder removed
+    assert not [pid for pid in workers if _running(pid)]  # no job outlives it
+
+
+def _children(pid: int) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
