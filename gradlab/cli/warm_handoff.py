@@ -29,10 +29,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from gradlab.cli.early import CHILD_ENV as CHILD_ENV  # the warm child's marker, readable without this module
 from gradlab.learn import zygote
-
-#: Set in the warm child's environment (the zygote's pid): that process never hands off again.
-CHILD_ENV = "GRADLAB_WARM_FLOW"
 
 #: Signals the requester relays to the child.
 RELAYED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)

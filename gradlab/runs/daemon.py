@@ -31,7 +31,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 from gradlab.runs import prefect_db
@@ -153,6 +152,8 @@ class Daemon:
         self.state = ServerState(**{**self.state.__dict__, "ready": True, "idle_since": time.time()})
         write_state(self.home, self.state)
         self._warm()  # any that ended while the server started
+        import urllib.request  # after the server's spawn, as every import that can wait
+
         # A new server answers its first API request slowly (~0.5 s here: it sets up on first use);
         # a run's first request is then not the first.
         try:
@@ -213,6 +214,8 @@ class Daemon:
         return busy or active != 0
 
     def _api(self, path: str, body: dict) -> object:
+        import urllib.request
+
         request = urllib.request.Request(f"{self.state.api_url}{path}", data=json.dumps(body).encode(),
                                          headers={"Content-Type": "application/json"}, method="POST")
         with urllib.request.urlopen(request, timeout=5.0) as r:
