@@ -36,7 +36,7 @@ def parse_seeds(seeds: list[str]) -> list[int]:
     return seed_list
 
 
-benchmark_app = typer.Typer(help="Measure speed against the bare libraries (prints a table of ratios).",
+benchmark_app = typer.Typer(help="Measure speed against the bare libraries (tables of ratios) and learning against stable-baselines3 (steps to acceptance, curves).",
                             no_args_is_help=True)
 
 
@@ -73,13 +73,16 @@ def learner(
 
 @benchmark_app.command("learning")
 def learning(
-    ref: str = typer.Option("CartPole-v1/ppo", help="Experiment whose recipe both backends train."),
+    ref: str = typer.Option("CartPole-v1/ppo", metavar="GOAL/RECIPE", help="The recipe both backends train (its "
+                            "train.backend.id switched, nothing else)."),
     seeds: int = typer.Option(5, min=1, help="Seeds per backend."),
     first_seed: int = typer.Option(0, min=0, help="The first seed: seeds FIRST_SEED .. FIRST_SEED+SEEDS-1."),
     jobs: int = typer.Option(1, min=1, help="Trainings at a time, each in its own process with one torch thread "
                              "(at most the CPU count). Steps to acceptance do not depend on it; train seconds do."),
-    checkpoint_freq: int = typer.Option(8192, min=1, help="Env steps between the evaluated checkpoints."),
-    max_steps: int = typer.Option(None, min=1, help="Stop training there (default: the recipe's budget); the "
+    checkpoint_freq: int = typer.Option(8192, min=1, help="Env steps between the evaluated checkpoints (each lands "
+                                        "on the first rollout boundary at or after its step)."),
+    max_steps: int = typer.Option(None, min=1, help="Stop training there, at the first rollout boundary at or "
+                                  "after it (default: the recipe's budget); the "
                                   "schedules keep the recipe's horizon. A seed not accepted by then counts as inf."),
     as_json: bool = typer.Option(False, "--json", help="Print the rows as one JSON document."),
 ) -> None:

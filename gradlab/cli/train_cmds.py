@@ -32,7 +32,7 @@ from gradlab.errors import ConfigError
 
 
 def train(
-    ref: Annotated[str, typer.Argument(help="GOAL/RECIPE, e.g. CartPole-v1/ppo.")],
+    ref: Annotated[str, typer.Argument(metavar="GOAL/RECIPE", help="e.g. CartPole-v1/ppo.")],
     seed: Annotated[int, typer.Option(help="Run seed (lane seeds derive from it).")] = 0,
     overrides: SetOption = None,
     wandb: Annotated[str | None, typer.Option("--wandb", help="W&B mode: disabled, offline or online (default: the recipe's).")] = None,

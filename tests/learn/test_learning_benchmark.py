@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gradlab.benchmarks.learning import SeedResult, parity, run, steps_to_acceptance
+from gradlab.benchmarks.learning import SeedResult, parity, render, run, steps_to_acceptance
 
 
 def test_gradlab_ppo_reaches_the_bandit_goals_acceptance(tmp_path: Path) -> None:
@@ -85,9 +85,9 @@ def test_sigterm_ends_the_benchmark_not_only_the_run_it_trains(tmp_path: Path) -
     assert not list(tmp_path.glob("gradlab-learning-*"))  # its work folder removed
 
 
-def _rows(sb3: list[float], gradlab: list[float]) -> list[SeedResult]:
-    return ([SeedResult("sb3.ppo", i, x, 1, 0.0, 1.0) for i, x in enumerate(sb3)]
-            + [SeedResult("gradlab.ppo", i, x, 1, 0.0, 1.0) for i, x in enumerate(gradlab)])
+def _rows(sb3: list[float], gradlab: list[float], evaluated: int = 1) -> list[SeedResult]:
+    return ([SeedResult("sb3.ppo", i, x, evaluated, 0.0, 1.0) for i, x in enumerate(sb3)]
+            + [SeedResult("gradlab.ppo", i, x, evaluated, 0.0, 1.0) for i, x in enumerate(gradlab)])
 
 
 def test_parity_ranks_a_seed_never_accepted_after_every_accepted_one() -> None:
@@ -102,6 +102,17 @@ def test_parity_ranks_a_seed_never_accepted_after_every_accepted_one() -> None:
     assert not worse["holds"] and worse["sooner"]["value"] == 0.0 and worse["shown"] == "sb3.ppo"
     one = parity(_rows([8192], [16384]))
     assert one["sooner"]["low"] is None and one["shown"] == "none" and one["ratio"] == 2.0
+
+
+def test_the_verdict_names_its_seeds_and_a_figure_that_is_only_the_checkpoint_spacing(capsys) -> None:
+    render(_rows([2048, 2048], [2048, 2048]), "gradlab__bandit/ppo", as_json=False)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "gradlab.ppo's median <= sb3.ppo's over 2 seeds: met" in out
+    assert "every seed was accepted at its first checkpoint" in out
+    render(_rows([8192], [16384], evaluated=2), "CartPole-v1/ppo", as_json=False)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "over 1 seed: not met" in out and "no interval with one seed per side (--seeds 2 or more)" in out
+    assert "gradlab sweep" not in out and "first checkpoint" not in out
 
 
 def test_parallel_jobs_give_the_steps_one_process_gives(tmp_path: Path) -> None:
