@@ -120,6 +120,7 @@ def _worker(tasks: Any, results: Any, ref: str, checkpoint_freq: int, work: Path
     import signal
     import traceback
 
+    from gradlab.errors import GradlabError
     from gradlab.learn.watch import die_with_parent
 
     die_with_parent(signal.SIGTERM)
@@ -130,8 +131,17 @@ def _worker(tasks: Any, results: Any, ref: str, checkpoint_freq: int, work: Path
             results.put(("row", asdict(steps_to_acceptance(ref, backend, seed, checkpoint_freq, work, max_steps))))
     except KeyboardInterrupt as e:  # SIGTERM during a training
         results.put(("interrupted", str(e)))
+    except GradlabError as e:  # bad input: its one line, as in one process
+        results.put(("gradlab", f"{type(e).__name__}\0{e}"))
     except BaseException:  # noqa: BLE001 - reported to the parent, which raises it
         results.put(("error", traceback.format_exc()))
+
+
+def _errors() -> list[type]:
+    """gradlab's error classes (a worker's error is raised again here by its class's name)."""
+    from gradlab import errors
+
+    return [c for c in vars(errors).values() if isinstance(c, type) and issubclass(c, errors.GradlabError)]
 
 
 def _run_parallel(pairs: list[tuple[int, str]], ref: str, checkpoint_freq: int, work: Path,
@@ -139,6 +149,8 @@ def _run_parallel(pairs: list[tuple[int, str]], ref: str, checkpoint_freq: int, 
     import multiprocessing as mp
     import queue
     import signal
+
+    from gradlab.errors import GradlabError
 
     ctx = mp.get_context("spawn")
     tasks, results = ctx.Queue(), ctx.Queue()
@@ -162,14 +174,23 @@ def _run_parallel(pairs: list[tuple[int, str]], ref: str, checkpoint_freq: int, 
             try:
                 kind, payload = results.get(timeout=1.0)
             except queue.Empty:
-                if not any(p.is_alive() for p in procs):
-                    raise RuntimeError(f"learning benchmark: every worker ended with {len(pairs) - len(out)} "
-                                       f"pairs left (exit codes {[p.exitcode for p in procs]})") from None
-                continue
+                kind, payload = "", None
+            # A worker that ended without its answer (killed): stop now, not after the others' pairs.
+            if not kind and (dead := [p for p in procs if p.exitcode not in (None, 0)]):
+                left = len(pairs) - len(out)
+                raise RuntimeError(f"learning benchmark: worker pid {dead[0].pid} ended with exit code "
+                                   f"{dead[0].exitcode} ({left} pair{'s' if left != 1 else ''} left)")
+            if not kind and not any(p.is_alive() for p in procs):
+                raise RuntimeError("learning benchmark: every worker ended before the last pair")
             if kind == "interrupted":
                 raise KeyboardInterrupt(payload)
+            if kind == "gradlab":
+                name, message = payload.split("\0", 1)
+                raise {c.__name__: c for c in _errors()}.get(name, GradlabError)(message)
             if kind == "error":
                 raise RuntimeError(f"learning benchmark: a worker failed:\n{payload}")
+            if not kind:
+                continue
             out.append(SeedResult(**payload))
             if progress is not None:
                 progress()
@@ -191,8 +212,8 @@ def parity(rows: list[SeedResult]) -> dict[str, Any]:
 
     Returns:
         ``median``: {backend: median steps to acceptance (``inf`` when most seeds never passed)};
-        ``ratio``: gradlab.ppo's median / sb3.ppo's (``inf``/``nan`` when undefined); ``holds``: the
-        issue's goal, gradlab.ppo's median <= sb3.ppo's; ``sooner``: {value, low, high, n, note},
+        ``ratio``: gradlab.ppo's median / sb3.ppo's (None unless both were accepted); ``holds``: the
+        goal, gradlab.ppo's median <= sb3.ppo's (None when neither median seed was accepted); ``sooner``: {value, low, high, n, note},
         P(a gradlab.ppo seed accepts in fewer steps than an sb3.ppo seed), ties counting half, with
         its 95% stratified-bootstrap interval (:func:`gradlab.results.stats.probability_of_improvement_estimate`:
         the Mann-Whitney U statistic over n m; Agarwal et al. 2021, sec. 4.3). A seed never
@@ -208,13 +229,14 @@ def parity(rows: list[SeedResult]) -> dict[str, Any]:
     ranked = {b: [-(x if math.isfinite(x) else never) for x in v] for b, v in steps.items()}  # higher = sooner
     sooner = probability_of_improvement_estimate(ranked["gradlab.ppo"], ranked["sb3.ppo"])
     g, s = medians["gradlab.ppo"], medians["sb3.ppo"]
-    ratio = g / s if math.isfinite(s) and s > 0 else (math.nan if not math.isfinite(g) else 0.0)
+    ratio = g / s if math.isfinite(g) and math.isfinite(s) and s > 0 else None
     shown = "none"
     if sooner.low is not None and sooner.low > 0.5:
         shown = "gradlab.ppo"
     elif sooner.high is not None and sooner.high < 0.5:
         shown = "sb3.ppo"
-    return {"median": medians, "ratio": ratio, "holds": g <= s, "sooner": sooner.as_json(), "shown": shown}
+    holds = None if not math.isfinite(s) and not math.isfinite(g) else g <= s
+    return {"median": medians, "ratio": ratio, "holds": holds, "sooner": sooner.as_json(), "shown": shown}
 
 
 def render(rows: list[SeedResult], ref: str, as_json: bool, jobs: int = 1) -> None:
@@ -222,8 +244,12 @@ def render(rows: list[SeedResult], ref: str, as_json: bool, jobs: int = 1) -> No
     medians = figures["median"]
     first_only = all(r.evaluated == 1 and math.isfinite(r.steps_to_accept) for r in rows)
     if as_json:
-        print(json.dumps({"ref": ref, "rows": [asdict(r) for r in rows], **figures,
-                          "first_checkpoint_only": first_only}))
+        def strict(x: Any) -> Any:  # JSON has no infinity: a seed never accepted is null
+            return None if isinstance(x, float) and not math.isfinite(x) else x
+
+        print(json.dumps({"ref": ref, "rows": [{k: strict(v) for k, v in asdict(r).items()} for r in rows],
+                          **figures, "median": {b: strict(v) for b, v in medians.items()},
+                          "first_checkpoint_only": first_only}, allow_nan=False))
         return
     from rich.console import Console
     from rich.table import Table
@@ -241,9 +267,15 @@ def render(rows: list[SeedResult], ref: str, as_json: bool, jobs: int = 1) -> No
     if jobs > 1:
         console.print(f"train seconds: {jobs} trainings at a time, not a speed measurement")
     n = len(rows) // len(BACKENDS)
-    met = "met" if figures["holds"] else "not met"
-    console.print(f"learning parity, gradlab.ppo's median <= sb3.ppo's over {n} seed{'s' if n != 1 else ''}: {met} "
-                  f"(ratio of the medians {figures['ratio']:.2f}; whether that is more than seed noise: below)")
+    seeds_n = f"{n} seed{'s' if n != 1 else ''}"
+    if figures["holds"] is None:
+        console.print(f"learning parity, gradlab.ppo's median <= sb3.ppo's over {seeds_n}: undecided (neither side's "
+                      "median seed was accepted: train longer or check the goal's acceptance)")
+    else:
+        met = "met" if figures["holds"] else "not met"
+        ratio = "" if figures["ratio"] is None else f"ratio of the medians {figures['ratio']:.2f}; "
+        console.print(f"learning parity, gradlab.ppo's median <= sb3.ppo's over {seeds_n}: {met} "
+                      f"({ratio}whether that is more than seed noise: below)")
     p = figures["sooner"]
     if p["low"] is None:
         console.print(f"P(a gradlab.ppo seed accepts in fewer steps than an sb3.ppo seed; ties half) = {p['value']:.2f}, "
@@ -262,6 +294,9 @@ def main(ref: str, seeds: int, checkpoint_freq: int, as_json: bool, max_steps: i
          first_seed: int = 0, jobs: int = 1) -> None:
     from rich.progress import Progress
 
+    from gradlab.contracts.experiments import Experiments
+
+    Experiments().resolve(ref, [])  # an unknown goal or recipe: its one-line error before any training
     total = seeds * len(BACKENDS)
     try:
         with Progress(transient=True, disable=as_json) as bar:
@@ -276,6 +311,6 @@ def main(ref: str, seeds: int, checkpoint_freq: int, as_json: bool, max_steps: i
             rows = run(ref, seeds, checkpoint_freq, progress=done, max_steps=max_steps, first_seed=first_seed,
                        jobs=jobs)
     except KeyboardInterrupt as e:
-        print(f"interrupted: {e or 'Ctrl-C'}; no figures", file=sys.stderr)
+        print(f"interrupted: {str(e) or 'Ctrl-C'}; no figures", file=sys.stderr)
         raise SystemExit(130) from None
     render(rows, ref, as_json, jobs)

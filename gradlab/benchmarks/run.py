@@ -141,8 +141,7 @@ def _one(ref: str, case: str, seed: int, home: Path, prefect: str) -> Row:
     warm_flows = _forked_flows(flow_log)
     started_at = time.time()
     t0 = time.perf_counter()
-    # The console script's module: a fresh shell's `gradlab train` starts the daemon before the app's imports.
-    out = subprocess.run([sys.executable, "-m", "gradlab.cli", "train", ref, "--seed", str(seed), "--json"],
+    out = subprocess.run([sys.executable, "-m", "gradlab.cli.app", "train", ref, "--seed", str(seed), "--json"],
                          capture_output=True, text=True, env=env, timeout=1800)
     wall = time.perf_counter() - t0
     lines = [line for line in out.stdout.splitlines() if line.strip()]

@@ -84,7 +84,8 @@ def learning(
     max_steps: int = typer.Option(None, min=1, help="Stop training there, at the first rollout boundary at or "
                                   "after it (default: the recipe's budget); the "
                                   "schedules keep the recipe's horizon. A seed not accepted by then counts as inf."),
-    as_json: bool = typer.Option(False, "--json", help="Print the rows as one JSON document."),
+    as_json: bool = typer.Option(False, "--json", help="Print the rows as one JSON document (a seed never accepted: "
+                                 "null)."),
 ) -> None:
     """Env steps to the goal's acceptance, gradlab.ppo vs sb3.ppo, per seed (parity: gradlab.ppo's median is no higher),
     with P(a gradlab.ppo seed accepts sooner) and its 95% interval."""
@@ -95,7 +96,11 @@ def learning(
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if jobs > cpus:
         raise typer.BadParameter(f"expected at most this machine's {cpus} CPUs, found {jobs}", param_hint="--jobs")
-    main(ref, seeds, checkpoint_freq, as_json, max_steps=max_steps, first_seed=first_seed, jobs=jobs)
+    try:
+        main(ref, seeds, checkpoint_freq, as_json, max_steps=max_steps, first_seed=first_seed, jobs=jobs)
+    except RuntimeError as e:  # a worker process failed (gradlab's own errors end as one line in app.main)
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from None
 
 
 @benchmark_app.command("curves")

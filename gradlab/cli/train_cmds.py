@@ -242,10 +242,8 @@ def _start_local_server(settings) -> int | None:
     warm learner and warm flow import beside the server's start-up and this command hands itself
     to the warm flow (docs/ARCHITECTURE.md section 11); the daemon's pid, else None (one runs or is
     starting, ``GRADLAB_DAEMON=0``, a Prefect API of the user's, or this is the warm flow's child)."""
-    from gradlab.cli import early, warm_handoff
+    from gradlab.cli import warm_handoff
 
-    if (early := early.take_started()) is not None:  # started before this module was imported
-        return early
     if (not settings.daemon or os.environ.get("PREFECT_API_URL") or settings.prefect_api_url
             or os.environ.get(warm_handoff.CHILD_ENV)):
         return None

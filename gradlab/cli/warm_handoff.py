@@ -29,8 +29,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from gradlab.cli.early import CHILD_ENV as CHILD_ENV  # the warm child's marker, readable without this module
-from gradlab.learn import zygote
+#: Set in the warm child's environment (the zygote's pid): that process never hands off again.
+CHILD_ENV = "GRADLAB_WARM_FLOW"
 
 #: Signals the requester relays to the child.
 RELAYED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
@@ -75,6 +75,8 @@ def hand_off(argv: list[str], *, home: Path | None = None, started_daemon: int |
         the caller runs the command itself. Cheap: reads a few files, imports neither Prefect nor
         torch.
     """
+    from gradlab.learn import zygote  # here: a fresh shell's train starts the daemon before this import
+
     if os.environ.get(CHILD_ENV):
         return None
     if home is None:
@@ -129,6 +131,8 @@ def hand_off(argv: list[str], *, home: Path | None = None, started_daemon: int |
 
 def _request_run(address: str, payload: dict) -> tuple[socket.socket, int]:
     """Send the request with fds 0, 1, 2; confirm the child. Returns the open connection and its pid."""
+    from gradlab.learn import zygote
+
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         s.settimeout(zygote.REQUEST_TIMEOUT_S)
@@ -148,6 +152,8 @@ def _request_run(address: str, payload: dict) -> tuple[socket.socket, int]:
 
 def _relay(sock: socket.socket, pid: int, directory: Path) -> int:
     """Relay signals to the child until it reports its exit code (or its connection closes)."""
+    from gradlab.learn import zygote
+
 
     def forward(signum, frame) -> None:  # noqa: ARG001 - signal handler signature
         try:

@@ -115,6 +115,19 @@ def test_the_verdict_names_its_seeds_and_a_figure_that_is_only_the_checkpoint_sp
     assert "gradlab sweep" not in out and "first checkpoint" not in out
 
 
+def test_nothing_accepted_is_undecided_and_the_json_is_strict(capsys) -> None:
+    import json
+
+    inf = float("inf")
+    figures = parity(_rows([inf, inf], [inf, inf], evaluated=3))
+    assert figures["holds"] is None and figures["ratio"] is None
+    render(_rows([inf, inf], [inf, inf], evaluated=3), "CartPole-v1/ppo", as_json=False)
+    assert "undecided (neither side's median seed was accepted" in " ".join(capsys.readouterr().out.split())
+    render(_rows([inf, 8192], [inf, inf], evaluated=3), "CartPole-v1/ppo", as_json=True)
+    doc = json.loads(capsys.readouterr().out, parse_constant=lambda c: pytest.fail(f"not strict JSON: {c}"))
+    assert doc["median"]["gradlab.ppo"] is None and doc["rows"][0]["steps_to_accept"] is None
+
+
 def test_parallel_jobs_give_the_steps_one_process_gives(tmp_path: Path) -> None:
     serial = run("gradlab__bandit/ppo", seeds=2, checkpoint_freq=1024, first_seed=3)
     parallel = run("gradlab__bandit/ppo", seeds=2, checkpoint_freq=1024, first_seed=3, jobs=2)
@@ -155,3 +168,32 @@ def _running(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def _benchmark(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONWARNINGS": "ignore"}
+    return subprocess.Popen([sys.executable, "-m", "gradlab.cli.app", "benchmark", "learning", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def test_an_unknown_goal_is_one_line_before_any_job_starts(tmp_path: Path) -> None:
+    out, err = _benchmark(tmp_path, "--ref", "nosuch/ppo", "--jobs", "2").communicate(timeout=300)
+    assert "unknown goal 'nosuch'" in err and "Traceback" not in err and not list(tmp_path.glob("gradlab-learning-*"))
+
+
+def test_a_killed_job_stops_the_benchmark_at_once(tmp_path: Path) -> None:
+    proc = _benchmark(tmp_path, "--ref", "CartPole-v1/ppo", "--seeds", "5", "--jobs", "2")
+    try:
+        deadline = time.monotonic() + 300
+        while len(list(tmp_path.glob("gradlab-learning-*/*/outbox.sqlite"))) < 2:  # both jobs are training
+            assert proc.poll() is None and time.monotonic() < deadline, "training did not start"
+            time.sleep(0.1)
+        workers = [pid for pid in _children(proc.pid) if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        os.kill(workers[0], signal.SIGKILL)
+        out, err = proc.communicate(timeout=120)  # the other job's remaining pairs are not trained first
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1 and f"worker pid {workers[0]} ended with exit code -9" in err, err[-2000:]
+    assert "Traceback" not in err and not list(tmp_path.glob("gradlab-learning-*"))
+    assert not [pid for pid in workers if _running(pid)]
