@@ -307,7 +307,7 @@ def test_a_fresh_shells_first_train_is_handed_to_the_warm_flow_the_daemon_starts
 
 def test_a_fresh_shells_train_starts_the_daemon_before_its_heavy_imports(settings) -> None:
     """`gradlab train` starts the daemon (gradlab.cli.train_cmds._start_local_server) before it
-    imports the warm hand-off's zygote module, pydantic or http.client: ~0.1 s sooner."""
+    imports the warm hand-off's zygote module, pydantic or http.client (~40 ms sooner, docs/BENCHMARKS.md)."""
     probe = ("import sys; import gradlab.cli.app; from gradlab.cli import train_cmds; "
              "from gradlab.settings import load_settings; pid = train_cmds._start_local_server(load_settings()); "
              "print(pid, sorted(m for m in ('gradlab.learn.zygote', 'pydantic', 'http.client') if m in sys.modules))")
