@@ -99,7 +99,8 @@ def run(ref: str = "CartPole-v1/ppo", seeds: int = 5, checkpoint_freq: int = 819
 
     Raises:
         KeyboardInterrupt: SIGTERM or Ctrl-C (here or in a worker's training).
-        RuntimeError: a worker failed (its traceback in the message).
+        RuntimeError: a worker failed (its traceback in the message) or was killed.
+        GradlabError: a worker's (bad input), raised again here as its own class.
     """
     pairs = [(seed, backend) for seed in range(first_seed, first_seed + seeds)
              for backend in (BACKENDS if seed % 2 == 0 else BACKENDS[::-1])]
@@ -174,14 +175,14 @@ def _run_parallel(pairs: list[tuple[int, str]], ref: str, checkpoint_freq: int, 
             try:
                 kind, payload = results.get(timeout=1.0)
             except queue.Empty:
-                kind, payload = "", None
-            # A worker that ended without its answer (killed): stop now, not after the others' pairs.
-            if not kind and (dead := [p for p in procs if p.exitcode not in (None, 0)]):
-                left = len(pairs) - len(out)
-                raise RuntimeError(f"learning benchmark: worker pid {dead[0].pid} ended with exit code "
-                                   f"{dead[0].exitcode} ({left} pair{'s' if left != 1 else ''} left)")
-            if not kind and not any(p.is_alive() for p in procs):
-                raise RuntimeError("learning benchmark: every worker ended before the last pair")
+                # A worker that ended without its answer (killed): stop now, not after the others' pairs.
+                if dead := [p for p in procs if p.exitcode not in (None, 0)]:
+                    left = len(pairs) - len(out)
+                    raise RuntimeError(f"learning benchmark: worker pid {dead[0].pid} ended with exit code "
+                                       f"{dead[0].exitcode} ({left} pair{'s' if left != 1 else ''} left)") from None
+                if not any(p.is_alive() for p in procs):
+                    raise RuntimeError("learning benchmark: every worker ended before the last pair") from None
+                continue
             if kind == "interrupted":
                 raise KeyboardInterrupt(payload)
             if kind == "gradlab":
@@ -189,8 +190,6 @@ def _run_parallel(pairs: list[tuple[int, str]], ref: str, checkpoint_freq: int, 
                 raise {c.__name__: c for c in _errors()}.get(name, GradlabError)(message)
             if kind == "error":
                 raise RuntimeError(f"learning benchmark: a worker failed:\n{payload}")
-            if not kind:
-                continue
             out.append(SeedResult(**payload))
             if progress is not None:
                 progress()
@@ -213,11 +212,12 @@ def parity(rows: list[SeedResult]) -> dict[str, Any]:
     Returns:
         ``median``: {backend: median steps to acceptance (``inf`` when most seeds never passed)};
         ``ratio``: gradlab.ppo's median / sb3.ppo's (None unless both were accepted); ``holds``: the
-        goal, gradlab.ppo's median <= sb3.ppo's (None when neither median seed was accepted); ``sooner``: {value, low, high, n, note},
-        P(a gradlab.ppo seed accepts in fewer steps than an sb3.ppo seed), ties counting half, with
-        its 95% stratified-bootstrap interval (:func:`gradlab.results.stats.probability_of_improvement_estimate`:
-        the Mann-Whitney U statistic over n m; Agarwal et al. 2021, sec. 4.3). A seed never
-        accepted ranks after every accepted one. ``shown``: "none" when the interval contains 0.5
+        goal, gradlab.ppo's median <= sb3.ppo's (None when neither median seed was accepted);
+        ``sooner``: {value, low, high, n, note}, P(a gradlab.ppo seed accepts in fewer steps than an
+        sb3.ppo seed), ties counting half, with its 95% stratified-bootstrap interval
+        (:func:`gradlab.results.stats.probability_of_improvement_estimate`: the Mann-Whitney U
+        statistic over n m; Agarwal et al. 2021, sec. 4.3). A seed never accepted ranks after every
+        accepted one. ``shown``: "none" when the interval contains 0.5
         (or is undefined: one seed), else the backend that accepts sooner.
     """
     from gradlab.results.stats import probability_of_improvement_estimate

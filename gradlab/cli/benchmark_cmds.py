@@ -36,7 +36,8 @@ def parse_seeds(seeds: list[str]) -> list[int]:
     return seed_list
 
 
-benchmark_app = typer.Typer(help="Measure speed against the bare libraries (tables of ratios) and learning against stable-baselines3 (steps to acceptance, curves).",
+benchmark_app = typer.Typer(help="Measure speed against the bare libraries (tables of ratios) and learning against "
+                            "stable-baselines3 (steps to acceptance, curves).",
                             no_args_is_help=True)
 
 

@@ -154,7 +154,6 @@ def _relay(sock: socket.socket, pid: int, directory: Path) -> int:
     """Relay signals to the child until it reports its exit code (or its connection closes)."""
     from gradlab.learn import zygote
 
-
     def forward(signum, frame) -> None:  # noqa: ARG001 - signal handler signature
         try:
             os.kill(pid, signum)
