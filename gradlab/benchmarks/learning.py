@@ -104,6 +104,20 @@ def run(ref: str = "CartPole-v1/ppo", seeds: int = 5, checkpoint_freq: int = 819
     """
     pairs = [(seed, backend) for seed in range(first_seed, first_seed + seeds)
              for backend in (BACKENDS if seed % 2 == 0 else BACKENDS[::-1])]
+    import signal
+
+    out = []
+    previous = signal.signal(signal.SIGTERM, _on_term)  # between trainings too (the learner's is set in one)
+    try:
+        out = _run_in(pairs, ref, checkpoint_freq, max_steps, jobs, progress)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return sorted(out, key=lambda r: (r.seed, BACKENDS.index(r.backend)))
+
+
+def _run_in(pairs: list[tuple[int, str]], ref: str, checkpoint_freq: int, max_steps: int | None, jobs: int,
+            progress: Any) -> list[SeedResult]:
+    """The pairs' rows, trained in a temporary work folder removed afterwards (also on an error)."""
     out = []
     with tempfile.TemporaryDirectory(prefix="gradlab-learning-") as tmp:
         if jobs <= 1:
@@ -113,20 +127,26 @@ def run(ref: str = "CartPole-v1/ppo", seeds: int = 5, checkpoint_freq: int = 819
                     progress()
         else:
             out = _run_parallel(pairs, ref, checkpoint_freq, Path(tmp), max_steps, jobs, progress)
-    return sorted(out, key=lambda r: (r.seed, BACKENDS.index(r.backend)))
+    return out
 
 
-def _worker(tasks: Any, results: Any, ref: str, checkpoint_freq: int, work: Path,
-            max_steps: int | None) -> None:  # pragma: no cover - runs in a spawned process
+def _on_term(signum, frame) -> None:  # noqa: ARG001 - signal handler signature
+    """SIGTERM outside a training (the learner takes it during one): an interruption, as Ctrl-C."""
+    raise KeyboardInterrupt("stopped by SIGTERM or Ctrl-C")
+
+
+def _worker(tasks: Any, results: Any, ref: str, checkpoint_freq: int, work: Path, max_steps: int | None,
+            parent: int) -> None:  # pragma: no cover - runs in a spawned process
     import signal
     import traceback
 
     from gradlab.errors import GradlabError
     from gradlab.learn.watch import die_with_parent
 
-    die_with_parent(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, _on_term)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; it sends SIGTERM
     try:
+        die_with_parent(signal.SIGTERM, parent_pid=parent)  # a parent already gone: SIGTERM now
         while (task := tasks.get()) is not None:
             seed, backend = task
             results.put(("row", asdict(steps_to_acceptance(ref, backend, seed, checkpoint_freq, work, max_steps))))
@@ -148,6 +168,7 @@ def _errors() -> list[type]:
 def _run_parallel(pairs: list[tuple[int, str]], ref: str, checkpoint_freq: int, work: Path,
                   max_steps: int | None, jobs: int, progress: Any) -> list[SeedResult]:
     import multiprocessing as mp
+    import os
     import queue
     import signal
 
@@ -160,13 +181,8 @@ def _run_parallel(pairs: list[tuple[int, str]], ref: str, checkpoint_freq: int, 
         tasks.put(pair)
     for _ in range(jobs):
         tasks.put(None)
-    procs = [ctx.Process(target=_worker, args=(tasks, results, ref, checkpoint_freq, work, max_steps), daemon=True)
-             for _ in range(jobs)]
-
-    def on_term(signum, frame) -> None:  # noqa: ARG001 - signal handler signature
-        raise KeyboardInterrupt("stopped by SIGTERM or Ctrl-C")
-
-    previous = signal.signal(signal.SIGTERM, on_term)
+    procs = [ctx.Process(target=_worker, args=(tasks, results, ref, checkpoint_freq, work, max_steps, os.getpid()),
+                         daemon=True) for _ in range(jobs)]
     out: list[SeedResult] = []
     try:
         for p in procs:
@@ -194,10 +210,10 @@ def _run_parallel(pairs: list[tuple[int, str]], ref: str, checkpoint_freq: int, 
             if progress is not None:
                 progress()
     finally:
-        signal.signal(signal.SIGTERM, previous)
         for p in procs:
             if p.is_alive():
                 p.terminate()  # SIGTERM: a training stops at its next update
+                os.kill(p.pid, signal.SIGCONT)  # a stopped worker takes it too
         for p in procs:
             p.join(timeout=60)
             if p.is_alive():
@@ -236,7 +252,8 @@ def parity(rows: list[SeedResult]) -> dict[str, Any]:
     elif sooner.high is not None and sooner.high < 0.5:
         shown = "sb3.ppo"
     holds = None if not math.isfinite(s) and not math.isfinite(g) else g <= s
-    return {"median": medians, "ratio": ratio, "holds": holds, "sooner": sooner.as_json(), "shown": shown}
+    note = {"note": "one seed per side: no interval (--seeds 2 or more)"} if sooner.low is None else {}
+    return {"median": medians, "ratio": ratio, "holds": holds, "sooner": {**sooner.as_json(), **note}, "shown": shown}
 
 
 def render(rows: list[SeedResult], ref: str, as_json: bool, jobs: int = 1) -> None:
@@ -295,8 +312,12 @@ def main(ref: str, seeds: int, checkpoint_freq: int, as_json: bool, max_steps: i
     from rich.progress import Progress
 
     from gradlab.contracts.experiments import Experiments
+    from gradlab.errors import ConfigError
 
-    Experiments().resolve(ref, [])  # an unknown goal or recipe: its one-line error before any training
+    resolved = Experiments().resolve(ref, [])  # an unknown goal or recipe: its one-line error before any training
+    if (backend := resolved.recipe.train.backend.id) not in BACKENDS:
+        raise ConfigError(f"{ref} trains {backend}: benchmark learning compares PPO recipes (backend "
+                          f"{' or '.join(BACKENDS)}), whose backend it switches")
     total = seeds * len(BACKENDS)
     try:
         with Progress(transient=True, disable=as_json) as bar:

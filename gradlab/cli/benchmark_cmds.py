@@ -93,7 +93,11 @@ def learning(
     import os
 
     from gradlab.benchmarks.learning import main
+    from gradlab.contracts.goal import MAX_RUN_SEED
 
+    if first_seed + seeds - 1 > MAX_RUN_SEED:
+        raise typer.BadParameter(f"expected seeds up to {MAX_RUN_SEED}, found {first_seed}..{first_seed + seeds - 1}",
+                                 param_hint="--first-seed")
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if jobs > cpus:
         raise typer.BadParameter(f"expected at most this machine's {cpus} CPUs, found {jobs}", param_hint="--jobs")

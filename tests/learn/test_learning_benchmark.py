@@ -176,9 +176,35 @@ def _benchmark(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
-def test_an_unknown_goal_is_one_line_before_any_job_starts(tmp_path: Path) -> None:
+def test_an_unknown_goal_or_a_recipe_that_is_not_ppo_is_one_line_before_any_job_starts(tmp_path: Path) -> None:
     out, err = _benchmark(tmp_path, "--ref", "nosuch/ppo", "--jobs", "2").communicate(timeout=300)
     assert "unknown goal 'nosuch'" in err and "Traceback" not in err and not list(tmp_path.glob("gradlab-learning-*"))
+    proc = _benchmark(tmp_path, "--ref", "CartPole-v1/a2c", "--jobs", "2")
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1 and "CartPole-v1/a2c trains sb3.a2c: benchmark learning compares PPO recipes" in err
+    assert "Traceback" not in err and not list(tmp_path.glob("gradlab-learning-*"))
+    proc = _benchmark(tmp_path, "--first-seed", "1048576", "--seeds", "2")  # past the largest run seed
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 2 and "expected seeds up to 1048576" in " ".join(err.replace("│", " ").split())
+
+
+def test_sigterm_ends_the_benchmark_with_a_stopped_job_at_once(tmp_path: Path) -> None:
+    proc = _benchmark(tmp_path, "--ref", "CartPole-v1/ppo", "--seeds", "5", "--jobs", "2")
+    try:
+        deadline = time.monotonic() + 300
+        while len(list(tmp_path.glob("gradlab-learning-*/*/outbox.sqlite"))) < 2:  # both jobs are training
+            assert proc.poll() is None and time.monotonic() < deadline, "training did not start"
+            time.sleep(0.1)
+        workers = [pid for pid in _children(proc.pid) if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        os.kill(workers[0], signal.SIGSTOP)
+        signalled = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130 and time.monotonic() - signalled < 45  # not the 60 s join of a stopped worker
+    assert not [pid for pid in workers if _running(pid)] and not list(tmp_path.glob("gradlab-learning-*"))
 
 
 def test_a_killed_job_stops_the_benchmark_at_once(tmp_path: Path) -> None:
