@@ -137,28 +137,6 @@ def test_parallel_jobs_give_the_steps_one_process_gives(tmp_path: Path) -> None:
     assert all(math.isfinite(r.steps_to_accept) for r in parallel)
 
 
-def test_sigterm_stops_every_parallel_job(tmp_path: Path) -> None:
-    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONWARNINGS": "ignore"}
-    proc = subprocess.Popen([sys.executable, "-m", "gradlab.cli.app", "benchmark", "learning", "--ref",
-                             "CartPole-v1/ppo", "--seeds", "5", "--jobs", "2"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
-    try:
-        deadline = time.monotonic() + 300
-        while len(list(tmp_path.glob("gradlab-learning-*/*/outbox.sqlite"))) < 2:  # both jobs are training
-            assert proc.poll() is None and time.monotonic() < deadline, "training did not start"
-            time.sleep(0.1)
-        workers = [pid for pid in _children(proc.pid) if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
-        assert len(workers) == 2
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 130 and "learning parity" not in out and "stopped by SIGTERM or Ctrl-C" in err
-    assert not list(tmp_path.glob("gradlab-learning-*"))  # its work folder removed
-    assert not [pid for pid in workers if _running(pid)]  # no job outlives it
-
-
 def _children(pid: int) -> list[int]:
     return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
@@ -188,7 +166,9 @@ def test_an_unknown_goal_or_a_recipe_that_is_not_ppo_is_one_line_before_any_job_
     assert proc.returncode == 2 and "expected seeds up to 1048576" in " ".join(err.replace("│", " ").split())
 
 
-def test_sigterm_ends_the_benchmark_with_a_stopped_job_at_once(tmp_path: Path) -> None:
+def _with_two_jobs_training(tmp_path: Path, act) -> tuple[int, list[int], str, str, float]:
+    """Start a 5-seed CartPole benchmark with 2 jobs, wait until both train, ``act(proc, workers)``;
+    the exit code, the workers' pids, stdout, stderr and the seconds from the act to the exit."""
     proc = _benchmark(tmp_path, "--ref", "CartPole-v1/ppo", "--seeds", "5", "--jobs", "2")
     try:
         deadline = time.monotonic() + 300
@@ -196,30 +176,36 @@ def test_sigterm_ends_the_benchmark_with_a_stopped_job_at_once(tmp_path: Path) -
             assert proc.poll() is None and time.monotonic() < deadline, "training did not start"
             time.sleep(0.1)
         workers = [pid for pid in _children(proc.pid) if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
-        os.kill(workers[0], signal.SIGSTOP)
-        signalled = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
+        assert len(workers) == 2
+        acted = time.monotonic()
+        act(proc, workers)
         out, err = proc.communicate(timeout=120)
+        return proc.returncode, workers, out, err, time.monotonic() - acted
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 130 and time.monotonic() - signalled < 45  # not the 60 s join of a stopped worker
+
+
+def test_sigterm_stops_every_parallel_job(tmp_path: Path) -> None:
+    code, workers, out, err, _ = _with_two_jobs_training(tmp_path, lambda proc, _: proc.send_signal(signal.SIGTERM))
+    assert code == 130 and "learning parity" not in out and "stopped by SIGTERM or Ctrl-C" in err
+    assert not list(tmp_path.glob("gradlab-learning-*"))  # its work folder removed
+    assert not [pid for pid in workers if _running(pid)]  # no job outlives it
+
+
+def test_sigterm_ends_the_benchmark_with_a_stopped_job_at_once(tmp_path: Path) -> None:
+    def stop_one_then_the_benchmark(proc, workers) -> None:
+        os.kill(workers[0], signal.SIGSTOP)
+        proc.send_signal(signal.SIGTERM)
+
+    code, workers, _, _, seconds = _with_two_jobs_training(tmp_path, stop_one_then_the_benchmark)
+    assert code == 130 and seconds < 45  # not the 60 s join of a stopped worker
     assert not [pid for pid in workers if _running(pid)] and not list(tmp_path.glob("gradlab-learning-*"))
 
 
 def test_a_killed_job_stops_the_benchmark_at_once(tmp_path: Path) -> None:
-    proc = _benchmark(tmp_path, "--ref", "CartPole-v1/ppo", "--seeds", "5", "--jobs", "2")
-    try:
-        deadline = time.monotonic() + 300
-        while len(list(tmp_path.glob("gradlab-learning-*/*/outbox.sqlite"))) < 2:  # both jobs are training
-            assert proc.poll() is None and time.monotonic() < deadline, "training did not start"
-            time.sleep(0.1)
-        workers = [pid for pid in _children(proc.pid) if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
-        os.kill(workers[0], signal.SIGKILL)
-        out, err = proc.communicate(timeout=120)  # the other job's remaining pairs are not trained first
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 1 and f"worker pid {workers[0]} ended with exit code -9" in err, err[-2000:]
+    code, workers, _, err, _ = _with_two_jobs_training(tmp_path, lambda _, workers: os.kill(workers[0], signal.SIGKILL))
+    # the other job's remaining pairs are not trained first
+    assert code == 1 and f"worker pid {workers[0]} ended with exit code -9" in err, err[-2000:]
     assert "Traceback" not in err and not list(tmp_path.glob("gradlab-learning-*"))
     assert not [pid for pid in workers if _running(pid)]
