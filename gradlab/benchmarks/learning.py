@@ -27,9 +27,14 @@ from __future__ import annotations
 
 import json
 import math
+import multiprocessing as mp
+import os
+import queue
+import signal
 import statistics
 import sys
 import tempfile
+import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -100,13 +105,10 @@ def run(ref: str = "CartPole-v1/ppo", seeds: int = 5, checkpoint_freq: int = 819
     Raises:
         KeyboardInterrupt: SIGTERM or Ctrl-C (here or in a worker's training).
         RuntimeError: a worker failed (its traceback in the message) or was killed.
-        GradlabError: a worker's (bad input), raised again here as its own class.
+        GradlabError: a worker's (bad input), with its message.
     """
     pairs = [(seed, backend) for seed in range(first_seed, first_seed + seeds)
              for backend in (BACKENDS if seed % 2 == 0 else BACKENDS[::-1])]
-    import signal
-
-    out = []
     previous = signal.signal(signal.SIGTERM, _on_term)  # between trainings too (the learner's is set in one)
     try:
         out = _run_in(pairs, ref, checkpoint_freq, max_steps, jobs, progress)
@@ -137,9 +139,6 @@ def _on_term(signum, frame) -> None:  # noqa: ARG001 - signal handler signature
 
 def _worker(tasks: Any, results: Any, ref: str, checkpoint_freq: int, work: Path, max_steps: int | None,
             parent: int) -> None:  # pragma: no cover - runs in a spawned process
-    import signal
-    import traceback
-
     from gradlab.errors import GradlabError
     from gradlab.learn.watch import die_with_parent
 
@@ -153,25 +152,13 @@ def _worker(tasks: Any, results: Any, ref: str, checkpoint_freq: int, work: Path
     except KeyboardInterrupt as e:  # SIGTERM during a training
         results.put(("interrupted", str(e)))
     except GradlabError as e:  # bad input: its one line, as in one process
-        results.put(("gradlab", f"{type(e).__name__}\0{e}"))
+        results.put(("gradlab", str(e)))
     except BaseException:  # noqa: BLE001 - reported to the parent, which raises it
         results.put(("error", traceback.format_exc()))
 
 
-def _errors() -> list[type]:
-    """gradlab's error classes (a worker's error is raised again here by its class's name)."""
-    from gradlab import errors
-
-    return [c for c in vars(errors).values() if isinstance(c, type) and issubclass(c, errors.GradlabError)]
-
-
 def _run_parallel(pairs: list[tuple[int, str]], ref: str, checkpoint_freq: int, work: Path,
                   max_steps: int | None, jobs: int, progress: Any) -> list[SeedResult]:
-    import multiprocessing as mp
-    import os
-    import queue
-    import signal
-
     from gradlab.errors import GradlabError
 
     ctx = mp.get_context("spawn")
@@ -201,9 +188,8 @@ def _run_parallel(pairs: list[tuple[int, str]], ref: str, checkpoint_freq: int, 
                 continue
             if kind == "interrupted":
                 raise KeyboardInterrupt(payload)
-            if kind == "gradlab":
-                name, message = payload.split("\0", 1)
-                raise {c.__name__: c for c in _errors()}.get(name, GradlabError)(message)
+            if kind == "gradlab":  # its one line, as app.main prints any gradlab error
+                raise GradlabError(payload)
             if kind == "error":
                 raise RuntimeError(f"learning benchmark: a worker failed:\n{payload}")
             out.append(SeedResult(**payload))
