@@ -28,7 +28,7 @@ from gradlab.cli.contracts_cmds import SetOption, resolve_or_exit, runnable_or_e
 from gradlab.cli.local_flow import cancel_on_ctrl_c, configure_prefect, run_flow, stored_receipt
 from gradlab.cli.output import err_console, fail, print_json, say
 from gradlab.cli.run_display import LiveProgress, Starting, print_summary
-from gradlab.errors import ConfigError
+from gradlab.errors import ConfigError, NotFound
 
 
 def train(
@@ -59,6 +59,7 @@ def train(
     if wandb == "online" and not _wandb_key_configured():
         fail("--wandb online: no W&B API key (set WANDB_API_KEY, [wandb] api_key_ref = \"env:NAME\" in the config "
              "file, or run `wandb login`); use --wandb offline to keep metrics locally and sync later")
+    _check_ref_files(ref)  # a mistyped GOAL/RECIPE starts nothing (the daemon, a server) and waits for nothing
     from gradlab.settings import load_settings
 
     settings = load_settings()
@@ -235,6 +236,18 @@ def _attempt_opened(run_id: str) -> bool:
         return bool(rules.list_attempts(open_stores(), run_id))
     except Exception:  # noqa: BLE001 - the store is down: say what we know
         return False
+
+
+def _check_ref_files(ref: str) -> None:
+    """Exit 1 with the resolver's words when ``GOAL/RECIPE`` names no goal or recipe file (checked
+    for existence only: their contents are checked where the run is prepared). Imports neither
+    pydantic nor the composition machinery, so a fresh shell's daemon still starts as early."""
+    from gradlab.contracts.tree import check_ref
+
+    try:
+        check_ref(ref)
+    except (ConfigError, NotFound) as e:
+        fail(str(e))
 
 
 def _start_local_server(settings) -> int | None:

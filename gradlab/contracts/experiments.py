@@ -1,28 +1,13 @@
-"""The experiments tree: finding, composing, validating and hashing goals and recipes.
+"""The experiments tree: composing, validating and hashing goals and recipes.
 
-Layout (relative to the experiments root)::
-
-    goals/_catalog.yaml                  projects → goals and families
-    goals/<goal_id>/_goal.yaml           one goal; ``<goal_id>`` is a path ``Family/Sub`` (at most
-                                         MAX_GOAL_DEPTH names), so a goal folder may hold sub-goals
-    goals/<goal_id>/recipes/<id>.yaml    its recipes
-    goals/<family>/_goal-common.yaml     composed first into every goal under ``<family>``
-    goals/**/_*.yaml                     shared fragments named by ``defaults:``
-    recipes/_presets/<name>.yaml         recipe presets named by ``defaults:``
-
-A family's ``template_vars`` (a mapping of names to scalars, set in ``_goal-common.yaml`` or any
+The tree's layout, its ids and where their files are: :mod:`gradlab.contracts.tree` (re-exported
+here). A family's ``template_vars`` (a mapping of names to scalars, set in ``_goal-common.yaml`` or any
 fragment, overridable by the goal) add ``{{ name }}`` templates for its goals and their recipes;
 it is removed from the composed goal, so only what it renders into enters the hashes.
-
-The root is, in order: ``$GRADLAB_EXPERIMENTS``; an ``experiments/`` folder with ``goals/`` in the
-current directory or a parent; the checkout this package was imported from; the copy bundled in
-the wheel.
 """
 
 from __future__ import annotations
 
-import os
-import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -30,6 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from gradlab.contracts import tree
 from gradlab.contracts.actions import resolve_action_profile
 from gradlab.contracts.catalog import Catalog
 from gradlab.contracts.compose import (
@@ -47,85 +33,18 @@ from gradlab.contracts.environment import EnvironmentSpec
 from gradlab.contracts.goal import COSMETIC_GOAL_FIELDS, Goal
 from gradlab.contracts.hashing import sha256_json
 from gradlab.contracts.recipe import COSMETIC_RECIPE_FIELDS, Recipe
+from gradlab.contracts.tree import (  # noqa: F401 - re-exported: the tree's layout and ids
+    CATALOG_FILE,
+    FAMILY_COMMON_FILE,
+    GOAL_FILE,
+    MAX_GOAL_DEPTH,
+    check_id,
+    find_experiments_root,
+    goal_family,
+    split_ref,
+)
 from gradlab.contracts.yamlfile import YamlDocument, load_yaml
-from gradlab.errors import ConfigError, ConfigProblem, NotFound
-
-GOAL_FILE = "_goal.yaml"
-CATALOG_FILE = "_catalog.yaml"
-#: A family's fragment composed first into every goal below its folder.
-FAMILY_COMMON_FILE = "_goal-common.yaml"
-#: Most names in a goal id (``Family/Sub/Variant`` is 3).
-MAX_GOAL_DEPTH = 4
-#: Folder names that are never goals: a goal's recipes live there.
-_RESERVED = {"recipes"}
-
-_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}$")
-
-
-def check_id(kind: str, value: str) -> str:
-    """A goal or recipe id, checked before any file is opened.
-
-    A recipe id is one name of letters, digits and ``_ . + -`` (starting with a letter or digit,
-    at most 128), never ``..``. A goal id is a path of 1 to :data:`MAX_GOAL_DEPTH` such names
-    joined by ``/`` (``SuperMarioBros-Nes-v0/Level1-1``), none of them ``recipes``: no leading
-    ``/``, no empty name, no ``..``. Ids name folders and files under the experiments tree;
-    anything else could reach outside it (``gradlab__bandit/../../../tmp/x``).
-
-    Raises:
-        ConfigError: naming the kind, what is expected and the id found (cut at 80 characters).
-    """
-    ok = isinstance(value, str) and ".." not in value
-    if kind == "goal":
-        parts = value.split("/") if ok else []
-        ok = ok and len(parts) <= MAX_GOAL_DEPTH and all(_ID_RE.match(p) and p not in _RESERVED for p in parts)
-        expected = (f"a path of 1 to {MAX_GOAL_DEPTH} names of letters, digits and _ . + - joined by '/' "
-                    "(no leading '/', no '..', no 'recipes')")
-    else:
-        ok = ok and bool(_ID_RE.match(value))
-        expected = "one name of letters, digits and _ . + - (no '/', no '..')"
-    if not ok:
-        raise ConfigError(f"{kind} id: expected {expected}, found {repr(value)[:80]}")
-    return value
-
-
-def split_ref(ref: str) -> tuple[str, str]:
-    """``GOAL/RECIPE`` -> (goal id, recipe id); the recipe is the last name, the goal the path before.
-
-    Both are checked with :func:`check_id` before anything is read.
-
-    Raises:
-        ConfigError: not GOAL/RECIPE, or an id :func:`check_id` refuses.
-    """
-    goal_id, sep, recipe_id = ref.rpartition("/") if isinstance(ref, str) else ("", "", "")
-    if not sep or not goal_id or not recipe_id:
-        raise ConfigError(f"expected GOAL/RECIPE, found {ref!r}")
-    return check_id("goal", goal_id), check_id("recipe", recipe_id)
-
-
-def goal_family(goal_id: str) -> str | None:
-    """The family of a nested goal id (``A/B/C`` -> ``A/B``); None for a top-level goal."""
-    family, sep, _ = goal_id.rpartition("/")
-    return family if sep else None
-
-
-def find_experiments_root(start: Path | None = None) -> Path:
-    """Locate the experiments root (see the module docstring for the order)."""
-    env = os.environ.get("GRADLAB_EXPERIMENTS")
-    if env:
-        return Path(env).expanduser().resolve()
-    here = (start or Path.cwd()).resolve()
-    for folder in (here, *here.parents):
-        candidate = folder / "experiments"
-        if (candidate / "goals").is_dir():
-            return candidate
-    package = Path(__file__).resolve().parents[1]
-    checkout = package.parent / "experiments"
-    if (checkout / "goals").is_dir():
-        return checkout
-    bundled = package / "_bundled" / "experiments"
-    if (bundled / "goals").is_dir():
-        return bundled
-    raise NotFound("no experiments folder found: set GRADLAB_EXPERIMENTS or run inside a gradlab checkout")
+from gradlab.errors import ConfigError, ConfigProblem
 
 
 @dataclass(frozen=True)
@@ -210,22 +129,8 @@ class Experiments:
 
     # -- discovery -------------------------------------------------------------------------
     def goal_ids(self) -> list[str]:
-        """Every goal id in the tree: folders with a ``_goal.yaml``, at most MAX_GOAL_DEPTH deep."""
-        found: list[str] = []
-
-        def walk(folder: Path, prefix: str, depth: int) -> None:
-            for p in sorted(folder.iterdir()):
-                if not p.is_dir() or not _ID_RE.match(p.name) or p.name in _RESERVED or ".." in p.name:
-                    continue
-                gid = f"{prefix}{p.name}"
-                if (p / GOAL_FILE).is_file():
-                    found.append(gid)
-                if depth < MAX_GOAL_DEPTH:
-                    walk(p, gid + "/", depth + 1)
-
-        if self.goals_dir.is_dir():
-            walk(self.goals_dir, "", 1)
-        return sorted(found)
+        """Every goal id in the tree (:func:`gradlab.contracts.tree.goal_ids`)."""
+        return tree.goal_ids(self.goals_dir)
 
     def families(self) -> dict[str, list[str]]:
         """Family id -> the goal ids directly or indirectly under it (families with 1+ goals)."""
@@ -237,11 +142,8 @@ class Experiments:
         return out
 
     def recipe_ids(self, goal_id: str) -> list[str]:
-        check_id("goal", goal_id)
-        folder = self.goals_dir / goal_id / "recipes"
-        if not folder.is_dir():
-            return []
-        return sorted(p.stem for p in folder.glob("*.yaml") if not p.name.startswith("_"))
+        """The recipe ids of one goal (:func:`gradlab.contracts.tree.recipe_ids`)."""
+        return tree.recipe_ids(self.goals_dir, goal_id)
 
     def preset_names(self) -> list[str]:
         if not self.presets_dir.is_dir():
@@ -253,15 +155,8 @@ class Experiments:
         return compose_file(path, presets_dir=self.presets_dir, display_root=self._display_root)
 
     def goal_path(self, goal_id: str) -> Path:
-        check_id("goal", goal_id)
-        path = self.goals_dir / goal_id / GOAL_FILE
-        if not path.is_file():
-            known = self.goal_ids()
-            import difflib
-
-            hint = difflib.get_close_matches(goal_id, known, n=1)
-            raise NotFound(f"unknown goal '{goal_id}'" + (f" (did you mean {hint[0]}?)" if hint else f"; known goals: {', '.join(known)}"))
-        return path
+        """The goal's ``_goal.yaml`` (:func:`gradlab.contracts.tree.goal_file`; raises its errors)."""
+        return tree.goal_file(self.goals_dir, goal_id)
 
     def load_goal(self, goal_id: str) -> Goal:
         """Compose, render and validate one goal.
@@ -337,13 +232,7 @@ class Experiments:
         """
         goal_id, recipe_id = split_ref(ref)  # before any file is read: ids cannot leave the experiments tree
         goal, goal_comp = self._load_goal(goal_id)
-        path = self.goals_dir / goal_id / "recipes" / f"{recipe_id}.yaml"
-        if not path.is_file():
-            import difflib
-
-            known = self.recipe_ids(goal_id)
-            hint = difflib.get_close_matches(recipe_id, known, n=1)
-            raise NotFound(f"goal '{goal_id}' has no recipe '{recipe_id}'" + (f" (did you mean {hint[0]}?)" if hint else f"; its recipes: {', '.join(known) or 'none'}"))
+        path = tree.recipe_file(self.goals_dir, goal_id, recipe_id)
         comp = self._compose(path)
         problems: list[ConfigProblem] = []
         data = dict(comp.data)

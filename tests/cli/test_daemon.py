@@ -135,6 +135,22 @@ def test_opt_out_starts_nothing(settings) -> None:
     assert not (prefect_home(settings) / "server.json").exists() and not daemon_alive(settings)
 
 
+@pytest.mark.parametrize(("ref", "said"), [
+    ("nosuch/ppo", "unknown goal 'nosuch'; known goals: "),
+    ("CartPole-v1/ppp", "goal 'CartPole-v1' has no recipe 'ppp' (did you mean ppo?)"),
+    ("CartPole-v1", "expected GOAL/RECIPE, found 'CartPole-v1'"),
+])
+def test_a_fresh_shells_train_of_an_unknown_ref_starts_nothing(settings, ref: str, said: str) -> None:
+    """A mistyped GOAL/RECIPE in a fresh shell is refused before the daemon starts: the resolver's
+    words, exit 1, no daemon, no server (no state file, no daemon log)."""
+    out = gradlab("train", ref, env=_env(), timeout=120)
+    assert out.returncode == 1, out.stderr
+    assert out.stderr.startswith(f"error: {said}"), out.stderr
+    assert "Prefect: started" not in out.stderr and "starting:" not in out.stderr
+    assert not daemon_alive(settings)
+    assert not (prefect_home(settings) / "server.json").exists() and not (prefect_home(settings) / "daemon.log").exists()
+
+
 def test_a_daemon_someone_else_is_starting_is_waited_for_no_longer_than_a_start(settings) -> None:
     """The lock held (a daemon is starting) and never ready: a command gives up after what a start
     takes here (twice the last measured one, 1 s, plus 2 s), says so, and falls back to Prefect's
@@ -306,9 +322,11 @@ def test_a_fresh_shells_first_train_is_handed_to_the_warm_flow_the_daemon_starts
 
 
 def test_a_fresh_shells_train_starts_the_daemon_before_its_heavy_imports(settings) -> None:
-    """`gradlab train` starts the daemon (gradlab.cli.train_cmds._start_local_server) before it
-    imports the warm hand-off's zygote module, pydantic or http.client (~40 ms sooner, docs/BENCHMARKS.md)."""
+    """`gradlab train` checks its GOAL/RECIPE's files and starts the daemon
+    (gradlab.cli.train_cmds._start_local_server) before it imports the warm hand-off's zygote
+    module, pydantic or http.client (~40 ms sooner, docs/BENCHMARKS.md)."""
     probe = ("import sys; import gradlab.cli.app; from gradlab.cli import train_cmds; "
+             "train_cmds._check_ref_files('gradlab__bandit/ppo'); "
              "from gradlab.settings import load_settings; pid = train_cmds._start_local_server(load_settings()); "
              "print(pid, sorted(m for m in ('gradlab.learn.zygote', 'pydantic', 'http.client') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, env=_env(),
