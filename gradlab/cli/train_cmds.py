@@ -59,6 +59,10 @@ def train(
     if wandb == "online" and not _wandb_key_configured():
         fail("--wandb online: no W&B API key (set WANDB_API_KEY, [wandb] api_key_ref = \"env:NAME\" in the config "
              "file, or run `wandb login`); use --wandb offline to keep metrics locally and sync later")
+    from gradlab.contracts.seeds import MAX_RUN_SEED
+
+    if not 0 <= seed <= MAX_RUN_SEED:
+        fail(f"--seed: expected 0..{MAX_RUN_SEED}, found {seed}")
     _check_ref_files(ref)  # a mistyped GOAL/RECIPE starts nothing (the daemon, a server) and waits for nothing
     from gradlab.settings import load_settings
 
@@ -79,11 +83,6 @@ def train(
         raise typer.Exit(code)
     # Checked by whichever process runs the command (the warm flow's child runs this function too):
     # their imports define pydantic models, ~0.1 s a command handed off does not pay first.
-    from gradlab.contracts.goal import MAX_RUN_SEED
-
-    if not 0 <= seed <= MAX_RUN_SEED:
-        fail(f"--seed: expected 0..{MAX_RUN_SEED}, found {seed}")
-    from gradlab.errors import ConfigError
     from gradlab.runs.timeouts import check_run_environment
 
     try:  # the environment's run settings, before anything is created

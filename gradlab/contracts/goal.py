@@ -12,16 +12,13 @@ from pydantic import Field, model_validator
 
 from gradlab.contracts.base import Contract
 from gradlab.contracts.environment import EnvironmentSpec
+from gradlab.contracts.seeds import EVAL_SEED_OFFSET, MAX_RUN_SEED  # noqa: F401 - re-exported
 from gradlab.errors import ContractViolation
 
 Operator = Literal[">=", ">", "<=", "<", "=="]
 #: What each :data:`Operator` computes (acceptance rules and threshold early-stop conditions).
 OPERATORS = {">=": _op.ge, ">": _op.gt, "<=": _op.le, "<": _op.lt, "==": _op.eq}
 
-#: Evaluation seeds start here; training lane seeds are kept below it, so the two never overlap.
-EVAL_SEED_OFFSET = 2**31
-#: Largest run seed; with at most 1024 lanes, training seeds stay below EVAL_SEED_OFFSET.
-MAX_RUN_SEED = 2**20
 
 
 def compare(value: float, operator: str, threshold: float) -> bool:

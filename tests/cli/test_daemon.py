@@ -135,15 +135,16 @@ def test_opt_out_starts_nothing(settings) -> None:
     assert not (prefect_home(settings) / "server.json").exists() and not daemon_alive(settings)
 
 
-@pytest.mark.parametrize(("ref", "said"), [
-    ("nosuch/ppo", "unknown goal 'nosuch'; known goals: "),
-    ("CartPole-v1/ppp", "goal 'CartPole-v1' has no recipe 'ppp' (did you mean ppo?)"),
-    ("CartPole-v1", "expected GOAL/RECIPE, found 'CartPole-v1'"),
+@pytest.mark.parametrize(("args", "said"), [
+    (["nosuch/ppo"], "unknown goal 'nosuch'; known goals: "),
+    (["CartPole-v1/ppp"], "goal 'CartPole-v1' has no recipe 'ppp' (did you mean ppo?)"),
+    (["CartPole-v1"], "expected GOAL/RECIPE, found 'CartPole-v1'"),
+    (["CartPole-v1/ppo", "--seed", "-1"], "--seed: expected 0..1048576, found -1"),
 ])
-def test_a_fresh_shells_train_of_an_unknown_ref_starts_nothing(settings, ref: str, said: str) -> None:
-    """A mistyped GOAL/RECIPE in a fresh shell is refused before the daemon starts: the resolver's
-    words, exit 1, no daemon, no server (no state file, no daemon log)."""
-    out = gradlab("train", ref, env=_env(), timeout=120)
+def test_a_fresh_shells_train_of_a_bad_ref_or_seed_starts_nothing(settings, args: list[str], said: str) -> None:
+    """A mistyped GOAL/RECIPE or a seed out of range in a fresh shell is refused before the daemon
+    starts: one line, exit 1, no daemon, no server (no state file, no daemon log)."""
+    out = gradlab("train", *args, env=_env(), timeout=120)
     assert out.returncode == 1, out.stderr
     assert out.stderr.startswith(f"error: {said}"), out.stderr
     assert "Prefect: started" not in out.stderr and "starting:" not in out.stderr
