@@ -111,9 +111,7 @@ def train(
         # The flow (in this process) takes its evaluation worker from here: it imports torch while
         # Prefect starts, instead of after, and is ready when the first checkpoint is published.
         operations.prewarm_evaluation(eval_backend)
-    start = ("warm: forked by the warm learner" if learner.forked
-             else "cold: a new process, ~5 s of imports; the local server's warm learner serves the next run"
-             if settings.daemon else "cold: a new process, ~5 s of imports; GRADLAB_DAEMON=0 keeps no warm learner")
+    start = _learner_start(learner.forked, settings)
     err_console.print(f"run [bold]{spec.run_id}[/] ({escape(spec.display_name)}), learner pid {learner.pid} ({start})",
                       highlight=False)
     # What the run waits for before its first step, and for how long, on the display from now on.
@@ -235,6 +233,18 @@ def _attempt_opened(run_id: str) -> bool:
         return bool(rules.list_attempts(open_stores(), run_id))
     except Exception:  # noqa: BLE001 - the store is down: say what we know
         return False
+
+
+def _learner_start(forked: bool, settings) -> str:
+    """How the run's learner started, for the run's first line: forked warm, or cold and why."""
+    if forked:
+        return "warm: forked by the warm learner"
+    if not settings.daemon:
+        return "cold: a new process, ~5 s of imports; GRADLAB_DAEMON=0 keeps no warm learner"
+    if os.environ.get("PREFECT_API_URL") or settings.prefect_api_url:
+        return ("cold: a new process, ~5 s of imports; with PREFECT_API_URL set nothing starts the local server's "
+                "warm learner (`gradlab server start` does)")
+    return "cold: a new process, ~5 s of imports; the local server's warm learner serves the next run"
 
 
 def _check_ref_files(ref: str) -> None:

@@ -121,6 +121,22 @@ def test_the_opt_out_uses_a_warm_learner_only_when_pointed_at_its_server(gradlab
     assert warm_learner_dir(load_settings()) == zygote_dir(gradlab_home)
 
 
+def test_a_cold_learners_line_says_why_it_is_cold(gradlab_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run's first line names what would have forked the learner warm: the local server's warm
+    learner, which nothing starts while PREFECT_API_URL names another server or the daemon is off."""
+    from gradlab.cli.train_cmds import _learner_start
+
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    monkeypatch.setenv("GRADLAB_DAEMON", "1")
+    assert _learner_start(True, load_settings()) == "warm: forked by the warm learner"
+    assert _learner_start(False, load_settings()).endswith("the local server's warm learner serves the next run")
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9999/api")
+    assert _learner_start(False, load_settings()).endswith(
+        "with PREFECT_API_URL set nothing starts the local server's warm learner (`gradlab server start` does)")
+    monkeypatch.setenv("GRADLAB_DAEMON", "0")
+    assert _learner_start(False, load_settings()).endswith("GRADLAB_DAEMON=0 keeps no warm learner")
+
+
 def test_opt_out_starts_nothing(settings) -> None:
     """GRADLAB_DAEMON=0: experiment commands refuse as before; train's Prefect is the ephemeral one."""
     out = gradlab("experiment", "list", env=_env(GRADLAB_DAEMON="0"))
