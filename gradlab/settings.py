@@ -37,7 +37,7 @@ from typing import Any
 
 from gradlab.errors import ConfigError
 
-_RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}$")
+_RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}")  # matched whole (fullmatch: no trailing newline)
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,7 @@ class Settings:
             ConfigError: ``run_id`` is not one name (a ``/``, ``..`` or other character that could
                 reach outside the runs folder).
         """
-        if not isinstance(run_id, str) or not _RUN_ID_RE.match(run_id) or ".." in run_id:
+        if not isinstance(run_id, str) or not _RUN_ID_RE.fullmatch(run_id) or ".." in run_id:
             raise ConfigError(f"run id: expected one name of letters, digits and _ . + - (no '/', no '..'), "
                               f"found {str(run_id)[:80]!r}")
         return self.runs_dir / run_id

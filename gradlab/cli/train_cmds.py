@@ -236,15 +236,20 @@ def _attempt_opened(run_id: str) -> bool:
 
 
 def _learner_start(forked: bool, settings) -> str:
-    """How the run's learner started, for the run's first line: forked warm, or cold and why."""
+    """How the run's learner started, for the run's first line: forked warm, or cold and what keeps
+    a warm learner for the next run (the local server's daemon, when one runs: the run starts its
+    warm processes again if they are gone)."""
+    from gradlab.runs.server import daemon_alive, warm_learner_dir
+
+    cold = "cold: a new process, ~5 s of imports; "
     if forked:
         return "warm: forked by the warm learner"
-    if not settings.daemon:
-        return "cold: a new process, ~5 s of imports; GRADLAB_DAEMON=0 keeps no warm learner"
-    if os.environ.get("PREFECT_API_URL") or settings.prefect_api_url:
-        return ("cold: a new process, ~5 s of imports; with PREFECT_API_URL set nothing starts the local server's "
-                "warm learner (`gradlab server start` does)")
-    return "cold: a new process, ~5 s of imports; the local server's warm learner serves the next run"
+    if warm_learner_dir(settings) is None:
+        return cold + "GRADLAB_DAEMON=0 keeps no warm learner"
+    if daemon_alive(settings):
+        return cold + "the local server's warm learner serves the next run"
+    return cold + ("no local server runs here to keep a warm learner (the Prefect API is the one PREFECT_API_URL "
+                   "or [prefect] api_url names; `gradlab server start` starts a local one)")
 
 
 def _check_ref_files(ref: str) -> None:

@@ -231,8 +231,8 @@ class Experiments:
             each with file, key path, expected and found.
         """
         goal_id, recipe_id = split_ref(ref)  # before any file is read: ids cannot leave the experiments tree
+        _, path = tree.ref_files(self.goals_dir, goal_id, recipe_id)
         goal, goal_comp = self._load_goal(goal_id)
-        path = tree.recipe_file(self.goals_dir, goal_id, recipe_id)
         comp = self._compose(path)
         problems: list[ConfigProblem] = []
         data = dict(comp.data)

@@ -38,7 +38,14 @@ MAX_GOAL_DEPTH = 4
 #: Folder names that are never goals: a goal's recipes live there.
 RESERVED = frozenset({"recipes"})
 
-ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}$")
+#: One id name, matched whole (``fullmatch``: a trailing newline is not part of a name).
+ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}")
+
+
+def shown(value: object, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters of the value, for an error message."""
+    text = value if isinstance(value, str) else str(value)
+    return repr(text[:limit]) + ("…" if len(text) > limit else "")
 
 
 def check_id(kind: str, value: str) -> str:
@@ -56,14 +63,14 @@ def check_id(kind: str, value: str) -> str:
     ok = isinstance(value, str) and ".." not in value
     if kind == "goal":
         parts = value.split("/") if ok else []
-        ok = ok and len(parts) <= MAX_GOAL_DEPTH and all(ID_RE.match(p) and p not in RESERVED for p in parts)
+        ok = ok and len(parts) <= MAX_GOAL_DEPTH and all(ID_RE.fullmatch(p) and p not in RESERVED for p in parts)
         expected = (f"a path of 1 to {MAX_GOAL_DEPTH} names of letters, digits and _ . + - joined by '/' "
                     "(no leading '/', no '..', no 'recipes')")
     else:
-        ok = ok and bool(ID_RE.match(value))
+        ok = ok and bool(ID_RE.fullmatch(value))
         expected = "one name of letters, digits and _ . + - (no '/', no '..')"
     if not ok:
-        raise ConfigError(f"{kind} id: expected {expected}, found {repr(value)[:80]}")
+        raise ConfigError(f"{kind} id: expected {expected}, found {shown(value)}")
     return value
 
 
@@ -77,7 +84,7 @@ def split_ref(ref: str) -> tuple[str, str]:
     """
     goal_id, sep, recipe_id = ref.rpartition("/") if isinstance(ref, str) else ("", "", "")
     if not sep or not goal_id or not recipe_id:
-        raise ConfigError(f"expected GOAL/RECIPE, found {ref!r}")
+        raise ConfigError(f"expected GOAL/RECIPE, found {shown(ref)}")
     return check_id("goal", goal_id), check_id("recipe", recipe_id)
 
 
@@ -91,12 +98,16 @@ def find_experiments_root(start: Path | None = None) -> Path:
     """Locate the experiments root (see the module docstring for the order).
 
     Raises:
-        NotFound: none of the places holds an experiments tree.
+        NotFound: none of the places holds an experiments tree, or the current directory no
+        longer exists.
     """
     env = os.environ.get("GRADLAB_EXPERIMENTS")
     if env:
         return Path(env).expanduser().resolve()
-    here = (start or Path.cwd()).resolve()
+    try:
+        here = (start or Path.cwd()).resolve()
+    except FileNotFoundError:
+        raise NotFound("the current directory no longer exists: change to one that does") from None
     for folder in (here, *here.parents):
         candidate = folder / "experiments"
         if (candidate / "goals").is_dir():
@@ -117,7 +128,7 @@ def goal_ids(goals_dir: Path) -> list[str]:
 
     def walk(folder: Path, prefix: str, depth: int) -> None:
         for p in sorted(folder.iterdir()):
-            if not p.is_dir() or not ID_RE.match(p.name) or p.name in RESERVED or ".." in p.name:
+            if not p.is_dir() or not ID_RE.fullmatch(p.name) or p.name in RESERVED or ".." in p.name:
                 continue
             gid = f"{prefix}{p.name}"
             if (p / GOAL_FILE).is_file():
@@ -140,7 +151,7 @@ def recipe_ids(goals_dir: Path, goal_id: str) -> list[str]:
     folder = goals_dir / goal_id / "recipes"
     if not folder.is_dir():
         return []
-    return sorted(p.stem for p in folder.glob("*.yaml") if not p.name.startswith("_"))
+    return sorted(p.stem for p in folder.glob("*.yaml") if not p.name.startswith("_") and p.is_file())
 
 
 def goal_file(goals_dir: Path, goal_id: str) -> Path:
@@ -148,16 +159,25 @@ def goal_file(goals_dir: Path, goal_id: str) -> Path:
 
     Raises:
         ConfigError: ``goal_id`` is not a goal id. NotFound: ``unknown goal 'X'`` with the closest
-        known goal, or the known goals.
+        known goal or the known goals; a family's goals when ``X`` is a family; the tree searched
+        when it holds no goal at all.
     """
     check_id("goal", goal_id)
     path = goals_dir / goal_id / GOAL_FILE
-    if not path.is_file():
-        known = goal_ids(goals_dir)
-        hint = difflib.get_close_matches(goal_id, known, n=1)
-        raise NotFound(f"unknown goal '{goal_id}'" + (f" (did you mean {hint[0]}?)" if hint
-                                                       else f"; known goals: {', '.join(known)}"))
-    return path
+    if path.is_file():
+        return path
+    known = goal_ids(goals_dir)
+    if not known:
+        where = f"GRADLAB_EXPERIMENTS={os.environ['GRADLAB_EXPERIMENTS']}" if os.environ.get("GRADLAB_EXPERIMENTS") \
+            else "the experiments tree found from the current directory"
+        raise NotFound(f"unknown goal '{goal_id}': {goals_dir} ({where}) holds no goal "
+                       f"(folders with a {GOAL_FILE})")
+    members = [g for g in known if g.startswith(goal_id + "/")]
+    if members:
+        raise NotFound(f"'{goal_id}' is a family of goals, not a goal: {', '.join(members)}")
+    hint = difflib.get_close_matches(goal_id, known, n=1)
+    raise NotFound(f"unknown goal '{goal_id}'" + (f" (did you mean {hint[0]}?)" if hint
+                                                   else f"; known goals: {', '.join(known)}"))
 
 
 def recipe_file(goals_dir: Path, goal_id: str, recipe_id: str) -> Path:
@@ -177,14 +197,35 @@ def recipe_file(goals_dir: Path, goal_id: str, recipe_id: str) -> Path:
     return path
 
 
+def ref_files(goals_dir: Path, goal_id: str, recipe_id: str) -> tuple[Path, Path]:
+    """The goal's and the recipe's files for ``GOAL/RECIPE`` already split, checked to exist (not
+    parsed). A whole ref that is itself a goal (``Bandit/Arms4``: its recipe forgotten) is named as
+    such, with its recipes.
+
+    Raises:
+        ConfigError: a bad id. NotFound: as :func:`goal_file` and :func:`recipe_file` say.
+    """
+    whole = f"{goal_id}/{recipe_id}"
+    if not (goals_dir / goal_id / "recipes" / f"{recipe_id}.yaml").is_file() \
+            and (goals_dir / whole / GOAL_FILE).is_file():
+        recipes = recipe_ids(goals_dir, whole)
+        raise NotFound(f"'{whole}' is a goal; name one of its recipes: GOAL/RECIPE, e.g. "
+                       + (", ".join(f"{whole}/{r}" for r in recipes) if recipes else f"{whole}/ppo (it has none yet)"))
+    return goal_file(goals_dir, goal_id), recipe_file(goals_dir, goal_id, recipe_id)
+
+
 def check_ref(ref: str) -> tuple[Path, Path]:
     """The goal and recipe files ``GOAL/RECIPE`` names in this process's experiments tree, checked
     to exist (not parsed): what a command can refuse before it starts anything.
 
     Raises:
-        ConfigError: not GOAL/RECIPE or a bad id (:func:`split_ref`). NotFound: no experiments
-        tree, an unknown goal or recipe (with a did-you-mean, as ``Experiments.resolve`` says it).
+        ConfigError: not GOAL/RECIPE, a bad id (:func:`split_ref`), or a folder of the tree that
+        cannot be read (its path and the system's reason). NotFound: no experiments tree, an
+        unknown goal or recipe (:func:`ref_files`).
     """
     goal_id, recipe_id = split_ref(ref)
-    goals_dir = find_experiments_root().resolve() / "goals"
-    return goal_file(goals_dir, goal_id), recipe_file(goals_dir, goal_id, recipe_id)
+    try:
+        goals_dir = find_experiments_root().resolve() / "goals"
+        return ref_files(goals_dir, goal_id, recipe_id)
+    except OSError as e:
+        raise ConfigError(f"cannot read the experiments tree: {e.filename or 'a folder'}: {e.strerror or e}") from None

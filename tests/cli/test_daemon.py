@@ -121,20 +121,29 @@ def test_the_opt_out_uses_a_warm_learner_only_when_pointed_at_its_server(gradlab
     assert warm_learner_dir(load_settings()) == zygote_dir(gradlab_home)
 
 
-def test_a_cold_learners_line_says_why_it_is_cold(gradlab_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The run's first line names what would have forked the learner warm: the local server's warm
-    learner, which nothing starts while PREFECT_API_URL names another server or the daemon is off."""
+@pytest.mark.slow
+def test_a_cold_learners_line_says_why_it_is_cold(settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run's first line names what keeps a warm learner for the next run: the local server's
+    daemon when one runs (the run restarts its warm processes), else nothing (another server's API,
+    or the daemon opted out)."""
     from gradlab.cli.train_cmds import _learner_start
 
-    monkeypatch.delenv("PREFECT_API_URL", raising=False)
-    monkeypatch.setenv("GRADLAB_DAEMON", "1")
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9999/api")  # another server: no daemon here
     assert _learner_start(True, load_settings()) == "warm: forked by the warm learner"
-    assert _learner_start(False, load_settings()).endswith("the local server's warm learner serves the next run")
-    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9999/api")
     assert _learner_start(False, load_settings()).endswith(
-        "with PREFECT_API_URL set nothing starts the local server's warm learner (`gradlab server start` does)")
+        "no local server runs here to keep a warm learner (the Prefect API is the one PREFECT_API_URL or "
+        "[prefect] api_url names; `gradlab server start` starts a local one)")
     monkeypatch.setenv("GRADLAB_DAEMON", "0")
     assert _learner_start(False, load_settings()).endswith("GRADLAB_DAEMON=0 keeps no warm learner")
+    monkeypatch.setenv("GRADLAB_DAEMON", "1")
+    out = gradlab("server", "start", env=_env())
+    assert out.returncode == 0, out.stderr
+    state = read_state(settings)
+    # Pointed at the local server by hand, or by default: its daemon keeps the warm learner.
+    monkeypatch.setenv("PREFECT_API_URL", f"{state.api_url}")
+    assert _learner_start(False, load_settings()).endswith("the local server's warm learner serves the next run")
+    monkeypatch.delenv("PREFECT_API_URL")
+    assert _learner_start(False, load_settings()).endswith("the local server's warm learner serves the next run")
 
 
 def test_opt_out_starts_nothing(settings) -> None:

@@ -49,7 +49,7 @@ def test_the_flow_parameter_route_refuses_it_too(leak: Path) -> None:
     assert LEAK not in str(caught.value)
 
 
-@pytest.mark.parametrize("run_id", ["../escape", "a/b", "..", ""])
+@pytest.mark.parametrize("run_id", ["../escape", "a/b", "..", "", "run\n"])
 def test_a_run_id_cannot_leave_the_runs_folder(run_id: str) -> None:
     from gradlab.settings import load_settings
 
