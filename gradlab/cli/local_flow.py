@@ -11,7 +11,7 @@ import os
 
 from rich.markup import escape
 
-from gradlab.cli.output import err_console
+from gradlab.cli.output import err_console, say_text
 
 
 def configure_prefect(waiting=None, cancelled=None) -> str:
@@ -48,7 +48,7 @@ def configure_prefect(waiting=None, cancelled=None) -> str:
         if settings.prefect_api_url:
             os.environ["PREFECT_API_URL"] = settings.prefect_api_url
             return settings.prefect_api_url
-        state = ensure_server(settings, say=lambda line: err_console.print(escape(line), highlight=False),
+        state = ensure_server(settings, say=say_text,
                               waiting=waiting, cancelled=cancelled)
         if state is not None:
             os.environ["PREFECT_API_URL"] = state.api_url

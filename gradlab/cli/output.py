@@ -21,6 +21,14 @@ def say(line: str) -> None:
     err_console.print(line, highlight=False)
 
 
+def say_text(line: str) -> None:
+    """Print one plain-text note on stderr (no markup, no highlighting), one line however long: a
+    log that collects it stays greppable (the terminal wraps it for the eye)."""
+    from rich.markup import escape
+
+    err_console.print(escape(line), highlight=False, soft_wrap=True)
+
+
 def fail(message: str, code: int = 1) -> NoReturn:
     """Print an error to stderr and exit with ``code``."""
     from rich.markup import escape

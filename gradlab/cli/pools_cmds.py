@@ -13,10 +13,9 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 
-from gradlab.cli.output import console, err_console, fail, print_json
+from gradlab.cli.output import console, fail, print_json, say_text
 
 pools_app = typer.Typer(help="Create and list the work pools queued runs use (gradlab-local, gradlab-gpu).",
                         no_args_is_help=True)
@@ -53,7 +52,7 @@ def use_prefect_server() -> str:
     if api_url is None:
         from gradlab.runs.server import ensure_server
 
-        state = ensure_server(settings, say=lambda line: err_console.print(escape(line), highlight=False))
+        state = ensure_server(settings, say=say_text)
         if state is None:
             fail("no Prefect server: run `gradlab server start` (this machine) or set PREFECT_API_URL"
                  + (" (GRADLAB_DAEMON=0: none is started for you)" if not settings.daemon else ""))

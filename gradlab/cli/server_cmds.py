@@ -10,10 +10,11 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from gradlab.cli.output import console, err_console, fail, print_json
 
-server_app = typer.Typer(help="The local Prefect server (and warm learner) kept in the background: it starts on first "
+server_app = typer.Typer(help="The local Prefect server (with the warm flow and the warm learner) kept in the background: it starts on first "
                               "use and stops after an idle timeout.", no_args_is_help=True)
 
 
@@ -122,7 +123,8 @@ def stop(
         stopped = stop_server(settings)
     except GradlabError as e:
         fail(str(e))
-    console.print("stopped" if stopped else "no server was running")
+    console.print("stopped" if stopped else f"no server was running (GRADLAB_HOME {escape(str(settings.home))})",
+                  highlight=False)
 
 
 def refuse_while_training(settings) -> None:
@@ -191,7 +193,7 @@ def status(json_out: Annotated[bool, typer.Option("--json")] = False) -> None:
         elif starting:
             console.print(f"starting at {recorded.url} (pid {recorded.pid})")
         else:
-            console.print("not running")
+            console.print(f"not running (GRADLAB_HOME {escape(str(settings.home))})", highlight=False)
         for what, up, coming in (("learner", ready, warming), ("flow", flows_ready, flows_warming)):
             warm = (f"ready (pid {', '.join(map(str, up))})" if up
                     else f"starting (pid {', '.join(map(str, coming))})" if coming else "none")

@@ -26,7 +26,7 @@ from rich.markup import escape
 
 from gradlab.cli.contracts_cmds import SetOption, resolve_or_exit, runnable_or_exit
 from gradlab.cli.local_flow import cancel_on_ctrl_c, configure_prefect, run_flow, stored_receipt
-from gradlab.cli.output import err_console, fail, print_json, say
+from gradlab.cli.output import err_console, fail, print_json, say, say_text
 from gradlab.cli.run_display import LiveProgress, Starting, print_summary
 from gradlab.errors import ConfigError, NotFound
 
@@ -73,7 +73,7 @@ def train(
             _command_line(ref, seed, overrides, wandb, eval_backend, no_eval, json_out, init_from, init_optimizer),
             home=settings.home, started_daemon=started_daemon,
             starting_daemon=None if started_daemon else _daemon_starting(settings), started_at=started,
-            say=lambda line: err_console.print(escape(line), highlight=False))
+            say=say_text)
     except KeyboardInterrupt:  # while it waited for the warm flow: nothing was created yet
         server = (" The background Prefect server goes on starting for the next command (`gradlab server stop` "
                   "stops it).") if started_daemon else ""
@@ -277,7 +277,7 @@ def _start_local_server(settings) -> int | None:
     from gradlab.runs.server import STARTED_DAEMON_ENV, prefect_home, start_daemon
 
     try:
-        pid = start_daemon(settings, say=lambda line: err_console.print(escape(line), highlight=False))
+        pid = start_daemon(settings, say=say_text)
     except OSError as e:
         fail(f"cannot start the background Prefect server in {prefect_home(settings)}: {e.strerror or e} "
              "(GRADLAB_HOME must be writable; GRADLAB_DAEMON=0 runs without the background server)")

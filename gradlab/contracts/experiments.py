@@ -230,7 +230,8 @@ class Experiments:
             name (:func:`check_id`, checked before any file is opened); every problem found,
             each with file, key path, expected and found.
         """
-        goal_id, recipe_id = split_ref(ref)  # before any file is read: ids cannot leave the experiments tree
+        # Ids checked before any file is read: they cannot leave the experiments tree.
+        goal_id, recipe_id = tree.parse_ref(self.goals_dir, ref)
         _, path = tree.ref_files(self.goals_dir, goal_id, recipe_id)
         goal, goal_comp = self._load_goal(goal_id)
         comp = self._compose(path)

@@ -88,6 +88,62 @@ def split_ref(ref: str) -> tuple[str, str]:
     return check_id("goal", goal_id), check_id("recipe", recipe_id)
 
 
+_RECIPE_PATH = re.compile(r"(?:^|/)goals/(.+)/recipes/([^/]+?)\.ya?ml")
+
+
+def parse_ref(goals_dir: Path, ref: str) -> tuple[str, str]:
+    """:func:`split_ref`, saying what to type instead when ``ref`` is not GOAL/RECIPE but names a
+    goal (``CartPole-v1``), a family (``Bandit``) or a recipe file
+    (``experiments/goals/CartPole-v1/recipes/ppo.yaml``). Only names :func:`check_id` accepts are
+    looked up, so nothing outside the tree is touched.
+
+    Raises:
+        ConfigError: as :func:`split_ref`. NotFound: the ref names a goal, a family or a recipe
+        file: the refs to type.
+    """
+    try:
+        return split_ref(ref)
+    except ConfigError:
+        if not isinstance(ref, str):
+            raise
+        text = ref.strip().rstrip("/")
+        path = _RECIPE_PATH.fullmatch(text) or _RECIPE_PATH.search(text)
+        if path is not None and _is_id("goal", path[1]) and _is_id("recipe", path[2]) \
+                and (goals_dir / path[1] / "recipes" / f"{path[2]}.yaml").is_file():
+            raise NotFound(f"{shown(ref)} is a recipe file; name it as GOAL/RECIPE: {path[1]}/{path[2]}") from None
+        if "/" not in ref.strip() or ref.endswith("/"):
+            if _is_id("goal", text) and (goals_dir / text / GOAL_FILE).is_file():
+                raise NotFound(_recipes_to_name(goals_dir, text)) from None
+            members = [g for g in goal_ids(goals_dir) if g.startswith(text + "/")] if _is_id("goal", text) else []
+            if members:
+                raise NotFound(f"'{text}' is a family of goals, not a goal: {', '.join(members)}; "
+                               "name one of them and a recipe: GOAL/RECIPE") from None
+        raise
+
+
+def _is_id(kind: str, value: str) -> bool:
+    try:
+        check_id(kind, value)
+    except ConfigError:
+        return False
+    return True
+
+
+def _recipes_to_name(goals_dir: Path, goal_id: str) -> str:
+    recipes = recipe_ids(goals_dir, goal_id)
+    return (f"'{goal_id}' is a goal; name one of its recipes: GOAL/RECIPE, e.g. "
+            + (", ".join(f"{goal_id}/{r}" for r in recipes) if recipes else f"{goal_id}/ppo (it has none yet)"))
+
+
+def _closest(name: str, known: list[str]) -> str | None:
+    """The known name equal to ``name`` but for case, else difflib's closest, else None."""
+    same = [k for k in known if k.lower() == name.lower()]
+    if same:
+        return same[0]
+    close = difflib.get_close_matches(name, known, n=1)
+    return close[0] if close else None
+
+
 def goal_family(goal_id: str) -> str | None:
     """The family of a nested goal id (``A/B/C`` -> ``A/B``); None for a top-level goal."""
     family, sep, _ = goal_id.rpartition("/")
@@ -175,8 +231,8 @@ def goal_file(goals_dir: Path, goal_id: str) -> Path:
     members = [g for g in known if g.startswith(goal_id + "/")]
     if members:
         raise NotFound(f"'{goal_id}' is a family of goals, not a goal: {', '.join(members)}")
-    hint = difflib.get_close_matches(goal_id, known, n=1)
-    raise NotFound(f"unknown goal '{goal_id}'" + (f" (did you mean {hint[0]}?)" if hint
+    hint = _closest(goal_id, known)
+    raise NotFound(f"unknown goal '{goal_id}'" + (f" (did you mean {hint}?)" if hint
                                                    else f"; known goals: {', '.join(known)}"))
 
 
@@ -191,9 +247,10 @@ def recipe_file(goals_dir: Path, goal_id: str, recipe_id: str) -> Path:
     path = goals_dir / goal_id / "recipes" / f"{recipe_id}.yaml"
     if not path.is_file():
         known = recipe_ids(goals_dir, goal_id)
-        hint = difflib.get_close_matches(recipe_id, known, n=1)
+        stem = recipe_id.removesuffix(".yaml").removesuffix(".yml")
+        hint = stem if stem != recipe_id and stem in known else _closest(recipe_id, known)
         raise NotFound(f"goal '{goal_id}' has no recipe '{recipe_id}'" + (
-            f" (did you mean {hint[0]}?)" if hint else f"; its recipes: {', '.join(known) or 'none'}"))
+            f" (did you mean {goal_id}/{hint}?)" if hint else f"; its recipes: {', '.join(known) or 'none'}"))
     return path
 
 
@@ -208,9 +265,7 @@ def ref_files(goals_dir: Path, goal_id: str, recipe_id: str) -> tuple[Path, Path
     whole = f"{goal_id}/{recipe_id}"
     if not (goals_dir / goal_id / "recipes" / f"{recipe_id}.yaml").is_file() \
             and (goals_dir / whole / GOAL_FILE).is_file():
-        recipes = recipe_ids(goals_dir, whole)
-        raise NotFound(f"'{whole}' is a goal; name one of its recipes: GOAL/RECIPE, e.g. "
-                       + (", ".join(f"{whole}/{r}" for r in recipes) if recipes else f"{whole}/ppo (it has none yet)"))
+        raise NotFound(_recipes_to_name(goals_dir, whole))
     return goal_file(goals_dir, goal_id), recipe_file(goals_dir, goal_id, recipe_id)
 
 
@@ -220,12 +275,12 @@ def check_ref(ref: str) -> tuple[Path, Path]:
 
     Raises:
         ConfigError: not GOAL/RECIPE, a bad id (:func:`split_ref`), or a folder of the tree that
-        cannot be read (its path and the system's reason). NotFound: no experiments tree, an
-        unknown goal or recipe (:func:`ref_files`).
+        cannot be read (its path and the system's reason). NotFound: no experiments tree, a ref
+        that names a goal, a family or a recipe file (:func:`parse_ref`), an unknown goal or
+        recipe (:func:`ref_files`).
     """
-    goal_id, recipe_id = split_ref(ref)
     try:
         goals_dir = find_experiments_root().resolve() / "goals"
-        return ref_files(goals_dir, goal_id, recipe_id)
+        return ref_files(goals_dir, *parse_ref(goals_dir, ref))
     except OSError as e:
         raise ConfigError(f"cannot read the experiments tree: {e.filename or 'a folder'}: {e.strerror or e}") from None

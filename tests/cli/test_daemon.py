@@ -94,10 +94,10 @@ def test_a_stale_state_file_is_removed(settings) -> None:
     (phome / "clients").mkdir()
     (phome / "clients" / str(dead.pid)).write_text("1")
     out = gradlab("server", "status", env=_env())
-    assert out.returncode == 1 and out.stdout.splitlines()[0] == "not running"
+    assert out.returncode == 1 and out.stdout.splitlines()[0] == f"not running (GRADLAB_HOME {settings.home})"
     assert not (phome / "server.json").exists() and not (phome / "clients").exists()
     out = gradlab("server", "stop", env=_env())
-    assert out.returncode == 0 and out.stdout.strip() == "no server was running"
+    assert out.returncode == 0 and out.stdout.strip() == f"no server was running (GRADLAB_HOME {settings.home})"
 
 
 def test_the_opt_out_uses_a_warm_learner_only_when_pointed_at_its_server(gradlab_home: Path,
@@ -162,8 +162,8 @@ def test_opt_out_starts_nothing(settings) -> None:
 
 @pytest.mark.parametrize(("args", "said"), [
     (["nosuch/ppo"], "unknown goal 'nosuch'; known goals: "),
-    (["CartPole-v1/ppp"], "goal 'CartPole-v1' has no recipe 'ppp' (did you mean ppo?)"),
-    (["CartPole-v1"], "expected GOAL/RECIPE, found 'CartPole-v1'"),
+    (["CartPole-v1/ppp"], "goal 'CartPole-v1' has no recipe 'ppp' (did you mean CartPole-v1/ppo?)"),
+    (["CartPole-v1"], "'CartPole-v1' is a goal; name one of its recipes: GOAL/RECIPE, e.g. CartPole-v1/a2c, "),
     (["CartPole-v1/ppo", "--seed", "-1"], "--seed: expected 0..1048576, found -1"),
 ])
 def test_a_fresh_shells_train_of_a_bad_ref_or_seed_starts_nothing(settings, args: list[str], said: str) -> None:
@@ -355,11 +355,11 @@ def test_a_fresh_shells_train_starts_the_daemon_before_its_heavy_imports(setting
              "train_cmds._check_ref_files('gradlab__bandit/ppo'); "
              "from gradlab.settings import load_settings; pid = train_cmds._start_local_server(load_settings()); "
              "print(pid, sorted(m for m in ('gradlab.learn.zygote', 'pydantic', 'http.client') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, env=_env(),
-                         timeout=120)
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO,
+                         env=_env(COLUMNS="60"), timeout=120)
     pid, imported = out.stdout.split(" ", 1)
     assert pid.isdigit() and imported.strip() == "[]", out.stdout + out.stderr
-    assert out.stderr.startswith(STARTED), out.stderr
+    assert out.stderr.startswith(STARTED) and out.stderr.count("\n") == 1, out.stderr  # one line, however narrow
     wait_for(lambda: daemon_alive(settings), 60, "the daemon holds its lock")
 
 

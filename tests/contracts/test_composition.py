@@ -200,7 +200,7 @@ def test_goal_id_must_match_folder(experiments_copy: Path) -> None:
 def test_unknown_goal_and_recipe_suggest_names() -> None:
     with pytest.raises(NotFound, match="did you mean CartPole-v1"):
         Experiments().resolve("CartPole-v2/ppo")
-    with pytest.raises(NotFound, match="did you mean ppo"):
+    with pytest.raises(NotFound, match=r"did you mean CartPole-v1/ppo\?"):
         Experiments().resolve("CartPole-v1/ppp")
 
 

@@ -34,9 +34,18 @@ def tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.mark.parametrize(("ref", "said"), [
     ("Fam/ppo", "'Fam' is a family of goals, not a goal: Fam/A, Fam/A/Sub, Fam/B"),
+    ("Fam", "'Fam' is a family of goals, not a goal: Fam/A, Fam/A/Sub, Fam/B; name one of them and a recipe: "
+            "GOAL/RECIPE"),
     ("Fam/A", "'Fam/A' is a goal; name one of its recipes: GOAL/RECIPE, e.g. Fam/A/ppo"),
+    ("Top", "'Top' is a goal; name one of its recipes: GOAL/RECIPE, e.g. Top/ppo"),
+    ("Top/", "'Top' is a goal; name one of its recipes: GOAL/RECIPE, e.g. Top/ppo"),
     ("Top/Two", "'Top/Two' is a goal; name one of its recipes: GOAL/RECIPE, e.g. Top/Two/ppo"),
-    ("Fam/A/ppp", "goal 'Fam/A' has no recipe 'ppp' (did you mean ppo?)"),
+    ("experiments/goals/Fam/A/recipes/ppo.yaml",
+     "'experiments/goals/Fam/A/recipes/ppo.yaml' is a recipe file; name it as GOAL/RECIPE: Fam/A/ppo"),
+    ("Fam/A/ppp", "goal 'Fam/A' has no recipe 'ppp' (did you mean Fam/A/ppo?)"),
+    ("Fam/A/PPO", "goal 'Fam/A' has no recipe 'PPO' (did you mean Fam/A/ppo?)"),
+    ("Fam/A/ppo.yaml", "goal 'Fam/A' has no recipe 'ppo.yaml' (did you mean Fam/A/ppo?)"),
+    ("top/ppo", "unknown goal 'top' (did you mean Top?)"),
     ("Top/folder", "goal 'Top' has no recipe 'folder'; its recipes: ppo"),
     ("Top/broken", "goal 'Top' has no recipe 'broken'; its recipes: ppo"),
     ("Fam/C/ppo", "unknown goal 'Fam/C' (did you mean Fam/B?)"),
