@@ -48,8 +48,7 @@ def configure_prefect(waiting=None, cancelled=None) -> str:
         if settings.prefect_api_url:
             os.environ["PREFECT_API_URL"] = settings.prefect_api_url
             return settings.prefect_api_url
-        state = ensure_server(settings, say=say_text,
-                              waiting=waiting, cancelled=cancelled)
+        state = ensure_server(settings, say=say_text, waiting=waiting, cancelled=cancelled)
         if state is not None:
             os.environ["PREFECT_API_URL"] = state.api_url
             return state.api_url

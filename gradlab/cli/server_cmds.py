@@ -14,8 +14,9 @@ from rich.markup import escape
 
 from gradlab.cli.output import console, err_console, fail, print_json
 
-server_app = typer.Typer(help="The local Prefect server (with the warm flow and the warm learner) kept in the background: it starts on first "
-                              "use and stops after an idle timeout.", no_args_is_help=True)
+server_app = typer.Typer(help="The local Prefect server (with the warm flow and the warm learner) kept in the "
+                              "background: it starts on first use and stops after an idle timeout.",
+                         no_args_is_help=True)
 
 
 def _seconds(option: str, text: str | None) -> float | None:

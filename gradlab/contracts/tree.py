@@ -88,7 +88,8 @@ def split_ref(ref: str) -> tuple[str, str]:
     return check_id("goal", goal_id), check_id("recipe", recipe_id)
 
 
-_RECIPE_PATH = re.compile(r"(?:^|/)goals/(.+)/recipes/([^/]+?)\.ya?ml")
+#: A recipe file's path given as a ref: ``[...]goals/GOAL/recipes/RECIPE.yaml``.
+_RECIPE_PATH = re.compile(r"(?:^|/)goals/(.+)/recipes/([^/]+?)\.ya?ml\Z")
 
 
 def parse_ref(goals_dir: Path, ref: str) -> tuple[str, str]:
@@ -107,7 +108,7 @@ def parse_ref(goals_dir: Path, ref: str) -> tuple[str, str]:
         if not isinstance(ref, str):
             raise
         text = ref.strip().rstrip("/")
-        path = _RECIPE_PATH.fullmatch(text) or _RECIPE_PATH.search(text)
+        path = _RECIPE_PATH.search(text)
         if path is not None and _is_id("goal", path[1]) and _is_id("recipe", path[2]) \
                 and (goals_dir / path[1] / "recipes" / f"{path[2]}.yaml").is_file():
             raise NotFound(f"{shown(ref)} is a recipe file; name it as GOAL/RECIPE: {path[1]}/{path[2]}") from None
