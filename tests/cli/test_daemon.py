@@ -237,8 +237,10 @@ def test_the_first_command_starts_it_the_next_reuses_it_and_stop_leaves_nothing(
     assert "(gradlab train gradlab__bandit/ppo --seed 0 --eval-backend local --json)" in forked[0]
     assert read_state(settings).pid == state.pid  # the same daemon
 
-    out = gradlab("train", "no-such-goal/ppo", env=_env())  # a failure: its message and exit code come back
-    assert out.returncode == 1 and "no-such-goal" in out.stderr and out.stdout == "", out.stderr
+    # A failure in the warm flow's child (a bad --set is found where the run is prepared; an unknown
+    # goal is refused before the hand-off): its message and exit code come back.
+    out = gradlab("train", "gradlab__bandit/ppo", "--set", "train.timestepz=1", env=_env())
+    assert out.returncode == 1 and "train.timestepz: unknown key" in out.stderr and out.stdout == "", out.stderr
     assert len(_forked_flows(home)) == 2
 
     # Ctrl-C (SIGINT to the command) is relayed to the warm flow's child: a cancelled receipt.
