@@ -16,7 +16,7 @@ def parse_seeds(seeds: list[str]) -> list[int]:
     Raises:
         typer.BadParameter: an empty item, a non-integer, a repeated seed, or one outside 0..MAX_RUN_SEED (exit 2).
     """
-    from gradlab.contracts.goal import MAX_RUN_SEED
+    from gradlab.contracts.seeds import MAX_RUN_SEED
 
     items = [x.strip() for text in seeds for x in text.split(",")]
     found = ",".join(seeds)
@@ -93,7 +93,7 @@ def learning(
     import os
 
     from gradlab.benchmarks.learning import main
-    from gradlab.contracts.goal import MAX_RUN_SEED
+    from gradlab.contracts.seeds import MAX_RUN_SEED
 
     if first_seed + seeds - 1 > MAX_RUN_SEED:
         raise typer.BadParameter(f"expected seeds up to {MAX_RUN_SEED}, found {first_seed}..{first_seed + seeds - 1}",

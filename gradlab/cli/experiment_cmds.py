@@ -350,8 +350,8 @@ def launch(
     the flow's `run_id`, so the run is known before a worker takes it.
     """
     from gradlab.cli.contracts_cmds import resolve_or_exit
-    from gradlab.contracts.goal import MAX_RUN_SEED
     from gradlab.contracts.run_spec import new_run_id
+    from gradlab.contracts.seeds import MAX_RUN_SEED
 
     resolve_or_exit(ref, overrides)
     if not 0 <= seed <= MAX_RUN_SEED:

@@ -103,7 +103,7 @@ def sweep(
 ) -> None:
     """Train a cohort of seeds of GOAL/RECIPE (the `sweep` flow) and seal its cohort receipt; exit 0
     only if every seed's terminal receipt says succeeded."""
-    from gradlab.contracts.goal import MAX_RUN_SEED
+    from gradlab.contracts.seeds import MAX_RUN_SEED
 
     if seeds < 1:
         fail(f"--seeds: expected at least 1, found {seeds}", code=2)

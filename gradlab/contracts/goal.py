@@ -12,13 +12,11 @@ from pydantic import Field, model_validator
 
 from gradlab.contracts.base import Contract
 from gradlab.contracts.environment import EnvironmentSpec
-from gradlab.contracts.seeds import EVAL_SEED_OFFSET, MAX_RUN_SEED  # noqa: F401 - re-exported
 from gradlab.errors import ContractViolation
 
 Operator = Literal[">=", ">", "<=", "<", "=="]
 #: What each :data:`Operator` computes (acceptance rules and threshold early-stop conditions).
 OPERATORS = {">=": _op.ge, ">": _op.gt, "<=": _op.le, "<": _op.lt, "==": _op.eq}
-
 
 
 def compare(value: float, operator: str, threshold: float) -> bool:

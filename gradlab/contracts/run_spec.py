@@ -16,8 +16,9 @@ from pydantic import Field
 from gradlab.contracts.base import Contract
 from gradlab.contracts.environment import EnvironmentSpec
 from gradlab.contracts.experiments import ResolvedRecipe
-from gradlab.contracts.goal import MAX_RUN_SEED, Goal
+from gradlab.contracts.goal import Goal
 from gradlab.contracts.recipe import Recipe
+from gradlab.contracts.seeds import MAX_RUN_SEED
 
 
 def new_run_id(now: datetime | None = None) -> str:

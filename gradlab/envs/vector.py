@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from gradlab.contracts.environment import EnvironmentSpec
-from gradlab.contracts.goal import EVAL_SEED_OFFSET, MAX_RUN_SEED
+from gradlab.contracts.seeds import EVAL_SEED_OFFSET, MAX_RUN_SEED
 from gradlab.envs.backend import LaneBackend
 from gradlab.envs.records import EpisodeRecord, StepResult
 from gradlab.envs.task import TaskRunner, signal_array

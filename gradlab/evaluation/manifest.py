@@ -19,8 +19,9 @@ from typing import Any
 from pydantic import Field
 
 from gradlab.contracts.base import Contract
-from gradlab.contracts.goal import EVAL_SEED_OFFSET, Goal, GoalEval
+from gradlab.contracts.goal import Goal, GoalEval
 from gradlab.contracts.hashing import sha256_json
+from gradlab.contracts.seeds import EVAL_SEED_OFFSET
 from gradlab.errors import ContractViolation
 
 #: Seeds reserved per base seed: manifests of base seeds b and b+1 do not share a seed while N <= this.

@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from gradlab.contracts.goal import EVAL_SEED_OFFSET, MAX_RUN_SEED, AcceptanceRule
+from gradlab.contracts.goal import AcceptanceRule
+from gradlab.contracts.seeds import EVAL_SEED_OFFSET, MAX_RUN_SEED
 from gradlab.errors import ContractViolation
 from gradlab.evaluation import (
     EpisodeRow,
