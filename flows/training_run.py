@@ -296,7 +296,7 @@ def training_run(
 
     settings = load_settings()
     check_run_environment()  # a bad lease TTL or stop wait fails the flow before an attempt is opened
-    from gradlab.contracts.goal import MAX_RUN_SEED
+    from gradlab.contracts.seeds import MAX_RUN_SEED
     from gradlab.errors import ConfigError
 
     if not 0 <= seed <= MAX_RUN_SEED:  # the command line's wording, not a validation dump from the run spec
