@@ -8,7 +8,7 @@ episodes are discarded, so short episodes are never over-sampled (a "first N epi
 evaluator is biased toward short episodes).
 
 Seeds: ``EVAL_SEED_OFFSET + (base_seed * SEEDS_PER_BASE + index) % EVAL_SEED_OFFSET``, i.e. in
-``[2**31, 2**32)``; training lane seeds are below ``EVAL_SEED_OFFSET`` (``gradlab.contracts.goal``),
+``[2**31, 2**32)``; training lane seeds are below ``EVAL_SEED_OFFSET`` (``gradlab.contracts.seeds``),
 so the two never overlap, and every seed fits a uint32 (ViZDoom and ALE seed with 32 bits).
 """
 
